@@ -1,0 +1,15 @@
+"""The target registry: every runtime the matrix knows, in report order.
+
+Adding a target is one module in this package plus one line below.
+"""
+
+from __future__ import annotations
+
+from .base import Target
+from .ort_cpu import OrtCpu
+
+REGISTRY: dict[str, Target] = {target.name: target for target in (OrtCpu(),)}
+
+
+def get(name: str) -> Target:
+    return REGISTRY[name]

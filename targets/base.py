@@ -1,0 +1,141 @@
+"""The one small interface every runtime target implements.
+
+A target turns the policy into an artifact for one precision (`prepare`), opens
+it (`open`) and answers through a `Session`: outputs, per-call latencies taken
+with the runtime's own clock, per-node placement and the backend that really
+ran. The core never asks which target it is talking to.
+
+Everything here is plain data or a thin runtime handle, so a cell worker can
+run any target the same way: files in, JSON out.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+VARIANTS = ("fp32", "fp16", "int8")
+
+Feeds = dict[str, np.ndarray]
+
+
+class CellSkip(Exception):
+    """Raised by a target when a cell cannot run on this host (the reason is shown)."""
+
+
+@dataclass
+class PrepareContext:
+    """What a target may use to build its artifact for one cell."""
+
+    onnx_variants: dict[str, Path]  # the core's ONNX fp32/fp16/int8 files
+    calibration: Feeds  # the run's observation set (int8 calibration data)
+    workdir: Path  # private to this cell
+    cache_dir: Path  # shared across runs; key entries by content hash
+    threads: int = 1
+
+    @property
+    def fp32_model(self) -> Path:
+        return self.onnx_variants["fp32"]
+
+
+@dataclass
+class Artifact:
+    path: Path
+    conversion_s: float = 0.0
+    op_inventory: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # target-private (e.g. per-batch files)
+
+    @property
+    def size_bytes(self) -> int:
+        if self.path.is_dir():
+            return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+        return self.path.stat().st_size
+
+
+@dataclass
+class PlacementRow:
+    node: str  # ONNX node name (or the runtime's op name where no ONNX node maps)
+    op_type: str
+    where: str  # execution provider / delegate / device that ran it
+    fallback: bool  # True when it did not run on the requested accelerator
+
+
+@dataclass
+class BackendInfo:
+    requested: str
+    actual: str
+    emulated: bool = False  # software adapter: parity is meaningful, latency is not
+    detail: str = ""
+
+    @property
+    def matches(self) -> bool:
+        return self.requested == self.actual
+
+
+class Session(ABC):
+    """An opened artifact. Latencies are per-call nanoseconds from the runtime's side."""
+
+    @abstractmethod
+    def run(self, feeds: Feeds) -> Feeds: ...
+
+    @abstractmethod
+    def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]: ...
+
+    @abstractmethod
+    def placement(self) -> list[PlacementRow]: ...
+
+    @abstractmethod
+    def backend(self) -> BackendInfo: ...
+
+    def close(self) -> None:
+        """Release the runtime; the default has nothing to release."""
+
+
+class RunService(ABC):
+    """A process shared by the cells of a run (e.g. one browser), started by the core."""
+
+    @abstractmethod
+    def env(self) -> dict[str, str]:
+        """Environment handed to each cell worker so it can reach the service."""
+
+    @abstractmethod
+    def alive(self) -> bool: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+
+class Target(ABC):
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    variants: ClassVar[tuple[str, ...]] = VARIANTS
+    # False for conversion-only cells (e.g. CoreML on Linux): verdict comes from prepare.
+    predicts: ClassVar[bool] = True
+    # Targets with the same key share one RunService per run.
+    service_key: ClassVar[str | None] = None
+
+    @abstractmethod
+    def runtime_version(self) -> str: ...
+
+    @abstractmethod
+    def unavailable_reason(self) -> str | None:
+        """None when the target can run here, else what a person should do about it."""
+
+    def variant_skip_reason(self, variant: str) -> str | None:
+        if variant in self.variants:
+            return None
+        return f"{self.name} has no {variant} variant"
+
+    @abstractmethod
+    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact: ...
+
+    @abstractmethod
+    def open(self, artifact: Artifact, threads: int) -> Session: ...
+
+    def start_service(self, run_dir: Path) -> RunService | None:
+        return None
