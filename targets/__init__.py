@@ -5,10 +5,12 @@ Adding a target is one module in this package plus one line below.
 
 from __future__ import annotations
 
+from . import coreml
 from .base import Target
+from .ort_coreml import OrtCoreml
 from .ort_cpu import OrtCpu
 
-REGISTRY: dict[str, Target] = {target.name: target for target in (OrtCpu(),)}
+REGISTRY: dict[str, Target] = {target.name: target for target in (OrtCpu(), OrtCoreml(), *coreml.TARGETS)}
 
 
 def get(name: str) -> Target:

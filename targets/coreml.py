@@ -1,0 +1,245 @@
+"""Core ML (coremltools): conversion everywhere, prediction on macOS.
+
+Conversion goes ONNX -> onnx2torch -> torch.jit.trace -> coremltools ML Program
+(coremltools 9 has no ONNX frontend) and runs in its own environment
+(requirements/coreml.txt: torch is large and coremltools has its own pins),
+through coreml_convert.py: files in, JSON out. Artifacts are cached by ONNX
+content hash + variant + the environment's pins + the converter script.
+
+Prediction must run where coremltools lives, so on macOS each cell starts
+coreml_predict.py in that same environment and talks to it over a pipe
+(JSON lines, arrays as .npz): predict, timing (measured in that process) and
+MLComputePlan placement all happen there. One registered target per compute-unit
+setting, plus `coreml`, conversion only, which reports on every host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from matrix.isolated_env import ensure_env, run_json
+
+from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
+
+HERE = Path(__file__).parent
+REQUIREMENTS = HERE / "requirements" / "coreml.txt"
+CONVERT_SCRIPT = HERE / "coreml_convert.py"
+PREDICT_SCRIPT = HERE / "coreml_predict.py"
+ENV_NAME = "coreml"
+MAX_BATCH = 1024  # upper bound of the flexible batch dimension (RangeDim)
+CONVERT_TIMEOUT_S = 600
+
+PRECISION_NOTES = {
+    "fp32": "fp32: compute_precision=FLOAT32 (coremltools' default would be FLOAT16)",
+    "fp16": "fp16: compute_precision=FLOAT16, coremltools' default: weights and activations in float16",
+    "int8": "int8: weights linear-quantized to int8 per output channel (coremltools.optimize), compute in float16",
+}
+
+
+def pinned_versions() -> dict[str, str]:
+    """Package pins of the CoreML environment, read from its requirements file."""
+    pins = (line.split("#")[0].strip() for line in REQUIREMENTS.read_text().splitlines())
+    return dict(pin.split("==", 1) for pin in pins if "==" in pin)
+
+
+def conversion_key(onnx_path: Path, variant: str) -> str:
+    digest = hashlib.sha256()
+    for part in (onnx_path.read_bytes(), variant.encode(), REQUIREMENTS.read_bytes(), CONVERT_SCRIPT.read_bytes(),
+                 str(MAX_BATCH).encode()):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()[:24]
+
+
+def convert(ctx: PrepareContext, variant: str) -> tuple[Path, dict, bool]:
+    """The cached .mlpackage for this ONNX + variant (converted on a miss), its record, and whether it was cached."""
+    entry = ctx.cache_dir / "coreml" / conversion_key(ctx.fp32_model, variant)
+    if (entry / "conversion.json").exists():
+        return entry / "model.mlpackage", json.loads((entry / "conversion.json").read_text()), True
+    staging = entry.with_name(f"{entry.name}.{uuid.uuid4().hex[:8]}.tmp")
+    staging.mkdir(parents=True)
+    try:
+        example = staging / "example.npz"
+        np.savez(example, **{name: array[:64] for name, array in ctx.calibration.items()})
+        request = {"workdir": str(staging), "onnx": str(ctx.fp32_model), "example": str(example), "variant": variant,
+                   "out": str(staging / "model.mlpackage"), "max_batch": MAX_BATCH}
+        result = run_json(ensure_env(ENV_NAME, REQUIREMENTS), CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
+        if "error" in result:
+            raise RuntimeError(result["error"])
+        (staging / "conversion.json").write_text(json.dumps(result))
+        if not entry.exists():
+            staging.rename(entry)  # atomic: a concurrent cell either sees all of it or none
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return entry / "model.mlpackage", result, False
+
+
+def ops_by_onnx_node(ops: list[dict]) -> str:
+    """'Gemm->linear x3, ArgMax->reduce_argmax x1': which MIL ops each ONNX op type became."""
+    pairs = Counter(f"{op['onnx_op'] or '(' + (op.get('inserted_by') or 'converter') + ')'}->{op['mil_op']}" for op in ops)
+    return ", ".join(f"{pair} x{count}" for pair, count in pairs.items())
+
+
+def artifact_from(path: Path, record: dict, variant: str, cached: bool) -> Artifact:
+    notes = [PRECISION_NOTES[variant], f"ML Program, deployment target {record['deployment_target']}, "
+             f"flexible batch RangeDim(1, {MAX_BATCH})", f"MIL ops from ONNX: {ops_by_onnx_node(record['ops'])}"]
+    narrowed = [name for name, spec in record["outputs"].items() if spec["dtype"] in ("int64", "uint64")]
+    if narrowed:
+        notes.append(f"{', '.join(narrowed)}: int32 inside Core ML (no int64 tensors), cast back to int64")
+    if cached:
+        notes.append("conversion reused from the cache (time is the original conversion's)")
+    return Artifact(path=path, conversion_s=record["conversion_s"], op_inventory=dict(Counter(op["mil_op"] for op in record["ops"])),
+                    notes=notes, extra={"conversion": record})
+
+
+class CoremlTarget(Target):
+    """`coreml`: conversion only, on every host; the cell is its conversion."""
+
+    name = "coreml"
+    summary = "Core ML conversion (onnx2torch -> coremltools ML Program): op inventory, size, time"
+    variants = ("fp32", "fp16", "int8")
+    predicts: ClassVar[bool] = False
+
+    def runtime_version(self) -> str:
+        pins = pinned_versions()
+        return f"coremltools {pins['coremltools']} (onnx2torch {pins['onnx2torch']}, torch {pins['torch']})"
+
+    def unavailable_reason(self) -> str | None:
+        return None  # the environment is built on first use (`make setup-coreml` builds it ahead)
+
+    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
+        path, record, cached = convert(ctx, variant)
+        (ctx.workdir / "coreml_ops.json").write_text(json.dumps(record["ops"], indent=1))
+        return artifact_from(path, record, variant, cached)
+
+    def open(self, artifact: Artifact, threads: int) -> Session:
+        raise CellSkip("coreml is conversion only; the coreml-* targets predict (on macOS)")
+
+
+class CoremlPredictTarget(CoremlTarget):
+    """Core ML prediction with one compute-unit setting (macOS only)."""
+
+    predicts: ClassVar[bool] = True
+    compute_units: ClassVar[str]
+    accelerators: ClassVar[frozenset[str]]  # devices that count as "on the requested accelerator"
+
+    def unavailable_reason(self) -> str | None:
+        return None if sys.platform == "darwin" else "CoreML prediction needs macOS"
+
+    def open(self, artifact: Artifact, threads: int) -> Session:
+        # Core ML chooses its own threads: `threads` has no Core ML counterpart.
+        if self.unavailable_reason():
+            raise CellSkip(self.unavailable_reason())
+        return CoremlSession(artifact, self.compute_units, self.accelerators)
+
+
+class CoremlCpu(CoremlPredictTarget):
+    name, compute_units, accelerators = "coreml-cpu", "CPU_ONLY", frozenset({"CPU"})
+    summary = "Core ML, compute units CPU_ONLY"
+
+
+class CoremlGpu(CoremlPredictTarget):
+    name, compute_units, accelerators = "coreml-gpu", "CPU_AND_GPU", frozenset({"GPU"})
+    summary = "Core ML, compute units CPU_AND_GPU"
+
+
+class CoremlNe(CoremlPredictTarget):
+    name, compute_units, accelerators = "coreml-ne", "CPU_AND_NE", frozenset({"ANE"})
+    summary = "Core ML, compute units CPU_AND_NE (Neural Engine)"
+
+
+class CoremlAll(CoremlPredictTarget):
+    name, compute_units, accelerators = "coreml-all", "ALL", frozenset({"ANE", "GPU"})
+    summary = "Core ML, compute units ALL"
+
+
+TARGETS = (CoremlTarget(), CoremlCpu(), CoremlGpu(), CoremlNe(), CoremlAll())
+
+
+class CoremlSession(Session):
+    """A coreml_predict.py process in the CoreML environment, holding one loaded MLModel."""
+
+    def __init__(self, artifact: Artifact, compute_units: str, accelerators: frozenset[str]):
+        record = artifact.extra["conversion"]
+        self.compute_units, self.accelerators = compute_units, accelerators
+        self.ops = {output: op for op in record["ops"] for output in op["outputs"]}
+        self.tmp = Path(tempfile.mkdtemp(prefix="coreml-session-"))
+        python = ensure_env(ENV_NAME, REQUIREMENTS)
+        self.log = open(self.tmp / "server.log", "w")
+        self.process = subprocess.Popen([str(python), str(PREDICT_SCRIPT)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.loaded = self._ask({"op": "load", "path": str(artifact.path), "compute_units": compute_units,
+                                 "inputs": record["inputs"], "outputs": record["outputs"]})
+        self._skip_without_accelerator(self.loaded["devices"])
+
+    def _skip_without_accelerator(self, devices: list[str] | None) -> None:
+        if devices is not None and not self.accelerators & set(devices):
+            self.close()
+            raise CellSkip(f"Core ML sees no {' or '.join(sorted(self.accelerators))} on this Mac "
+                           f"(devices: {', '.join(devices)}), so {self.compute_units} cannot be measured here")
+
+    def _ask(self, request: dict) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the Core ML prediction process exited ({self.process.wait()}): {self._log_tail()}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def _log_tail(self) -> str:
+        self.log.flush()
+        lines = (self.tmp / "server.log").read_text().strip().splitlines()
+        return lines[-1] if lines else "no output"
+
+    def _feeds_file(self, feeds: Feeds) -> str:
+        path = self.tmp / "feeds.npz"
+        np.savez(path, **feeds)
+        return str(path)
+
+    def run(self, feeds: Feeds) -> Feeds:
+        out = self.tmp / "outputs.npz"
+        self._ask({"op": "run", "feeds": self._feeds_file(feeds), "out": str(out)})
+        with np.load(out) as outputs:
+            return {name: outputs[name] for name in outputs.files}
+
+    def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
+        return self._ask({"op": "time", "feeds": self._feeds_file(feeds), "warmup": warmup, "iters": iters})["samples"]
+
+    def placement(self) -> list[PlacementRow]:
+        return [self._placement_row(row) for row in self._ask({"op": "placement"})["rows"]]
+
+    def _placement_row(self, row: dict) -> PlacementRow:
+        op = next((self.ops[name] for name in row["outputs"] if name in self.ops), None)
+        node = op["onnx_node"] if op and op["onnx_node"] else f"{row['outputs'][0] if row['outputs'] else '?'} (MIL)"
+        where = row["preferred"] or "unknown"
+        return PlacementRow(node=node, op_type=row["operator"], where=where, fallback=where not in self.accelerators)
+
+    def backend(self) -> BackendInfo:
+        # Core ML takes compute units as a permission, not an order: the compute plan (placement)
+        # shows which ops fell off the requested accelerator; here we verify the setting held.
+        detail = f"load {self.loaded['load_ms']:.0f} ms; devices {', '.join(self.loaded['devices'] or ['unknown'])}"
+        return BackendInfo(requested=self.compute_units, actual=self.loaded["compute_unit"], detail=detail)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.process.stdin.close()
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
