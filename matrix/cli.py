@@ -1,0 +1,167 @@
+"""The `policy-matrix` command line."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+import targets as registry
+from targets.base import VARIANTS
+
+from . import __version__
+from . import model as model_loader
+from .errors import InputError
+from .lint import lint as lint_model
+from .orchestrate import RunConfig, run as run_matrix
+from .report import write_all
+from .verdict import Tolerances
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="policy-matrix")
+def app() -> None:
+    """Run one exported policy on every runtime it ships on: parity drift against a
+    float64 reference, latency, operator placement and the RL action contract."""
+
+
+console = Console(stderr=True)
+FAIL_ON = ("fail", "warn", "never")
+
+
+def _csv(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _ints(value: str, option: str) -> list[int]:
+    try:
+        numbers = [int(item) for item in _csv(value)]
+    except ValueError:
+        raise InputError(f"{option} {value!r}: expected comma-separated integers, e.g. 1,64") from None
+    if not numbers or min(numbers) < 1:
+        raise InputError(f"{option} {value!r}: batch sizes must be positive")
+    return numbers
+
+
+def _target_names(value: str) -> list[str]:
+    names = list(registry.REGISTRY) if value == "all" else _csv(value)
+    unknown = [name for name in names if name not in registry.REGISTRY]
+    if unknown:
+        raise InputError(f"unknown target {unknown[0]!r}; known: {', '.join(registry.REGISTRY)}")
+    return names
+
+
+def _precisions(value: str) -> list[str]:
+    names = _csv(value)
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown or not names:
+        raise InputError(f"unknown precision {(unknown or [value])[0]!r}; known: {', '.join(VARIANTS)}")
+    return names
+
+
+def _config_tolerances(path: Path | None) -> dict[str, float]:
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise InputError(f"{path}: cannot read the config ({error})") from None
+    try:
+        return {key: float(value) for key, value in data.get("tolerance", {}).items()}
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: [tolerance] values must be numbers") from None
+
+
+@app.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--targets", default="all", show_default=True, help="Comma-separated target names, or 'all'.")
+@click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated variants: fp32, fp16, int8.")
+@click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
+@click.option("--n-obs", default=128, show_default=True, help="Size of the seeded observation set when --obs is not given.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the generated observation set.")
+@click.option("--batch-sizes", default="1,64", show_default=True, help="Batch sizes to time.")
+@click.option("--warmup", default=20, show_default=True, help="Untimed calls before timing.")
+@click.option("--iters", default=200, show_default=True, help="Timed calls per batch size.")
+@click.option("--threads", default=1, show_default=True, help="Intra-op threads given to each runtime.")
+@click.option("--tolerance", multiple=True, help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards).")
+@click.option("--config", type=click.Path(path_type=Path), help="matrix.toml with a [tolerance] table of the same keys.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
+@click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
+@click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
+@click.option("--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True, help="Exit 1 when a cell is at least this bad.")
+def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, timeout, out, host_label, fail_on):
+    """Run the matrix on MODEL and write the report."""
+    info = model_loader.load(model)
+    settings = RunConfig(
+        model=info,
+        targets=_target_names(targets),
+        precisions=_precisions(precisions),
+        out=out or Path("reports") / model.stem,
+        observations=obs,
+        n_obs=n_obs,
+        seed=seed,
+        batch_sizes=_ints(batch_sizes, "--batch-sizes"),
+        warmup=warmup,
+        iters=max(1, iters),
+        threads=threads,
+        timeout_s=timeout,
+        tolerances=Tolerances.parse(list(tolerance), _config_tolerances(config)),
+        host_label=host_label,
+    )
+    results = run_matrix(settings, console)
+    index = write_all(results, settings.out)
+    counts = {v: sum(c.verdict == v for c in results.cells) for v in ("PASS", "WARN", "FAIL", "SKIP")}
+    console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
+    console.print(f"report: [bold]{index}[/]")
+    threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "never": ()}[fail_on]
+    sys.exit(1 if any(c.verdict in threshold for c in results.cells) else 0)
+
+
+@app.command("targets")
+def list_targets() -> None:
+    """Every known target, and whether it can run here (or what to do about it)."""
+    table = Table("target", "runtime", "status", "what it is")
+    for target in registry.REGISTRY.values():
+        reason = target.unavailable_reason()
+        version = _safe_version(target)
+        table.add_row(target.name, version, "[green]available[/]" if not reason else f"[yellow]{reason}[/]", target.summary)
+    Console().print(table)
+
+
+def _safe_version(target) -> str:
+    try:
+        return target.runtime_version()
+    except Exception:  # not installed: the status column says what to do
+        return "-"
+
+
+@app.command()
+@click.argument("model", type=click.Path(path_type=Path))
+def lint(model: Path) -> None:
+    """The deployment-readiness lints alone (exit 1 if any is an error)."""
+    results = lint_model(model_loader.load(model))
+    colours = {"ok": "green", "warn": "yellow", "error": "red"}
+    table = Table("level", "lint", "finding")
+    for item in results:
+        table.add_row(f"[{colours[item.level]}]{item.level}[/]", item.id, escape(item.message))
+    Console().print(table)
+    sys.exit(1 if any(item.level == "error" for item in results) else 0)
+
+
+def main() -> None:
+    """Console entry point: user errors are one line on stderr and exit code 2."""
+    try:
+        code = app.main(standalone_mode=False, prog_name="policy-matrix")
+    except (InputError, click.UsageError) as error:
+        message = error.format_message() if isinstance(error, click.UsageError) else str(error)
+        print(f"policy-matrix: error: {message}", file=sys.stderr)
+        sys.exit(2)
+    except click.Abort:
+        print("policy-matrix: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)
