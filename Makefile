@@ -8,14 +8,22 @@ MODEL  ?= matrix/examples/continuous_mlp.onnx
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup matrix examples test merge clean
+.PHONY: setup setup-coreml matrix examples test merge clean
 
-setup: .stamps/python
+setup: .stamps/python .stamps/coreml
 
 .stamps/python: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@mkdir -p .stamps && touch $@
+
+# CoreML conversion environment (targets/coreml.py): torch CPU + onnx2torch + coremltools,
+# ~1.1 GB under the cache, built once per pin set (the env is keyed by the file's hash).
+setup-coreml: .stamps/coreml
+
+.stamps/coreml: .stamps/python targets/requirements/coreml.txt targets/coreml.py
+	$(BIN)/python -c 'from targets.coreml import build_environment; print(build_environment())'
 	@mkdir -p .stamps && touch $@
 
 matrix: setup

@@ -53,6 +53,11 @@ def pinned_versions() -> dict[str, str]:
     return dict(pin.split("==", 1) for pin in pins if "==" in pin)
 
 
+def build_environment() -> Path:
+    """Build the CoreML environment ahead of any cell (`make setup-coreml`); returns its python."""
+    return ensure_env(ENV_NAME, REQUIREMENTS)
+
+
 def conversion_key(onnx_path: Path, variant: str) -> str:
     digest = hashlib.sha256()
     for part in (onnx_path.read_bytes(), variant.encode(), REQUIREMENTS.read_bytes(), CONVERT_SCRIPT.read_bytes(),
@@ -73,7 +78,7 @@ def convert(ctx: PrepareContext, variant: str) -> tuple[Path, dict, bool]:
         np.savez(example, **{name: array[:64] for name, array in ctx.calibration.items()})
         request = {"workdir": str(staging), "onnx": str(ctx.fp32_model), "example": str(example), "variant": variant,
                    "out": str(staging / "model.mlpackage"), "max_batch": MAX_BATCH}
-        result = run_json(ensure_env(ENV_NAME, REQUIREMENTS), CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
+        result = run_json(build_environment(), CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
         if "error" in result:
             raise RuntimeError(result["error"])
         (staging / "conversion.json").write_text(json.dumps(result))
@@ -174,7 +179,7 @@ class CoremlSession(Session):
         self.compute_units, self.accelerators = compute_units, accelerators
         self.ops = {output: op for op in record["ops"] for output in op["outputs"]}
         self.tmp = Path(tempfile.mkdtemp(prefix="coreml-session-"))
-        python = ensure_env(ENV_NAME, REQUIREMENTS)
+        python = build_environment()
         self.log = open(self.tmp / "server.log", "w")
         self.process = subprocess.Popen([str(python), str(PREDICT_SCRIPT)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, text=True)
@@ -224,8 +229,9 @@ class CoremlSession(Session):
     def _placement_row(self, row: dict) -> PlacementRow:
         op = next((self.ops[name] for name in row["outputs"] if name in self.ops), None)
         node = op["onnx_node"] if op and op["onnx_node"] else f"{row['outputs'][0] if row['outputs'] else '?'} (MIL)"
-        where = row["preferred"] or "unknown"
-        return PlacementRow(node=node, op_type=row["operator"], where=where, fallback=where not in self.accelerators)
+        where = row["preferred"] or "unknown"  # Core ML could not say: shown, not counted as fallback
+        return PlacementRow(node=node, op_type=row["operator"], where=where,
+                            fallback=where != "unknown" and where not in self.accelerators)
 
     def backend(self) -> BackendInfo:
         # Core ML takes compute units as a permission, not an order: the compute plan (placement)
