@@ -194,7 +194,12 @@ def list_targets() -> None:
         reason = target.unavailable_reason()
         version = _safe_version(target)
         table.add_row(target.name, version, "[green]available[/]" if not reason else f"[yellow]{reason}[/]", target.summary)
-    Console().print(table)
+    _stdout().print(table)
+
+
+def _stdout() -> Console:
+    """Piped output (CI logs, grep) gets a wide fixed width instead of wrapping at 80 columns."""
+    return Console() if sys.stdout.isatty() else Console(width=160)
 
 
 def _safe_version(target) -> str:
@@ -213,7 +218,7 @@ def lint(model: Path) -> None:
     table = Table("level", "lint", "finding")
     for item in results:
         table.add_row(f"[{colours[item.level]}]{item.level}[/]", item.id, escape(item.message))
-    Console().print(table)
+    _stdout().print(table)
     sys.exit(1 if any(item.level == "error" for item in results) else 0)
 
 

@@ -175,7 +175,7 @@ def render_html(results: RunResults) -> str:
         placement=_placement_matrix(results), recommendations=recommendations(results),
         contract_names=list(dict.fromkeys(check.name for c in results.cells for check in c.contract)),
         multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, regressions=results.regressions,
-        runtimes=sorted({(c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
+        runtimes=sorted({(c.host, c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
     )
 
 

@@ -6,9 +6,9 @@ Adding a target is one module in this package plus one line below.
 from __future__ import annotations
 
 from .base import Target
-from .ort_cpu import OrtCpu
+from .ort_cpu import OrtCpu, OrtCuda
 
-REGISTRY: dict[str, Target] = {target.name: target for target in (OrtCpu(),)}
+REGISTRY: dict[str, Target] = {target.name: target for target in (OrtCpu(), OrtCuda())}
 
 
 def get(name: str) -> Target:
