@@ -7,12 +7,17 @@ BIN    := $(VENV)/bin
 MODEL  ?= matrix/examples/continuous_mlp.onnx
 ARGS   ?=
 PYTEST_ARGS ?=
+SHARDS ?=
+OUT    ?= reports/merged
+BASELINE ?=
 
-.PHONY: setup setup-coreml matrix examples test merge clean
+.PHONY: setup setup-core setup-coreml matrix examples test merge clean
 
-setup: .stamps/python .stamps/coreml
+setup: setup-core setup-coreml
 
-.stamps/python: pyproject.toml
+setup-core: .stamps/core
+
+.stamps/core: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
@@ -22,7 +27,7 @@ setup: .stamps/python .stamps/coreml
 # ~1.1 GB under the cache, built once per pin set (the env is keyed by the file's hash).
 setup-coreml: .stamps/coreml
 
-.stamps/coreml: .stamps/python targets/requirements/coreml.txt targets/coreml.py
+.stamps/coreml: .stamps/core targets/requirements/coreml.txt targets/coreml.py
 	$(BIN)/python -c 'from targets.coreml import build_environment; print(build_environment())'
 	@mkdir -p .stamps && touch $@
 
@@ -34,6 +39,10 @@ examples: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Merge shards (one results.json per host) into one report; BASELINE=old/results.json flags regressions.
+merge: setup-core
+	$(BIN)/policy-matrix merge $(SHARDS) --out $(OUT) $(if $(BASELINE),--baseline $(BASELINE))
 
 clean:
 	rm -rf reports .stamps build *.egg-info .pytest_cache

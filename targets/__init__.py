@@ -8,9 +8,11 @@ from __future__ import annotations
 from . import coreml
 from .base import Target
 from .ort_coreml import OrtCoreml
-from .ort_cpu import OrtCpu
+from .ort_cpu import OrtCpu, OrtCuda
 
-REGISTRY: dict[str, Target] = {target.name: target for target in (OrtCpu(), OrtCoreml(), *coreml.TARGETS)}
+REGISTRY: dict[str, Target] = {
+    target.name: target for target in (OrtCpu(), OrtCuda(), OrtCoreml(), *coreml.TARGETS)
+}
 
 
 def get(name: str) -> Target:
