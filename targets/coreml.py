@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -141,11 +142,17 @@ class CoremlPredictTarget(CoremlTarget):
     def unavailable_reason(self) -> str | None:
         return None if sys.platform == "darwin" else "CoreML prediction needs macOS"
 
+    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
+        artifact = super().prepare(ctx, variant)
+        if not self.unavailable_reason():
+            artifact.extra["helper"] = PredictHelper()  # imports done before open() is timed
+        return artifact
+
     def open(self, artifact: Artifact, threads: int) -> Session:
         # Core ML chooses its own threads: `threads` has no Core ML counterpart.
         if self.unavailable_reason():
             raise CellSkip(self.unavailable_reason())
-        return CoremlSession(artifact, self.compute_units, self.accelerators)
+        return CoremlSession(artifact, self.compute_units, self.accelerators, artifact.extra.pop("helper", None))
 
 
 class CoremlCpu(CoremlPredictTarget):
@@ -171,31 +178,28 @@ class CoremlAll(CoremlPredictTarget):
 TARGETS = (CoremlTarget(), CoremlCpu(), CoremlGpu(), CoremlNe(), CoremlAll())
 
 
-class CoremlSession(Session):
-    """A coreml_predict.py process in the CoreML environment, holding one loaded MLModel."""
+class PredictHelper:
+    """coreml_predict.py running in the CoreML environment: JSON lines over a pipe, arrays as .npz.
 
-    def __init__(self, artifact: Artifact, compute_units: str, accelerators: frozenset[str]):
-        record = artifact.extra["conversion"]
-        self.compute_units, self.accelerators = compute_units, accelerators
-        self.ops = {output: op for op in record["ops"] for output in op["outputs"]}
-        self.tmp = Path(tempfile.mkdtemp(prefix="coreml-session-"))
-        python = build_environment()
-        self.log = open(self.tmp / "server.log", "w")
-        self.process = subprocess.Popen([str(python), str(PREDICT_SCRIPT)], stdin=subprocess.PIPE,
+    Started (and its coremltools import finished) during prepare, so the cold start the
+    core times in open() is Core ML's model load and first predict, not Python's imports.
+    """
+
+    def __init__(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="coreml-helper-"))
+        self.log = open(self.tmp / "helper.log", "w")
+        started = time.perf_counter_ns()
+        self.process = subprocess.Popen([str(build_environment()), str(PREDICT_SCRIPT)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self.loaded = self._ask({"op": "load", "path": str(artifact.path), "compute_units": compute_units,
-                                 "inputs": record["inputs"], "outputs": record["outputs"]})
-        self._skip_without_accelerator(self.loaded["devices"])
+        self._answer()  # {"ready": true} once coremltools is imported
+        self.start_ms = (time.perf_counter_ns() - started) / 1e6
 
-    def _skip_without_accelerator(self, devices: list[str] | None) -> None:
-        if devices is not None and not self.accelerators & set(devices):
-            self.close()
-            raise CellSkip(f"Core ML sees no {' or '.join(sorted(self.accelerators))} on this Mac "
-                           f"(devices: {', '.join(devices)}), so {self.compute_units} cannot be measured here")
-
-    def _ask(self, request: dict) -> dict:
+    def ask(self, request: dict) -> dict:
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
+        return self._answer()
+
+    def _answer(self) -> dict:
         line = self.process.stdout.readline()
         if not line:
             raise RuntimeError(f"the Core ML prediction process exited ({self.process.wait()}): {self._log_tail()}")
@@ -206,38 +210,13 @@ class CoremlSession(Session):
 
     def _log_tail(self) -> str:
         self.log.flush()
-        lines = (self.tmp / "server.log").read_text().strip().splitlines()
+        lines = (self.tmp / "helper.log").read_text().strip().splitlines()
         return lines[-1] if lines else "no output"
 
-    def _feeds_file(self, feeds: Feeds) -> str:
+    def arrays_file(self, feeds: Feeds) -> str:
         path = self.tmp / "feeds.npz"
         np.savez(path, **feeds)
         return str(path)
-
-    def run(self, feeds: Feeds) -> Feeds:
-        out = self.tmp / "outputs.npz"
-        self._ask({"op": "run", "feeds": self._feeds_file(feeds), "out": str(out)})
-        with np.load(out) as outputs:
-            return {name: outputs[name] for name in outputs.files}
-
-    def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
-        return self._ask({"op": "time", "feeds": self._feeds_file(feeds), "warmup": warmup, "iters": iters})["samples"]
-
-    def placement(self) -> list[PlacementRow]:
-        return [self._placement_row(row) for row in self._ask({"op": "placement"})["rows"]]
-
-    def _placement_row(self, row: dict) -> PlacementRow:
-        op = next((self.ops[name] for name in row["outputs"] if name in self.ops), None)
-        node = op["onnx_node"] if op and op["onnx_node"] else f"{row['outputs'][0] if row['outputs'] else '?'} (MIL)"
-        where = row["preferred"] or "unknown"  # Core ML could not say: shown, not counted as fallback
-        return PlacementRow(node=node, op_type=row["operator"], where=where,
-                            fallback=where != "unknown" and where not in self.accelerators)
-
-    def backend(self) -> BackendInfo:
-        # Core ML takes compute units as a permission, not an order: the compute plan (placement)
-        # shows which ops fell off the requested accelerator; here we verify the setting held.
-        detail = f"load {self.loaded['load_ms']:.0f} ms; devices {', '.join(self.loaded['devices'] or ['unknown'])}"
-        return BackendInfo(requested=self.compute_units, actual=self.loaded["compute_unit"], detail=detail)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -249,3 +228,61 @@ class CoremlSession(Session):
                 self.process.kill()
         self.log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class CoremlSession(Session):
+    """One MLModel loaded with one compute-unit setting, inside a PredictHelper."""
+
+    def __init__(self, artifact: Artifact, compute_units: str, accelerators: frozenset[str],
+                 helper: PredictHelper | None = None):
+        record = artifact.extra["conversion"]
+        self.compute_units, self.accelerators = compute_units, accelerators
+        self.ops = {output: op for op in record["ops"] for output in op["outputs"]}
+        self.helper = helper or PredictHelper()
+        self.loaded = self.helper.ask({"op": "load", "path": str(artifact.path), "compute_units": compute_units,
+                                       "inputs": record["inputs"], "outputs": record["outputs"]})
+        self._skip_without_accelerator(self.loaded["devices"])
+
+    def _skip_without_accelerator(self, devices: list[str] | None) -> None:
+        if devices is not None and not self.accelerators & set(devices):
+            self.close()
+            raise CellSkip(f"Core ML sees no {' or '.join(sorted(self.accelerators))} on this Mac "
+                           f"(devices: {', '.join(devices)}), so {self.compute_units} cannot be measured here")
+
+    def run(self, feeds: Feeds) -> Feeds:
+        # The converted batch dimension stops at MAX_BATCH: larger sets go in slices.
+        rows = len(next(iter(feeds.values())))
+        if rows <= MAX_BATCH:
+            return self._run_once(feeds)
+        parts = [self._run_once({k: v[i:i + MAX_BATCH] for k, v in feeds.items()}) for i in range(0, rows, MAX_BATCH)]
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+    def _run_once(self, feeds: Feeds) -> Feeds:
+        out = self.helper.tmp / "outputs.npz"
+        self.helper.ask({"op": "run", "feeds": self.helper.arrays_file(feeds), "out": str(out)})
+        with np.load(out) as outputs:
+            return {name: outputs[name] for name in outputs.files}
+
+    def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
+        request = {"op": "time", "feeds": self.helper.arrays_file(feeds), "warmup": warmup, "iters": iters}
+        return self.helper.ask(request)["samples"]
+
+    def placement(self) -> list[PlacementRow]:
+        return [self._placement_row(row) for row in self.helper.ask({"op": "placement"})["rows"]]
+
+    def _placement_row(self, row: dict) -> PlacementRow:
+        op = next((self.ops[name] for name in row["outputs"] if name in self.ops), None)
+        node = op["onnx_node"] if op and op["onnx_node"] else f"{row['outputs'][0] if row['outputs'] else '?'} (MIL)"
+        where = row["preferred"] or "unknown"  # Core ML could not say: shown, not counted as fallback
+        return PlacementRow(node=node, op_type=row["operator"], where=where,
+                            fallback=where != "unknown" and where not in self.accelerators)
+
+    def backend(self) -> BackendInfo:
+        # Core ML takes compute units as a permission, not an order: the compute plan (placement)
+        # shows which ops fell off the requested accelerator; here we verify the setting held.
+        detail = (f"MLModel load {self.loaded['load_ms']:.0f} ms; devices "
+                  f"{', '.join(self.loaded['devices'] or ['unknown'])}; helper process started in {self.helper.start_ms:.0f} ms")
+        return BackendInfo(requested=self.compute_units, actual=self.loaded["compute_unit"], detail=detail)
+
+    def close(self) -> None:
+        self.helper.close()

@@ -73,6 +73,16 @@ def _input_types(ct, graph_inputs, example: dict, max_batch: int) -> list:
     return types_
 
 
+def _trace_example(graph_inputs, arrays: dict) -> dict:
+    """A fixed batch as declared, else 2 rows: batch 1 could let the trace specialize on size 1."""
+    example = {}
+    for value in graph_inputs:
+        dims = value.type.tensor_type.shape.dim
+        rows = dims[0].dim_value if dims and dims[0].dim_value > 0 else 2
+        example[value.name] = arrays[value.name][:rows]
+    return example
+
+
 def _walk(block):
     for op in block.operations:
         yield op
@@ -168,7 +178,7 @@ def convert(request: dict) -> dict:
     model = onnx.load(request["onnx"])
     initializers = {init.name for init in model.graph.initializer}
     graph_inputs = [value for value in model.graph.input if value.name not in initializers]
-    example = dict(np.load(request["example"]))
+    example = _trace_example(graph_inputs, dict(np.load(request["example"])))
     started = time.perf_counter()
     module = onnx2torch.convert(model).eval()
     traced = torch.jit.trace(module, tuple(torch.from_numpy(example[v.name]) for v in graph_inputs))

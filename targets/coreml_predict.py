@@ -7,7 +7,7 @@ one JSON line each; arrays travel as .npz files. Requests:
   {"op": "time", "feeds": in.npz, "warmup": n, "iters": n}   -> per-call ns, timed here
   {"op": "placement"}                                         -> MLComputePlan per MIL op
   {"op": "quit"}
-It lives in the environment that converted the model because coremltools does
+It first answers {"ready": true} once coremltools is imported. It lives in the environment that converted the model because coremltools does
 (prediction needs its native extension, which exists on macOS only). Written
 against coremltools' documented API: MLModel(compute_units=...), predict,
 get_compiled_model_path, MLComputePlan.load_from_path, MLComputeDevice.
@@ -115,7 +115,11 @@ def main() -> None:
     # Answers go to a private copy of stdout; anything a library prints goes to stderr.
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+    import coremltools  # noqa: F401  (the slow import happens before "ready")
+
     server = Server()
+    answers.write(json.dumps({"ready": True}) + "\n")
+    answers.flush()
     for line in sys.stdin:
         request = json.loads(line)
         if request["op"] == "quit":

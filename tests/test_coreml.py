@@ -164,7 +164,7 @@ def test_prediction_process_answers_with_core_ml_own_refusal(tmp_path):
             session.run(ctx.calibration)
     finally:
         session.close()
-    assert session.process.returncode == 0
+    assert session.helper.process.returncode == 0
 
 
 @pytest.mark.parametrize("units, accelerators, fallback", [
