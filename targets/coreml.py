@@ -268,14 +268,30 @@ class CoremlSession(Session):
         return self.helper.ask(request)["samples"]
 
     def placement(self) -> list[PlacementRow]:
-        return [self._placement_row(row) for row in self.helper.ask({"op": "placement"})["rows"]]
+        return self.placement_rows(self.helper.ask({"op": "placement"})["rows"])
 
-    def _placement_row(self, row: dict) -> PlacementRow:
-        op = next((self.ops[name] for name in row["outputs"] if name in self.ops), None)
-        node = op["onnx_node"] if op and op["onnx_node"] else f"{row['outputs'][0] if row['outputs'] else '?'} (MIL)"
-        where = row["preferred"] or "unknown"  # Core ML could not say: shown, not counted as fallback
-        return PlacementRow(node=node, op_type=row["operator"], where=where,
-                            fallback=where != "unknown" and where not in self.accelerators)
+    def placement_rows(self, plan_rows: list[dict]) -> list[PlacementRow]:
+        """MLComputePlan rows (one per MIL op) -> one row per ONNX node, like every other target.
+
+        A node whose MIL ops ran on several devices shows them all ("ANE+CPU") and is a
+        fallback if any of them left the requested accelerator. MIL ops that belong to no
+        ONNX node (e.g. the fp16 casts coremltools adds) keep rows of their own.
+        """
+        grouped: dict[str, list] = {}
+        for row in plan_rows:
+            op = next((self.ops[name] for name in row["outputs"] if name in self.ops), None)
+            if op and op["onnx_node"]:
+                key, op_type = op["onnx_node"], op["onnx_op"]
+            else:
+                key, op_type = f"{row['outputs'][0] if row['outputs'] else '?'} (MIL)", row["operator"]
+            grouped.setdefault(key, [op_type, []])[1].append(row["preferred"] or "unknown")
+        return [PlacementRow(node=node, op_type=op_type, where="+".join(dict.fromkeys(devices)),
+                             fallback=any(self._fell_back(device) for device in devices))
+                for node, (op_type, devices) in grouped.items()]
+
+    def _fell_back(self, device: str) -> bool:
+        # "unknown": Core ML could not say where the op runs; shown, not counted as fallback.
+        return device != "unknown" and device not in self.accelerators
 
     def backend(self) -> BackendInfo:
         # Core ML takes compute units as a permission, not an order: the compute plan (placement)

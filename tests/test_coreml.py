@@ -167,24 +167,32 @@ def test_prediction_process_answers_with_core_ml_own_refusal(tmp_path):
     assert session.helper.process.returncode == 0
 
 
-@pytest.mark.parametrize("units, accelerators, fallback", [
-    ("CPU_ONLY", {"CPU"}, {"CPU": False, "ANE": True, "GPU": True}),
-    ("CPU_AND_NE", {"ANE"}, {"CPU": True, "ANE": False, "GPU": True}),
-    ("ALL", {"ANE", "GPU"}, {"CPU": True, "ANE": False, "GPU": False}),
-])
-def test_compute_plan_rows_map_to_onnx_nodes_and_fallback(tmp_path, units, accelerators, fallback):
-    """MLComputePlan rows (as coreml_predict.py reports them) become PlacementRows on ONNX nodes."""
-    ctx = context(example("continuous_mlp"), tmp_path)
-    artifact = targets.get("coreml").prepare(ctx, "fp16")
+@pytest.mark.parametrize("units, accelerators", [("CPU_ONLY", {"CPU"}), ("CPU_AND_NE", {"ANE"}), ("ALL", {"ANE", "GPU"})])
+def test_compute_plan_rows_become_one_row_per_onnx_node(tmp_path, units, accelerators):
+    """MLComputePlan rows (as coreml_predict.py reports them, one per MIL op) -> PlacementRows."""
+    artifact = targets.get("coreml").prepare(context(example("continuous_mlp"), tmp_path), "int8")
     session = coreml.CoremlSession.__new__(coreml.CoremlSession)  # no process: the mapping alone
     session.compute_units, session.accelerators = units, frozenset(accelerators)
     session.ops = {out: op for op in artifact.extra["conversion"]["ops"] for out in op["outputs"]}
-    linear = next(op for op in artifact.extra["conversion"]["ops"] if op["mil_op"] == "linear")
-    for device in ("CPU", "GPU", "ANE"):
-        row = session._placement_row({"operator": "linear", "outputs": linear["outputs"], "preferred": device, "supported": [device]})
-        assert (row.node, row.op_type, row.where, row.fallback) == (linear["onnx_node"], "linear", device, fallback[device])
-    unknown = session._placement_row({"operator": "add", "outputs": ["not_from_onnx"], "preferred": None, "supported": []})
-    assert unknown.node == "not_from_onnx (MIL)" and unknown.where == "unknown" and not unknown.fallback
+    ops = artifact.extra["conversion"]["ops"]
+    # Put every op on the ANE except fc1's weight decompression (CPU) and one op Core ML cannot place.
+    plan = [{"operator": op["mil_op"], "outputs": op["outputs"], "supported": [],
+             "preferred": "CPU" if op["mil_op"].startswith("constexpr") and op["onnx_node"] == "fc1" else "ANE"}
+            for op in ops]
+    plan[-1]["preferred"] = None
+    rows = {row.node: row for row in session.placement_rows(plan)}
+    onnx_nodes = {node.name: node.op_type for node in onnx.load(example("continuous_mlp")).graph.node}
+    assert set(onnx_nodes) <= set(rows) and all(rows[n].op_type == t for n, t in onnx_nodes.items())
+    assert set(rows["fc1"].where.split("+")) == {"CPU", "ANE"}
+    inserted = [row for node, row in rows.items() if node.endswith("(MIL)")]
+    assert inserted and all(row.op_type == "cast" for row in inserted)  # the fp16 I/O casts
+    if units == "CPU_ONLY":
+        assert rows["fc1"].fallback and rows["fc0"].fallback  # ANE was not asked for
+    else:
+        assert rows["fc1"].fallback and not rows["fc0"].fallback
+    last = ops[-1]
+    unplaced = rows[last["onnx_node"] or f"{last['outputs'][0]} (MIL)"]
+    assert "unknown" in unplaced.where.split("+")
 
 
 @macos_only
