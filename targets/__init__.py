@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from .base import Target
 from .ort_cpu import OrtCpu
+from .ort_node import OrtNode
+from .ort_web import OrtWebWasm, OrtWebWebgl, OrtWebWebgpu
 
-REGISTRY: dict[str, Target] = {target.name: target for target in (OrtCpu(),)}
+REGISTRY: dict[str, Target] = {
+    target.name: target
+    for target in (OrtCpu(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu())
+}
 
 
 def get(name: str) -> Target:
