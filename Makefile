@@ -35,6 +35,6 @@ $(STAMPS)/web: web_harness/package.json web_harness/package-lock.json web_harnes
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else \
-		echo "setup-web: no Chromium; see README (Browser targets) for how to install one"; \
+		echo "setup-web: no Chromium; see web_harness/README.md for how to install one"; \
 	fi
 	@[ -f web_harness/node_modules/onnxruntime-web/package.json ] && mkdir -p $(STAMPS) && touch $@ || true

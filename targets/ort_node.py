@@ -102,7 +102,7 @@ class OrtNode(Target):
         return missing_npm_package("onnxruntime-node")
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        return Artifact(path=ctx.onnx_variants[variant])
+        return Artifact(path=ctx.onnx_variant(variant))
 
     def open(self, artifact: Artifact, threads: int) -> Session:
         if reason := self.unavailable_reason():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,6 +41,9 @@ from .web_support import (
 )
 
 CDP_ENV = "POLICY_MATRIX_CDP_URL"
+# A software (SwiftShader) adapter's latency means nothing and a conv policy at
+# batch 64 takes ~0.3 s per call there: time a few calls, not the run's hundreds.
+EMULATED_WARMUP, EMULATED_ITERS = 3, 20
 SYSTEM_CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 # A fresh profile per run and no background traffic (the network here is closed,
 # and a default profile floods refused connections); WebGPU needs the unsafe flag.
@@ -80,7 +84,9 @@ def chromium_version() -> str:
     if executable is None:
         return "no Chromium"
     result = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30)
-    return result.stdout.strip() or f"Chromium at {executable}"
+    # "Chromium 156.0.8078.108 built on Debian ..." -> "Chromium 156.0.8078.108"
+    found = re.search(r"([A-Za-z][A-Za-z ]*?) (\d+(?:\.\d+)+)", result.stdout)
+    return f"{found.group(1)} {found.group(2)}" if found else f"Chromium at {executable}"
 
 
 def web_unavailable_reason() -> str | None:
@@ -98,10 +104,10 @@ def web_unavailable_reason() -> str | None:
 class ChromiumService(RunService):
     """Chromium with a DevTools endpoint on 127.0.0.1; cell workers connect over CDP."""
 
-    def __init__(self, run_dir: Path, startup_timeout_s: float = 60):
+    def __init__(self, run_dir: Path, startup_timeout_s: float = 60, flags: list[str] = CHROMIUM_FLAGS):
         self.profile = Path(tempfile.mkdtemp(prefix="policy-matrix-chromium-"))
         log = open(self.profile / "chromium.log", "wb")  # noqa: SIM115 — lives as long as the process
-        command = [chromium_executable(), *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
+        command = [chromium_executable(), *flags, f"--user-data-dir={self.profile}",
                    "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank"]
         # Own process group, so stop() ends the browser's helper processes with it.
         self.process = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -232,6 +238,8 @@ class WebSession(Session):
         return decode_outputs(self.page.call("run", self._key(feeds), encode_feeds(feeds)))
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
+        if self.backend().emulated:  # software adapter: latency is not the point, keep the cell short
+            warmup, iters = min(warmup, EMULATED_WARMUP), min(iters, EMULATED_ITERS)
         return self.page.call("time", self._key(feeds), encode_feeds(feeds), warmup, iters)
 
     def bare_loop_ns(self, feeds: Feeds, iters: int) -> float:
@@ -248,7 +256,10 @@ class WebSession(Session):
         return placement_rows(nodes, placement_from_log(self._first_log()), self.target.ort_ep, self.target.where_label)
 
     def backend(self) -> BackendInfo:
-        return self.target.verify_backend(self.probe, self._first_log(), bool(self.sessions))
+        info = self.target.verify_backend(self.probe, self._first_log(), bool(self.sessions))
+        if info.emulated:
+            info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
+        return info
 
     def close(self) -> None:
         self.page.close()
@@ -269,7 +280,7 @@ class OrtWebTarget(Target):
         return web_unavailable_reason()
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        return Artifact(path=ctx.onnx_variants[variant], extra={"variant": variant, "cache_dir": str(ctx.cache_dir)})
+        return Artifact(path=ctx.onnx_variant(variant), extra={"variant": variant, "cache_dir": str(ctx.cache_dir)})
 
     def open(self, artifact: Artifact, threads: int) -> Session:
         if reason := self.unavailable_reason():

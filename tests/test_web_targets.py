@@ -15,15 +15,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
-from onnx.reference import ReferenceEvaluator
 
-from matrix import examples
+from matrix import examples, model as model_loader, reference, variants as core_variants
 from targets import REGISTRY
 from targets.base import Artifact, CellSkip
-from targets.ort_web import CDP_ENV, HarnessPage
+from targets.ort_web import CDP_ENV, CHROMIUM_FLAGS, ChromiumService, HarnessPage
 from targets.web_support import HarnessServer, missing_npm_package
-from web_fixtures import softsign_mlp, write
+from web_fixtures import softsign_mlp, softsign_only, write
 
 WEB_TARGETS = ("ort-node", "ort-web-wasm", "ort-web-webgl", "ort-web-webgpu")
 EXAMPLES = ("continuous_mlp", "discrete_mlp", "pixel_cnn")
@@ -57,14 +55,8 @@ def observations(path: Path, batch: int, seed: int = 0) -> dict[str, np.ndarray]
 
 
 def float64_reference(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The graph evaluated in float64 with onnx's reference evaluator (the matrix's ground truth)."""
-    model = onnx.load(str(path))
-    for index, tensor in enumerate(model.graph.initializer):
-        array = numpy_helper.to_array(tensor)
-        if array.dtype == np.float32:
-            model.graph.initializer[index].CopyFrom(numpy_helper.from_array(array.astype(np.float64), tensor.name))
-    outputs = ReferenceEvaluator(model).run(None, {name: value.astype(np.float64) for name, value in feeds.items()})
-    return dict(zip([output.name for output in model.graph.output], outputs))
+    """The matrix's ground truth: the graph evaluated in float64 by the core."""
+    return reference.compute(model_loader.load(path), feeds, 0).outputs
 
 
 def max_drift(outputs: dict, reference: dict) -> float:
@@ -125,6 +117,34 @@ def test_webgpu_places_softsign_on_cpu_as_fallback(tmp_path, cache_dir):
         session.close()
 
 
+def test_webgpu_session_that_ran_only_on_wasm_is_not_webgpu(tmp_path, cache_dir):
+    path = write(softsign_only(), tmp_path, "softsign_only")
+    session = REGISTRY["ort-web-webgpu"].open(artifact(path, cache_dir), threads=1)
+    try:
+        session.run(observations(path, 2))
+        info = session.backend()
+        assert (info.requested, info.actual) == ("webgpu", "wasm") and "no node" in info.detail
+    finally:
+        session.close()
+
+
+def test_webgpu_without_an_adapter_fails_with_the_reason(tmp_path, monkeypatch, cache_dir):
+    no_webgpu = ChromiumService(tmp_path, flags=[flag for flag in CHROMIUM_FLAGS if flag != "--enable-unsafe-webgpu"])
+    monkeypatch.setenv(CDP_ENV, no_webgpu.env()[CDP_ENV])
+    try:
+        path = examples.path("continuous_mlp")
+        session = REGISTRY["ort-web-webgpu"].open(artifact(path, cache_dir), threads=1)
+        try:
+            info = session.backend()
+            assert not info.matches and "adapter" in info.detail
+            with pytest.raises(RuntimeError, match="adapter"):
+                session.run(observations(path, 1))
+        finally:
+            session.close()
+    finally:
+        no_webgpu.stop()
+
+
 def test_webgl_runs_each_batch_size_on_its_own_fixed_batch_model(cache_dir):
     path = examples.path("continuous_mlp")
     session = REGISTRY["ort-web-webgl"].open(artifact(path, cache_dir), threads=1)
@@ -138,16 +158,13 @@ def test_webgl_runs_each_batch_size_on_its_own_fixed_batch_model(cache_dir):
 
 
 @pytest.fixture(scope="module")
-def variants(tmp_path_factory) -> dict[str, Path]:
-    """The core's precision variants of continuous_mlp, made the way the core makes them."""
-    from onnxconverter_common import float16
-    from onnxruntime.quantization import quantize_dynamic
-
-    directory, source = tmp_path_factory.mktemp("variants"), examples.path("continuous_mlp")
-    fp16 = float16.convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
-    onnx.save(fp16, str(directory / "fp16.onnx"))
-    quantize_dynamic(str(source), str(directory / "int8.onnx"))
-    return {"fp32": source, "fp16": directory / "fp16.onnx", "int8": directory / "int8.onnx"}
+def variants(cache_dir) -> dict[str, Path]:
+    """The core's own precision variants of continuous_mlp."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POLICY_MATRIX_CACHE", str(cache_dir))
+        paths, errors = core_variants.produce_all(model_loader.load(examples.path("continuous_mlp")), ["fp16", "int8"])
+    assert not errors
+    return paths
 
 
 @pytest.mark.parametrize("name", WEB_TARGETS)

@@ -41,6 +41,19 @@ def softsign_mlp() -> onnx.ModelProto:
     return model
 
 
+def softsign_only() -> onnx.ModelProto:
+    """obs[B,4] -> Softsign -> action[B,4]: nothing in it that WebGPU implements."""
+    graph = helper.make_graph(
+        [helper.make_node("Softsign", ["obs"], ["action"], name="soft")], "softsign_only",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="policy-matrix-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def write(model: onnx.ModelProto, directory: Path, name: str) -> Path:
     path = directory / f"{name}.onnx"
     onnx.save(model, str(path))
