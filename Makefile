@@ -1,40 +1,64 @@
-# Minimal Makefile from the web branch; the lead's Makefile supersedes the
-# generic parts (venv, test). Keep the "web targets" block when merging.
-VENV ?= .venv
-PYTHON ?= $(VENV)/bin/python
-STAMPS := .stamps
+# policy-matrix: `make matrix` runs the bundled example (or MODEL=...), `make test` runs the tests.
+# Setup is idempotent: stamps under .stamps/ are remade only when their inputs change.
 
-.PHONY: setup test setup-web
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+MODEL  ?= matrix/examples/continuous_mlp.onnx
+ARGS   ?=
+PYTEST_ARGS ?=
+SHARDS ?=
+OUT    ?= reports/merged
+BASELINE ?=
 
-setup: $(VENV)/bin/python setup-web
+.PHONY: setup setup-core setup-web matrix examples test merge clean
 
-$(VENV)/bin/python:
-	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[test]'
+setup: setup-core setup-web
+
+setup-core: .stamps/core
+
+.stamps/core: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@mkdir -p .stamps && touch $@
+
+matrix: setup
+	$(BIN)/policy-matrix run $(MODEL) $(ARGS)
+
+examples: setup
+	$(BIN)/python -m matrix.examples
 
 test: setup
-	$(PYTHON) -m pytest -q
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# --- web targets: ort-web-wasm, ort-web-webgl, ort-web-webgpu, ort-node --------
-# npm packages (pinned by web_harness/package-lock.json; onnxruntime-node's
-# postinstall would download CUDA files, so it is skipped), Python Playwright,
-# and Debian's Chromium where this machine can install it (root + apt-get).
-setup-web: $(VENV)/bin/python
-	@[ -f web_harness/node_modules/onnxruntime-web/package.json ] || rm -f $(STAMPS)/web
-	@$(MAKE) --no-print-directory $(STAMPS)/web
+# Merge shards (one results.json per host) into one report; BASELINE=old/results.json flags regressions.
+merge: setup-core
+	$(BIN)/policy-matrix merge $(SHARDS) --out $(OUT) $(if $(BASELINE),--baseline $(BASELINE))
 
-$(STAMPS)/web: web_harness/package.json web_harness/package-lock.json web_harness/requirements.txt
+clean:
+	rm -rf reports .stamps build *.egg-info .pytest_cache
+
+# --- web targets: ort-web-wasm, ort-web-webgl, ort-web-webgpu, ort-node ---------
+# npm packages pinned by web_harness/package-lock.json (onnxruntime-node's
+# postinstall would download CUDA files: skipped), Python Playwright, and
+# Debian's Chromium where this machine can install it (root + apt-get).
+# A missing node_modules/ invalidates the stamp.
+setup-web: setup-core
+	@[ -f web_harness/node_modules/onnxruntime-web/package.json ] || rm -f .stamps/web
+	@$(MAKE) --no-print-directory .stamps/web
+
+.stamps/web: web_harness/package.json web_harness/package-lock.json web_harness/requirements.txt
 	@if command -v npm >/dev/null; then \
 		cd web_harness && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error; \
 	else \
-		echo "setup-web: npm not found; ort-node and ort-web-* stay unavailable (install Node.js >= 18, then rerun make setup)"; \
-		exit 0; \
+		echo "setup-web: npm not found; ort-node and ort-web-* stay unavailable (install Node.js >= 18, then make setup)"; \
 	fi
-	$(VENV)/bin/pip install -q -r web_harness/requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r web_harness/requirements.txt
 	@if command -v chromium >/dev/null || [ -x /usr/bin/chromium ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else \
 		echo "setup-web: no Chromium; see web_harness/README.md for how to install one"; \
 	fi
-	@[ -f web_harness/node_modules/onnxruntime-web/package.json ] && mkdir -p $(STAMPS) && touch $@ || true
+	@if [ -f web_harness/node_modules/onnxruntime-web/package.json ]; then mkdir -p .stamps && touch $@; fi

@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated
 
-import typer
+import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -15,19 +14,41 @@ from rich.table import Table
 import targets as registry
 from targets.base import VARIANTS
 
+from . import __version__
 from . import model as model_loader
+from . import results as schema
+from .compare import Thresholds
+from .compare import compare as compare_results
+from .merge import merge as merge_shards
+from .merge import shard_path as merge_shard_path
 from .errors import InputError
 from .lint import lint as lint_model
 from .orchestrate import RunConfig, run as run_matrix
 from .report import write_all
 from .verdict import Tolerances
 
-app = typer.Typer(
-    help="Run one exported policy on every runtime it ships on; report drift, latency, placement and the RL contract.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-)
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="policy-matrix")
+def app() -> None:
+    """Run one exported policy on every runtime it ships on: parity drift against a
+    float64 reference, latency, operator placement and the RL action contract."""
+
+
 console = Console(stderr=True)
 FAIL_ON = ("fail", "warn", "never")
+FAIL_ON_OPTION = click.option(
+    "--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True, help="Exit 1 when a cell is at least this bad."
+)
+BASELINE_OPTION = click.option(
+    "--baseline", type=click.Path(path_type=Path), help="Earlier results.json to flag regressions against (exit 1 if any)."
+)
+LATENCY_THRESHOLD_OPTION = click.option(
+    "--latency-threshold", default=0.25, show_default=True, help="p50 slowdown (fraction) that counts as a regression."
+)
+DRIFT_FACTOR_OPTION = click.option(
+    "--drift-factor", default=10.0, show_default=True, help="Drift growth factor that counts as a regression."
+)
 
 
 def _csv(value: str) -> list[str]:
@@ -74,27 +95,28 @@ def _config_tolerances(path: Path | None) -> dict[str, float]:
 
 
 @app.command()
-def run(
-    model: Annotated[Path, typer.Argument(help="The policy, an .onnx file.")],
-    targets: Annotated[str, typer.Option(help="Comma-separated target names, or 'all'.")] = "all",
-    precisions: Annotated[str, typer.Option(help="Comma-separated variants: fp32, fp16, int8.")] = "fp32,fp16,int8",
-    obs: Annotated[Path | None, typer.Option(help="Recorded observations (.npy for one input, .npz keyed by input name).")] = None,
-    n_obs: Annotated[int, typer.Option(help="Size of the seeded observation set when --obs is not given.")] = 128,
-    seed: Annotated[int, typer.Option(help="Seed of the generated observation set.")] = 0,
-    batch_sizes: Annotated[str, typer.Option(help="Batch sizes to time.")] = "1,64",
-    warmup: Annotated[int, typer.Option(help="Untimed calls before timing.")] = 20,
-    iters: Annotated[int, typer.Option(help="Timed calls per batch size.")] = 200,
-    threads: Annotated[int, typer.Option(help="Intra-op threads given to each runtime.")] = 1,
-    tolerance: Annotated[list[str], typer.Option(help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards).")] = [],
-    config: Annotated[Path | None, typer.Option(help="matrix.toml with a [tolerance] table of the same keys.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds a cell may take before it is killed and FAILs.")] = 600.0,
-    out: Annotated[Path | None, typer.Option(help="Report folder (default reports/<model name>).")] = None,
-    host_label: Annotated[str, typer.Option(help="Name of this host in merged reports (default os-arch).")] = "",
-    fail_on: Annotated[str, typer.Option(help="Exit 1 when a cell is at least this bad: fail, warn or never.")] = "fail",
-) -> None:
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--targets", default="all", show_default=True, help="Comma-separated target names, or 'all'.")
+@click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated variants: fp32, fp16, int8.")
+@click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
+@click.option("--n-obs", default=128, show_default=True, help="Size of the seeded observation set when --obs is not given.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the generated observation set.")
+@click.option("--batch-sizes", default="1,64", show_default=True, help="Batch sizes to time.")
+@click.option("--warmup", default=20, show_default=True, help="Untimed calls before timing.")
+@click.option("--iters", default=200, show_default=True, help="Timed calls per batch size.")
+@click.option("--threads", default=1, show_default=True, help="Intra-op threads given to each runtime.")
+@click.option("--tolerance", multiple=True, help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards).")
+@click.option("--config", type=click.Path(path_type=Path), help="matrix.toml with a [tolerance] table of the same keys.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
+@click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
+@click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
+@FAIL_ON_OPTION
+@BASELINE_OPTION
+@LATENCY_THRESHOLD_OPTION
+@DRIFT_FACTOR_OPTION
+def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, timeout, out,
+        host_label, fail_on, baseline, latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
-    if fail_on not in FAIL_ON:
-        raise InputError(f"--fail-on {fail_on!r}: expected one of {', '.join(FAIL_ON)}")
     info = model_loader.load(model)
     settings = RunConfig(
         model=info,
@@ -109,16 +131,59 @@ def run(
         iters=max(1, iters),
         threads=threads,
         timeout_s=timeout,
-        tolerances=Tolerances.parse(tolerance, _config_tolerances(config)),
+        tolerances=Tolerances.parse(list(tolerance), _config_tolerances(config)),
         host_label=host_label,
     )
+    baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     results = run_matrix(settings, console)
-    index = write_all(results, settings.out)
+    _finish(results, settings.out, fail_on, baseline_results, Thresholds(drift_factor, latency_threshold))
+
+
+@app.command()
+@click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Folder of the merged report.")
+@FAIL_ON_OPTION
+@BASELINE_OPTION
+@LATENCY_THRESHOLD_OPTION
+@DRIFT_FACTOR_OPTION
+def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
+    """Merge SHARDS (results.json files or report folders, one per host) into one report."""
+    baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
+    _finish(merge_shards(list(shards)), out, fail_on, baseline_results, Thresholds(drift_factor, latency_threshold))
+
+
+@app.command()
+@click.option("--baseline", type=click.Path(path_type=Path), required=True, help="Earlier results.json (or its folder).")
+@click.option("--current", type=click.Path(path_type=Path), required=True, help="Newer results.json (or its folder).")
+@LATENCY_THRESHOLD_OPTION
+@DRIFT_FACTOR_OPTION
+def compare(baseline, current, latency_threshold, drift_factor):
+    """Regressions of CURRENT against BASELINE, per cell (exit 1 if any)."""
+    before, after = schema.load(merge_shard_path(baseline)), schema.load(merge_shard_path(current))
+    found = compare_results(before, after, Thresholds(drift_factor, latency_threshold))
+    _print_regressions(found)
+    if not found:
+        console.print("[green]no regressions[/]")
+    sys.exit(1 if found else 0)
+
+
+def _finish(results, out: Path, fail_on: str, baseline, thresholds: Thresholds) -> None:
+    """Compare with the baseline, write the report, print the tally and exit with the verdict."""
+    if baseline is not None:
+        results.regressions = compare_results(baseline, results, thresholds)
+    index = write_all(results, out)
     counts = {v: sum(c.verdict == v for c in results.cells) for v in ("PASS", "WARN", "FAIL", "SKIP")}
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
+    _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "never": ()}[fail_on]
-    raise typer.Exit(1 if any(c.verdict in threshold for c in results.cells) else 0)
+    failed = any(c.verdict in threshold for c in results.cells)
+    sys.exit(1 if failed or results.regressions else 0)
+
+
+def _print_regressions(found) -> None:
+    for regression in found:
+        console.print(f"[red]regression[/] {escape(str(regression))}", highlight=False)
 
 
 @app.command("targets")
@@ -129,7 +194,12 @@ def list_targets() -> None:
         reason = target.unavailable_reason()
         version = _safe_version(target)
         table.add_row(target.name, version, "[green]available[/]" if not reason else f"[yellow]{reason}[/]", target.summary)
-    Console().print(table)
+    _stdout().print(table)
+
+
+def _stdout() -> Console:
+    """Piped output (CI logs, grep) gets a wide fixed width instead of wrapping at 80 columns."""
+    return Console() if sys.stdout.isatty() else Console(width=160)
 
 
 def _safe_version(target) -> str:
@@ -140,19 +210,27 @@ def _safe_version(target) -> str:
 
 
 @app.command()
-def lint(model: Annotated[Path, typer.Argument(help="The policy, an .onnx file.")]) -> None:
+@click.argument("model", type=click.Path(path_type=Path))
+def lint(model: Path) -> None:
     """The deployment-readiness lints alone (exit 1 if any is an error)."""
     results = lint_model(model_loader.load(model))
-    marks = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "error": "[red]error[/]"}
-    out = Console()
+    colours = {"ok": "green", "warn": "yellow", "error": "red"}
+    table = Table("level", "lint", "finding")
     for item in results:
-        out.print(f"{marks[item.level]:>20} {item.id:<20} {escape(item.message)}", highlight=False)
-    raise typer.Exit(1 if any(item.level == "error" for item in results) else 0)
+        table.add_row(f"[{colours[item.level]}]{item.level}[/]", item.id, escape(item.message))
+    _stdout().print(table)
+    sys.exit(1 if any(item.level == "error" for item in results) else 0)
 
 
 def main() -> None:
+    """Console entry point: user errors are one line on stderr and exit code 2."""
     try:
-        app(standalone_mode=True)
-    except InputError as error:
-        print(f"policy-matrix: error: {error}", file=sys.stderr)
+        code = app.main(standalone_mode=False, prog_name="policy-matrix")
+    except (InputError, click.UsageError) as error:
+        message = error.format_message() if isinstance(error, click.UsageError) else str(error)
+        print(f"policy-matrix: error: {message}", file=sys.stderr)
         sys.exit(2)
+    except click.Abort:
+        print("policy-matrix: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)

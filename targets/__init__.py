@@ -6,13 +6,13 @@ Adding a target is one module in this package plus one line below.
 from __future__ import annotations
 
 from .base import Target
-from .ort_cpu import OrtCpu
+from .ort_cpu import OrtCpu, OrtCuda
 from .ort_node import OrtNode
 from .ort_web import OrtWebWasm, OrtWebWebgl, OrtWebWebgpu
 
 REGISTRY: dict[str, Target] = {
     target.name: target
-    for target in (OrtCpu(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu())
+    for target in (OrtCpu(), OrtCuda(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu())
 }
 
 

@@ -79,3 +79,13 @@ class OrtCpu(OrtTarget):
     name = "ort-cpu"
     summary = "ONNX Runtime (Python), CPU execution provider"
     provider = "CPUExecutionProvider"
+
+
+class OrtCuda(OrtTarget):
+    name = "ort-cuda"
+    summary = "ONNX Runtime (Python), CUDA execution provider (onnxruntime-gpu on an NVIDIA GPU)"
+    provider = "CUDAExecutionProvider"
+
+    def unavailable_reason(self) -> str | None:
+        reason = super().unavailable_reason()
+        return f"{reason}: install onnxruntime-gpu on a machine with an NVIDIA GPU" if reason else None
