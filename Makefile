@@ -55,7 +55,7 @@ setup-web: setup-core
 		echo "setup-web: npm not found; ort-node and ort-web-* stay unavailable (install Node.js >= 18, then make setup)"; \
 	fi
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r web_harness/requirements.txt
-	@if command -v chromium >/dev/null || [ -x /usr/bin/chromium ]; then :; \
+	@if for b in chromium chromium-browser google-chrome; do command -v $$b; done | grep -q .; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else \

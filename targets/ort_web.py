@@ -44,7 +44,10 @@ CDP_ENV = "POLICY_MATRIX_CDP_URL"
 # A software (SwiftShader) adapter's latency means nothing and a conv policy at
 # batch 64 takes ~0.3 s per call there: time a few calls, not the run's hundreds.
 EMULATED_WARMUP, EMULATED_ITERS = 3, 20
-SYSTEM_CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+SYSTEM_CHROMIUM = (
+    "/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",  # Debian, Ubuntu, CI runners
+    "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome", "/Applications/Chromium.app/Contents/MacOS/Chromium",
+)
 # A fresh profile per run and no background traffic (the network here is closed,
 # and a default profile floods refused connections); WebGPU needs the unsafe flag.
 CHROMIUM_FLAGS = [
