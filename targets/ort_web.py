@@ -230,7 +230,7 @@ class WebSession(Session):
             key = f"b{batch}"
             url = self.page.server.publish(model)
             opened = self.page.call("open", key, url, self.target.backend, self.threads, True)
-            self.sessions[batch] = {"key": key, "log": opened["log"], "webgpu_device": opened["webgpuDevice"]}
+            self.sessions[batch] = {"key": key, "log": opened["log"]}
         return self.sessions[batch]
 
     def _key(self, feeds: Feeds) -> str:

@@ -146,14 +146,13 @@ def model_nodes(path: Path) -> list[tuple[str, str]]:
 def fixed_batch_model(source: Path, batch: int, cache_dir: Path) -> Path:
     """A copy of `source` whose inputs and outputs have leading dimension `batch`."""
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    target = cache_dir / "fixed-batch" / f"{digest}-b{batch}.onnx"
+    target = cache_dir / "fixed-batch" / f"{digest}-b{batch}-v2.onnx"  # bump the tag when the recipe changes
     if target.exists():
         return target
     model = onnx.load(str(source))
     for value in list(model.graph.input) + list(model.graph.output):
         dims = value.type.tensor_type.shape.dim
-        if dims:
-            dims[0].ClearField("dim_param")
+        if dims and not dims[0].HasField("dim_value"):  # only the symbolic leading (batch) dimension
             dims[0].dim_value = batch
     del model.graph.value_info[:]  # stale symbolic shapes; the runtime infers its own
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,6 @@ async function open(key, modelUrl, backend, threads, verbose) {
     inputNames: session.inputNames,
     outputNames: session.outputNames,
     log: logLines.slice(firstLine),
-    webgpuDevice: Boolean(ort.env.webgpu && ort.env.webgpu.device),
   };
 }
 
