@@ -64,7 +64,7 @@ class OrtTarget(Target):
         return f"this onnxruntime build has no {self.provider}"
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        return Artifact(path=ctx.onnx_variant(variant))
+        return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
 
     def providers(self) -> list:
         return [self.provider]
