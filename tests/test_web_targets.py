@@ -18,7 +18,7 @@ import pytest
 
 from matrix import examples, model as model_loader, reference, variants as core_variants
 from targets import REGISTRY
-from targets.base import Artifact, CellSkip
+from targets.base import Artifact
 from targets.ort_web import CDP_ENV, CHROMIUM_FLAGS, ChromiumService, HarnessPage
 from targets.web_support import HarnessServer, missing_npm_package
 from web_fixtures import softsign_mlp, softsign_only, write
