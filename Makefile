@@ -11,9 +11,9 @@ SHARDS ?=
 OUT    ?= reports/merged
 BASELINE ?=
 
-.PHONY: setup setup-core setup-coreml matrix examples test merge clean
+.PHONY: setup setup-core setup-web setup-coreml matrix examples test merge clean
 
-setup: setup-core setup-coreml
+setup: setup-core setup-web setup-coreml
 
 setup-core: .stamps/core
 
@@ -23,11 +23,15 @@ setup-core: .stamps/core
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@mkdir -p .stamps && touch $@
 
-# CoreML conversion environment (targets/coreml.py): torch CPU + onnx2torch + coremltools,
-# ~1.1 GB under the cache, built once per pin set (the env is keyed by the file's hash).
-setup-coreml: .stamps/coreml
+# --- CoreML targets: coreml, coreml-cpu/-gpu/-ne/-all (targets/coreml.py) -----
+# Its own environment (torch CPU + onnx2torch + coremltools, ~1.1 GB under the cache),
+# built once per pin set: the env is keyed by the requirements file's hash. An env
+# missing from the cache (cleared, new machine) invalidates the stamp.
+setup-coreml: setup-core
+	@$(BIN)/python -c 'from targets.coreml import environment_ready as r; raise SystemExit(not r())' || rm -f .stamps/coreml
+	@$(MAKE) --no-print-directory .stamps/coreml
 
-.stamps/coreml: .stamps/core targets/requirements/coreml.txt targets/coreml.py
+.stamps/coreml: .stamps/core targets/requirements/coreml.txt
 	$(BIN)/python -c 'from targets.coreml import build_environment; print(build_environment())'
 	@mkdir -p .stamps && touch $@
 
@@ -46,3 +50,27 @@ merge: setup-core
 
 clean:
 	rm -rf reports .stamps build *.egg-info .pytest_cache
+
+# --- web targets: ort-web-wasm, ort-web-webgl, ort-web-webgpu, ort-node ---------
+# npm packages pinned by web_harness/package-lock.json (onnxruntime-node's
+# postinstall would download CUDA files: skipped), Python Playwright, and
+# Debian's Chromium where this machine can install it (root + apt-get).
+# A missing node_modules/ invalidates the stamp.
+setup-web: setup-core
+	@[ -f web_harness/node_modules/onnxruntime-web/package.json ] || rm -f .stamps/web
+	@$(MAKE) --no-print-directory .stamps/web
+
+.stamps/web: web_harness/package.json web_harness/package-lock.json web_harness/requirements.txt
+	@if command -v npm >/dev/null; then \
+		cd web_harness && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error; \
+	else \
+		echo "setup-web: npm not found; ort-node and ort-web-* stay unavailable (install Node.js >= 18, then make setup)"; \
+	fi
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r web_harness/requirements.txt
+	@if for b in chromium chromium-browser google-chrome; do command -v $$b; done | grep -q .; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else \
+		echo "setup-web: no Chromium; see web_harness/README.md for how to install one"; \
+	fi
+	@if [ -f web_harness/node_modules/onnxruntime-web/package.json ]; then mkdir -p .stamps && touch $@; fi

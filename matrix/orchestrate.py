@@ -141,7 +141,7 @@ def _one_cell(target: Target, variant, config, host, spec_common, ref, base, ser
     label = f"{target.name} {variant}"
     reason = target.unavailable_reason() or target.variant_skip_reason(variant)
     if reason:
-        progress.add_task(f"{label}: [dim]SKIP[/]", total=1, completed=1)
+        progress.add_task(f"{label}: [dim]SKIP[/]", total=1, completed=1, start=False)
         return cells.skipped(host=host, target=target.name, variant=variant, reason=reason, runtime_version=_version(target))
     task = progress.add_task(label, total=len(cells.STAGES))
 

@@ -9,9 +9,14 @@ from . import coreml
 from .base import Target
 from .ort_coreml import OrtCoreml
 from .ort_cpu import OrtCpu, OrtCuda
+from .ort_node import OrtNode
+from .ort_web import OrtWebWasm, OrtWebWebgl, OrtWebWebgpu
 
 REGISTRY: dict[str, Target] = {
-    target.name: target for target in (OrtCpu(), OrtCuda(), OrtCoreml(), *coreml.TARGETS)
+    target.name: target
+    for target in (
+        OrtCpu(), OrtCuda(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu(), OrtCoreml(), *coreml.TARGETS,
+    )
 }
 
 

@@ -1,0 +1,110 @@
+"""onnxruntime-node: the policy as a Node.js service would run it (CPU EP).
+
+Each session is one `node web_harness/node/runner.mjs` process, spoken to with
+one JSON line per request; tensors travel as base64 bytes and latency is taken
+inside node with process.hrtime. ORT's verbose log (stderr) gives placement.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
+from .web_support import (
+    HARNESS_DIR,
+    decode_outputs,
+    encode_feeds,
+    missing_npm_package,
+    model_nodes,
+    node_executable,
+    npm_package_version,
+    placement_from_log,
+    placement_rows,
+)
+
+RUNNER = HARNESS_DIR / "node" / "runner.mjs"
+
+
+@functools.cache
+def node_version() -> str:
+    node = node_executable()
+    return subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip() if node else ""
+
+
+class NodeSession(Session):
+    def __init__(self, artifact: Artifact, threads: int, backend: str, ort_ep: str):
+        self.artifact, self.backend_name, self.ort_ep = artifact, backend, ort_ep
+        self.stderr = tempfile.NamedTemporaryFile(prefix="ort-node-", suffix=".log")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [node_executable(), str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.stderr, text=True, bufsize=1,
+        )
+        try:
+            self.opened = self._call("open", model=str(artifact.path), threads=threads, backend=backend)
+            self.log = Path(self.stderr.name).read_text(errors="replace").splitlines()
+        except BaseException:
+            self.close()
+            raise
+
+    def _call(self, op: str, **request):
+        self.process.stdin.write(json.dumps({"op": op, **request}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            tail = Path(self.stderr.name).read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"node exited (code {self.process.poll()}): {tail}")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise RuntimeError(reply["error"])
+        return reply["result"]
+
+    def run(self, feeds: Feeds) -> Feeds:
+        return decode_outputs(self._call("run", feeds=encode_feeds(feeds)))
+
+    def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
+        return self._call("time", feeds=encode_feeds(feeds), warmup=warmup, iters=iters)
+
+    def placement(self) -> list[PlacementRow]:
+        return placement_rows(model_nodes(self.artifact.path), placement_from_log(self.log), self.ort_ep, self.ort_ep)
+
+    def backend(self) -> BackendInfo:
+        placed = placement_from_log(self.log)
+        actual = self.backend_name if self.ort_ep in placed else ", ".join(placed) or "unknown"
+        return BackendInfo(self.backend_name, actual, detail=f"node {self.opened['versions'].get('nodejs', '')}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.stderr.close()
+
+
+class OrtNode(Target):
+    name = "ort-node"
+    summary = "onnxruntime-node (Node.js), CPU execution provider"
+    backend = "cpu"
+    ort_ep = "CPUExecutionProvider"
+
+    def runtime_version(self) -> str:
+        return f"onnxruntime-node {npm_package_version('onnxruntime-node') or '(not installed)'}, node {node_version() or '(missing)'}"
+
+    def unavailable_reason(self) -> str | None:
+        if node_executable() is None:
+            return "Node.js is not installed (needs node >= 18 on PATH; Debian: apt-get install nodejs)"
+        return missing_npm_package("onnxruntime-node")
+
+    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
+        return Artifact(path=ctx.onnx_variant(variant))
+
+    def open(self, artifact: Artifact, threads: int) -> Session:
+        if reason := self.unavailable_reason():
+            raise CellSkip(reason)
+        return NodeSession(artifact, threads, self.backend, self.ort_ep)

@@ -1,0 +1,356 @@
+"""onnxruntime-web inside headless Chromium: wasm, WebGL and WebGPU backends.
+
+One Chromium per run (`ChromiumService`, shared by the three targets through
+`service_key`); each cell's worker connects to it over CDP and gets a fresh
+browser context and page, a private local server for the harness, the ORT
+dist/ files and this cell's model, and one ORT bundle. Latency is measured in
+the page with performance.now() (cross-origin isolated, so not coarsened);
+placement comes from ORT's own verbose log; the backend that really ran is
+checked, and a software adapter (SwiftShader) is labelled emulated.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import ClassVar
+
+from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, RunService, Session, Target
+from .web_support import (
+    ORT_WEB_DIST,
+    SETUP_HINT,
+    HarnessServer,
+    decode_outputs,
+    encode_feeds,
+    fixed_batch_model,
+    kernels_not_found,
+    missing_npm_package,
+    model_nodes,
+    npm_package_version,
+    placement_from_log,
+    placement_rows,
+)
+
+CDP_ENV = "POLICY_MATRIX_CDP_URL"
+# A software (SwiftShader) adapter's latency means nothing and a conv policy at
+# batch 64 takes ~0.3 s per call there: time a few calls, not the run's hundreds.
+EMULATED_WARMUP, EMULATED_ITERS = 3, 20
+SYSTEM_CHROMIUM = (
+    "/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",  # Debian, Ubuntu, CI runners
+    "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome", "/Applications/Chromium.app/Contents/MacOS/Chromium",
+)
+# A fresh profile per run and no background traffic (the network here is closed,
+# and a default profile floods refused connections); WebGPU needs the unsafe flag.
+CHROMIUM_FLAGS = [
+    "--headless=new", "--no-sandbox", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--no-default-browser-check", "--enable-unsafe-webgpu",
+]
+
+
+@functools.cache
+def playwright_missing() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Python package playwright is not installed: run `make setup` (pip install playwright)"
+    return None
+
+
+@functools.cache
+def chromium_executable() -> str | None:
+    """A Playwright-managed Chromium when one is installed, else the system Chromium."""
+    if playwright_missing() is None:
+        from playwright.sync_api import sync_playwright
+
+        try:
+            with sync_playwright() as playwright:
+                managed = playwright.chromium.executable_path
+            if managed and Path(managed).exists():
+                return managed
+        except Exception:  # noqa: BLE001 — no managed browser is an ordinary answer
+            pass
+    return next((path for path in SYSTEM_CHROMIUM if Path(path).exists()), None) or shutil.which("chromium")
+
+
+@functools.cache
+def chromium_version() -> str:
+    executable = chromium_executable()
+    if executable is None:
+        return "no Chromium"
+    result = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30)
+    # "Chromium 156.0.8078.108 built on Debian ..." -> "Chromium 156.0.8078.108"
+    found = re.search(r"([A-Za-z][A-Za-z ]*?) (\d+(?:\.\d+)+)", result.stdout)
+    return f"{found.group(1)} {found.group(2)}" if found else f"Chromium at {executable}"
+
+
+def web_unavailable_reason() -> str | None:
+    if reason := playwright_missing() or missing_npm_package("onnxruntime-web"):
+        return reason
+    if chromium_executable() is None:
+        return ("no Chromium found: run `make setup` (installs Debian's chromium as root), "
+                "or `python -m playwright install chromium`")
+    return None
+
+
+# --- one browser per run ----------------------------------------------------
+
+
+class ChromiumService(RunService):
+    """Chromium with a DevTools endpoint on 127.0.0.1; cell workers connect over CDP."""
+
+    def __init__(self, run_dir: Path, startup_timeout_s: float = 60, flags: list[str] = CHROMIUM_FLAGS):
+        self.profile = Path(tempfile.mkdtemp(prefix="policy-matrix-chromium-"))
+        log = open(self.profile / "chromium.log", "wb")  # noqa: SIM115 — lives as long as the process
+        command = [chromium_executable(), *flags, f"--user-data-dir={self.profile}",
+                   "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank"]
+        # Own process group, so stop() ends the browser's helper processes with it.
+        self.process = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.endpoint = self._wait_for_endpoint(startup_timeout_s)
+
+    def _wait_for_endpoint(self, timeout_s: float) -> str:
+        port_file = self.profile / "DevToolsActivePort"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Chromium exited at start (code {self.process.returncode}): "
+                                   f"{(self.profile / 'chromium.log').read_text(errors='replace')[-2000:]}")
+            if port_file.exists() and port_file.read_text().strip():
+                return f"http://127.0.0.1:{port_file.read_text().split()[0]}"
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"Chromium opened no DevTools port within {timeout_s:.0f} s")
+
+    def env(self) -> dict[str, str]:
+        return {CDP_ENV: self.endpoint}
+
+    def alive(self) -> bool:
+        if self.process.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/json/version", timeout=5) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                if self.process.poll() is None:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait(timeout=10)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+# --- one page per cell -----------------------------------------------------------
+
+
+class HarnessPage:
+    """A fresh context and page in the run's browser (a private browser when no service runs)."""
+
+    def __init__(self, bundle: str):
+        from playwright.sync_api import sync_playwright
+
+        self.playwright = sync_playwright().start()
+        try:
+            endpoint = os.environ.get(CDP_ENV)
+            if endpoint:
+                self.browser = self.playwright.chromium.connect_over_cdp(endpoint)
+            else:
+                self.browser = self.playwright.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_FLAGS)
+            self.context = self.browser.new_context()
+            self.page = self.context.new_page()
+            self.server = HarnessServer()
+            self.page.goto(f"{self.server.origin}/harness/index.html")
+            self.page.wait_for_function("window.harness !== undefined")
+            self.versions = self.call("load", f"{self.server.origin}/ort/{bundle}", f"{self.server.origin}/ort/")
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, function: str, *args):
+        """Call window.harness[function](...args) in the page; raise with ORT's own message."""
+        reply = self.page.evaluate(f"(args) => window.harness.{function}(...args)", list(args))
+        if not reply["ok"]:
+            raise RuntimeError(reply["error"])
+        return reply["result"]
+
+    def close(self) -> None:
+        for step in ("context", "browser", "server", "playwright"):
+            resource = getattr(self, step, None)
+            try:
+                if resource is not None:
+                    resource.stop() if step in ("server", "playwright") else resource.close()
+            except Exception:  # noqa: BLE001 — a dead browser has nothing left to close
+                pass
+
+
+class WebSession(Session):
+    """One onnxruntime-web session per batch size in a fresh page (WebGL needs fixed shapes)."""
+
+    def __init__(self, target: OrtWebTarget, artifact: Artifact, threads: int):
+        self.target, self.artifact, self.threads = target, artifact, threads
+        self.page = HarnessPage(target.bundle)
+        try:
+            self.probe = self.page.call("probe", target.backend)
+            self.sessions: dict[int | None, dict] = {}
+            if self.probe["present"]:
+                self._session_for(1 if target.fixed_batch else None)
+        except BaseException:
+            self.page.close()
+            raise
+
+    def _session_for(self, batch: int | None) -> dict:
+        if not self.probe["present"]:
+            raise RuntimeError(self.probe["reason"])
+        if batch not in self.sessions:
+            model = self.artifact.path
+            if batch is not None:
+                model = fixed_batch_model(model, batch, Path(self.artifact.extra["cache_dir"]))
+            key = f"b{batch}"
+            url = self.page.server.publish(model)
+            opened = self.page.call("open", key, url, self.target.backend, self.threads, True)
+            self.sessions[batch] = {"key": key, "log": opened["log"]}
+        return self.sessions[batch]
+
+    def _key(self, feeds: Feeds) -> str:
+        batch = next(iter(feeds.values())).shape[0] if self.target.fixed_batch else None
+        return self._session_for(batch)["key"]
+
+    def run(self, feeds: Feeds) -> Feeds:
+        return decode_outputs(self.page.call("run", self._key(feeds), encode_feeds(feeds)))
+
+    def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
+        if self.backend().emulated:  # software adapter: latency is not the point, keep the cell short
+            warmup, iters = min(warmup, EMULATED_WARMUP), min(iters, EMULATED_ITERS)
+        return self.page.call("time", self._key(feeds), encode_feeds(feeds), warmup, iters)
+
+    def bare_loop_ns(self, feeds: Feeds, iters: int) -> float:
+        """Mean ns per call of a bare session.run loop in the same page (for bench/web_overhead.py)."""
+        return self.page.call("bareLoop", self._key(feeds), encode_feeds(feeds), iters)
+
+    def _first_log(self) -> list[str]:
+        return next(iter(self.sessions.values()))["log"] if self.sessions else []
+
+    def placement(self) -> list[PlacementRow]:
+        nodes = model_nodes(self.artifact.path)
+        if self.target.ort_ep is None:  # WebGL is not an ORT EP: a session runs every node or fails
+            return [PlacementRow(name, op, self.target.where_label, False) for op, name in nodes]
+        return placement_rows(nodes, placement_from_log(self._first_log()), self.target.ort_ep, self.target.where_label)
+
+    def backend(self) -> BackendInfo:
+        info = self.target.verify_backend(self.probe, self._first_log(), bool(self.sessions))
+        if info.emulated:
+            info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
+        if self.target.backend == "webgpu" and self.artifact.extra.get("variant") == "fp16" and not self.probe.get("shaderF16"):
+            # Measured on onnxruntime-web 1.30: without shader-f16 the WebGPU EP accepts an fp16
+            # model and returns wrong numbers (0.79 max drift) instead of refusing it. Devices
+            # without the feature exist in the field, so the drift is reported, not skipped.
+            info.detail += "; the adapter has no shader-f16: onnxruntime-web still runs fp16 models on it"
+        return info
+
+    def close(self) -> None:
+        self.page.close()
+
+
+class OrtWebTarget(Target):
+    service_key: ClassVar[str] = "chromium"
+    backend: ClassVar[str]  # onnxruntime-web executionProviders name
+    bundle: ClassVar[str]  # one ORT bundle per page, from the installed dist/
+    ort_ep: ClassVar[str | None]  # ORT's name for the EP in its placement log
+    where_label: ClassVar[str]
+    fixed_batch: ClassVar[bool] = False
+
+    def runtime_version(self) -> str:
+        return f"onnxruntime-web {npm_package_version('onnxruntime-web') or '(not installed)'}, {chromium_version()}"
+
+    def unavailable_reason(self) -> str | None:
+        return web_unavailable_reason()
+
+    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
+        return Artifact(path=ctx.onnx_variant(variant), extra={"variant": variant, "cache_dir": str(ctx.cache_dir)})
+
+    def open(self, artifact: Artifact, threads: int) -> Session:
+        if reason := self.unavailable_reason():
+            raise CellSkip(reason)
+        return WebSession(self, artifact, threads)
+
+    def start_service(self, run_dir: Path) -> RunService | None:
+        return ChromiumService(run_dir)
+
+    def verify_backend(self, probe: dict, log: list[str], opened: bool) -> BackendInfo:
+        return BackendInfo(requested=self.backend, actual=self.backend if opened else "none",
+                           detail="" if opened else probe.get("reason", "no session opened"))
+
+
+class OrtWebWasm(OrtWebTarget):
+    name = "ort-web-wasm"
+    summary = "onnxruntime-web in headless Chromium, WebAssembly (CPU) backend"
+    backend = "wasm"
+    bundle = "ort.wasm.min.mjs"
+    ort_ep = "CPUExecutionProvider"
+    where_label = "CPUExecutionProvider (wasm)"
+
+
+class OrtWebWebgl(OrtWebTarget):
+    name = "ort-web-webgl"
+    summary = "onnxruntime-web in headless Chromium, WebGL backend (no CPU fallback, fixed batch)"
+    backend = "webgl"
+    bundle = "ort.webgl.min.mjs"
+    ort_ep = None
+    where_label = "WebGL"
+    fixed_batch = True
+
+    def variant_skip_reason(self, variant: str) -> str | None:
+        # Measured with onnxruntime-web 1.30 on the core's fp16/int8 variants.
+        return {
+            "fp16": "onnxruntime-web's WebGL backend cannot load float16 tensors (\"unsupported data type: FLOAT16\")",
+            "int8": "onnxruntime-web's WebGL backend has no integer-quantized ops "
+                    "(\"cannot resolve operator 'DynamicQuantizeLinear'\")",
+        }.get(variant) or super().variant_skip_reason(variant)
+
+    def verify_backend(self, probe: dict, log: list[str], opened: bool) -> BackendInfo:
+        if not probe["present"]:
+            return BackendInfo(self.backend, "none", detail=probe["reason"])
+        renderer = probe.get("renderer", "")
+        return BackendInfo(self.backend, self.backend, emulated="swiftshader" in renderer.lower(), detail=renderer)
+
+
+class OrtWebWebgpu(OrtWebTarget):
+    name = "ort-web-webgpu"
+    summary = "onnxruntime-web in headless Chromium, WebGPU backend (JSEP; unsupported ops fall back to wasm)"
+    backend = "webgpu"
+    bundle = "ort.min.mjs"
+    ort_ep = "JsExecutionProvider"
+    where_label = "JsExecutionProvider (WebGPU)"
+
+    def verify_backend(self, probe: dict, log: list[str], opened: bool) -> BackendInfo:
+        if not probe["present"]:
+            return BackendInfo(self.backend, "none", detail=probe["reason"])
+        adapter = ", ".join(f"{key}={probe[key]}" for key in ("vendor", "architecture", "description") if probe.get(key))
+        emulated = probe["isFallbackAdapter"] or "swiftshader" in adapter.lower()
+        placed = placement_from_log(log)
+        if self.ort_ep in placed:
+            missing = kernels_not_found(log)
+            detail = f"adapter {adapter}" + (f"; isFallbackAdapter" if probe["isFallbackAdapter"] else "")
+            if missing:
+                detail += f"; no WebGPU kernel for {len(missing)} node(s), run on CPU"
+            return BackendInfo(self.backend, self.backend, emulated=emulated, detail=detail)
+        if placed:  # every node went to the CPU EP: a WebGPU cell that really ran on wasm
+            return BackendInfo(self.backend, "wasm", emulated=emulated,
+                               detail=f"ORT placed no node on {self.ort_ep}; all ran on {', '.join(placed)}")
+        return BackendInfo(self.backend, "unknown", emulated=emulated, detail="ORT logged no node placement")
+
+
+

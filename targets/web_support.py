@@ -1,0 +1,230 @@
+"""What the browser and node targets share: the harness files, a local server,
+tensors as bytes, and ORT's placement log lines turned into rows.
+
+onnxruntime-web and onnxruntime-node are npm packages installed by `make setup`
+into web_harness/node_modules; nothing is fetched from a CDN.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import re
+import shutil
+import threading
+from http import HTTPStatus
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .base import Feeds, PlacementRow
+
+HARNESS_DIR = Path(__file__).resolve().parent.parent / "web_harness"
+NODE_MODULES = HARNESS_DIR / "node_modules"
+ORT_WEB_DIST = NODE_MODULES / "onnxruntime-web" / "dist"
+SETUP_HINT = "run `make setup` (npm ci in web_harness/)"
+
+
+def npm_package_version(package: str) -> str | None:
+    manifest = NODE_MODULES / package / "package.json"
+    if not manifest.exists():
+        return None
+    return json.loads(manifest.read_text())["version"]
+
+
+def missing_npm_package(package: str) -> str | None:
+    if npm_package_version(package) is None:
+        return f"npm package {package} is not installed: {SETUP_HINT}"
+    return None
+
+
+@functools.cache
+def node_executable() -> str | None:
+    return shutil.which("node")
+
+
+# --- tensors as bytes -------------------------------------------------------
+
+
+def encode_feeds(feeds: Feeds) -> dict:
+    wire = {}
+    for name, value in feeds.items():
+        array = np.ascontiguousarray(value)
+        dtype = "bool" if array.dtype == np.bool_ else array.dtype.name
+        wire[name] = {"dtype": dtype, "shape": list(array.shape), "b64": base64.b64encode(array.tobytes()).decode()}
+    return wire
+
+
+def decode_outputs(wire: dict) -> Feeds:
+    outputs = {}
+    for name, tensor in wire.items():
+        dtype = np.bool_ if tensor["dtype"] == "bool" else np.dtype(tensor["dtype"])
+        data = np.frombuffer(base64.b64decode(tensor["b64"]), dtype=dtype)
+        outputs[name] = data.reshape(tensor["shape"]).copy()
+    return outputs
+
+
+# --- placement from ORT's verbose log ---------------------------------------
+
+# "Node(s) placed on [CPUExecutionProvider]. Number of nodes: 2" then " Cast (name)" lines,
+# or "All nodes placed on [JsExecutionProvider]. Number of nodes: 5".
+_PLACED = re.compile(r"(All nodes|Node\(s\)) placed on \[(\w+)\]\. Number of nodes: (\d+)")
+_NODE = re.compile(r"^\s*(\w+) \((.*)\)\s*$")
+_NOT_FOUND = re.compile(r"kernel not found in registries for Op type: (\w+) node name: (.*?)\s*$")
+# "2026-11-30 05:43:05.445 [V:onnxruntime:, session_state.cc:1385 Verify...] message"
+_PREFIX = re.compile(r"^.*?\[[VIWEF]:onnxruntime:[^\]]*\] ?")
+
+
+def _log_lines(log: list[str]) -> list[str]:
+    """Every physical line once, in order: ORT prints some messages twice."""
+    seen, lines = set(), []
+    for entry in log:
+        for line in entry.splitlines():
+            message = _PREFIX.sub("", line, count=1)  # the timestamp differs between repeats
+            if message not in seen:
+                seen.add(message)
+                lines.append(message)
+    return lines
+
+
+def placement_from_log(log: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """Execution provider -> [(op_type, node name)] as ORT logged its partitioning.
+
+    An EP that received every node is logged without names: its list is empty
+    and the caller fills it from the model's nodes.
+    """
+    placed: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    for line in _log_lines(log):
+        header = _PLACED.search(line)
+        if header:
+            current = header.group(2) if header.group(1).startswith("Node") else None
+            placed.setdefault(header.group(2), [])
+            continue
+        node = _NODE.match(line) if current else None
+        if node:
+            placed[current].append((node.group(1), node.group(2)))
+        else:
+            current = None
+    return placed
+
+
+def kernels_not_found(log: list[str]) -> list[tuple[str, str]]:
+    """(op_type, node name) that the accelerator EP said it has no kernel for."""
+    return [(m.group(1), m.group(2)) for m in map(_NOT_FOUND.search, _log_lines(log)) if m]
+
+
+def placement_rows(model_nodes: list[tuple[str, str]], placed: dict, accelerator: str, label: str) -> list[PlacementRow]:
+    """One row per ONNX node of the model; a node ORT listed on another EP is a fallback.
+
+    `accelerator` is ORT's name for the requested EP, `label` what the report shows
+    for it. Nodes ORT created itself (fusions, layout transforms) keep their own rows.
+    """
+    elsewhere = {name: (op, ep) for ep, nodes in placed.items() if ep != accelerator for op, name in nodes}
+    rows = [
+        PlacementRow(name, op, elsewhere[name][1], True) if name in elsewhere else PlacementRow(name, op, label, False)
+        for op, name in model_nodes
+    ]
+    known = {name for _, name in model_nodes}
+    rows += [PlacementRow(name, op, ep, True) for name, (op, ep) in elsewhere.items() if name not in known]
+    return rows
+
+
+def model_nodes(path: Path) -> list[tuple[str, str]]:
+    """(op_type, name) of the graph's nodes; unnamed nodes get ORT's positional name."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [(node.op_type, node.name or f"{node.op_type}_{index}") for index, node in enumerate(graph.node)]
+
+
+# --- fixed-batch copies (WebGL has no symbolic batch) ------------------------
+
+
+def fixed_batch_model(source: Path, batch: int, cache_dir: Path) -> Path:
+    """A copy of `source` whose inputs and outputs have leading dimension `batch`."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    target = cache_dir / "fixed-batch" / f"{digest}-b{batch}-v2.onnx"  # bump the tag when the recipe changes
+    if target.exists():
+        return target
+    model = onnx.load(str(source))
+    for value in list(model.graph.input) + list(model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):  # only the symbolic leading (batch) dimension
+            dims[0].dim_value = batch
+    del model.graph.value_info[:]  # stale symbolic shapes; the runtime infers its own
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{threading.get_ident()}.tmp")
+    onnx.save(model, str(partial))
+    partial.replace(target)
+    return target
+
+
+# --- the local server ---------------------------------------------------------
+
+_CONTENT_TYPES = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
+                  ".html": "text/html", ".onnx": "application/octet-stream", ".json": "application/json"}
+
+
+class HarnessServer:
+    """Serves the page, the ORT dist/ files and explicitly published models on 127.0.0.1.
+
+    Cross-origin isolation headers make performance.now() precise and allow wasm
+    threads. Models are published under opaque tokens, never under names taken
+    from the model.
+    """
+
+    def __init__(self):
+        self.models: dict[str, Path] = {}
+        roots = {"/harness/": HARNESS_DIR / "page", "/ort/": ORT_WEB_DIST}
+        server_self = self
+
+        class Handler(SimpleHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server naming)
+                path = server_self.resolve(self.path.split("?", 1)[0], roots)
+                if path is None:
+                    self.send_error(HTTPStatus.NOT_FOUND)
+                    return
+                body = path.read_bytes()
+                self.send_response(HTTPStatus.OK)
+                self.send_header("Content-Type", _CONTENT_TYPES.get(path.suffix, "application/octet-stream"))
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+                self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+                self.send_header("Cross-Origin-Resource-Policy", "same-origin")
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # keep the run's output clean
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def publish(self, path: Path) -> str:
+        token = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+        self.models[token] = path
+        return f"{self.origin}/models/{token}.onnx"
+
+    def resolve(self, url_path: str, roots: dict[str, Path]) -> Path | None:
+        if url_path.startswith("/models/"):
+            return self.models.get(url_path.removeprefix("/models/").removesuffix(".onnx"))
+        for prefix, root in roots.items():
+            if url_path.startswith(prefix):
+                candidate = (root / url_path.removeprefix(prefix)).resolve()
+                if candidate.is_file() and candidate.is_relative_to(root.resolve()):
+                    return candidate
+        return None
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,247 @@
+"""ort-web-wasm, ort-web-webgl, ort-web-webgpu and ort-node against the real runtimes.
+
+Everything runs for real: headless Chromium (one per test session, as in a run),
+onnxruntime-web from web_harness/node_modules, and node. `make setup` installs them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from matrix import examples, model as model_loader, reference, variants as core_variants
+from targets import REGISTRY
+from targets.base import Artifact
+from targets.ort_web import CDP_ENV, CHROMIUM_FLAGS, ChromiumService, HarnessPage
+from targets.web_support import HarnessServer, missing_npm_package
+from web_fixtures import softsign_mlp, softsign_only, write
+
+WEB_TARGETS = ("ort-node", "ort-web-wasm", "ort-web-webgl", "ort-web-webgpu")
+EXAMPLES = ("continuous_mlp", "discrete_mlp", "pixel_cnn")
+FP32_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def browser(tmp_path_factory):
+    """One Chromium for the module, reached over CDP like the run's cell workers reach it."""
+    service = REGISTRY["ort-web-wasm"].start_service(tmp_path_factory.mktemp("run"))
+    previous = os.environ.get(CDP_ENV)
+    os.environ.update(service.env())
+    yield service
+    service.stop()
+    os.environ.pop(CDP_ENV) if previous is None else os.environ.update({CDP_ENV: previous})
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def artifact(path: Path, cache_dir: Path, variant: str = "fp32") -> Artifact:
+    return Artifact(path=path, extra={"variant": variant, "cache_dir": str(cache_dir)})
+
+
+def observations(path: Path, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    graph_input = onnx.load(str(path)).graph.input[0]
+    shape = [dim.dim_value or batch for dim in graph_input.type.tensor_type.shape.dim]
+    return {graph_input.name: np.random.default_rng(seed).normal(size=shape).astype(np.float32)}
+
+
+def float64_reference(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The matrix's ground truth: the graph evaluated in float64 by the core."""
+    return reference.compute(model_loader.load(path), feeds, 0).outputs
+
+
+def max_drift(outputs: dict, reference: dict) -> float:
+    return max(float(np.max(np.abs(outputs[name].astype(np.float64) - reference[name]))) for name in reference)
+
+
+def test_targets_are_registered_available_and_versioned():
+    for name in WEB_TARGETS:
+        target = REGISTRY[name]
+        assert target.unavailable_reason() is None, f"{name}: {target.unavailable_reason()}"
+        assert "1.30.0" in target.runtime_version()
+
+
+def test_a_missing_npm_package_says_run_make_setup():
+    assert "make setup" in missing_npm_package("onnxruntime-not-a-package")
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+@pytest.mark.parametrize("name", WEB_TARGETS)
+def test_examples_match_float64_reference_with_latency_and_placement(name, example, cache_dir):
+    target, path = REGISTRY[name], examples.path(example)
+    if name == "ort-web-webgl" and example == "discrete_mlp":
+        with pytest.raises(RuntimeError, match="cannot resolve operator 'ArgMax'"):
+            target.open(artifact(path, cache_dir), threads=1)
+        return
+    session = target.open(artifact(path, cache_dir), threads=1)
+    try:
+        for batch in (1, 7):
+            feeds = observations(path, batch)
+            outputs = session.run(feeds)
+            assert set(outputs) == {"action"}
+            assert outputs["action"].shape[0] == batch
+            assert max_drift(outputs, float64_reference(path, feeds)) < FP32_TOLERANCE
+        latencies = session.time(observations(path, 1), warmup=2, iters=10)
+        assert len(latencies) == 10 and all(isinstance(ns, int) and ns > 0 for ns in latencies)
+        rows = session.placement()
+        assert [row.node for row in rows] == [node.name for node in onnx.load(str(path)).graph.node]
+        assert not any(row.fallback for row in rows)
+        info = session.backend()
+        assert info.matches, info
+        assert info.emulated == (name in ("ort-web-webgl", "ort-web-webgpu"))  # SwiftShader on this kind of host
+    finally:
+        session.close()
+
+
+def test_webgpu_places_softsign_on_cpu_as_fallback(tmp_path, cache_dir):
+    path = write(softsign_mlp(), tmp_path, "softsign_mlp")
+    session = REGISTRY["ort-web-webgpu"].open(artifact(path, cache_dir), threads=1)
+    try:
+        feeds = observations(path, 3)
+        assert max_drift(session.run(feeds), float64_reference(path, feeds)) < FP32_TOLERANCE
+        rows = {row.node: row for row in session.placement()}
+        assert list(rows) == ["fc0", "soft0", "head", "squash"]  # one row per node, de-duplicated
+        assert rows["soft0"].fallback and rows["soft0"].where == "CPUExecutionProvider"
+        assert not any(rows[node].fallback for node in ("fc0", "head", "squash"))
+        assert session.backend().matches and "no WebGPU kernel for 1 node" in session.backend().detail
+    finally:
+        session.close()
+
+
+def test_webgpu_session_that_ran_only_on_wasm_is_not_webgpu(tmp_path, cache_dir):
+    path = write(softsign_only(), tmp_path, "softsign_only")
+    session = REGISTRY["ort-web-webgpu"].open(artifact(path, cache_dir), threads=1)
+    try:
+        session.run(observations(path, 2))
+        info = session.backend()
+        assert (info.requested, info.actual) == ("webgpu", "wasm") and "no node" in info.detail
+    finally:
+        session.close()
+
+
+def test_webgpu_without_an_adapter_fails_with_the_reason(tmp_path, monkeypatch, cache_dir):
+    no_webgpu = ChromiumService(tmp_path, flags=[flag for flag in CHROMIUM_FLAGS if flag != "--enable-unsafe-webgpu"])
+    monkeypatch.setenv(CDP_ENV, no_webgpu.env()[CDP_ENV])
+    try:
+        path = examples.path("continuous_mlp")
+        session = REGISTRY["ort-web-webgpu"].open(artifact(path, cache_dir), threads=1)
+        try:
+            info = session.backend()
+            assert not info.matches and "adapter" in info.detail
+            with pytest.raises(RuntimeError, match="adapter"):
+                session.run(observations(path, 1))
+        finally:
+            session.close()
+    finally:
+        no_webgpu.stop()
+
+
+def test_webgl_runs_each_batch_size_on_its_own_fixed_batch_model(cache_dir):
+    path = examples.path("continuous_mlp")
+    session = REGISTRY["ort-web-webgl"].open(artifact(path, cache_dir), threads=1)
+    try:
+        for batch in (2, 1, 64, 2):
+            feeds = observations(path, batch, seed=batch)
+            assert max_drift(session.run(feeds), float64_reference(path, feeds)) < FP32_TOLERANCE
+    finally:
+        session.close()
+    assert len(list((cache_dir / "fixed-batch").glob("*.onnx"))) >= 3
+
+
+@pytest.fixture(scope="module")
+def variants(cache_dir) -> dict[str, Path]:
+    """The core's own precision variants of continuous_mlp."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POLICY_MATRIX_CACHE", str(cache_dir))
+        paths, errors = core_variants.produce_all(model_loader.load(examples.path("continuous_mlp")), ["fp16", "int8"])
+    assert not errors
+    return paths
+
+
+@pytest.mark.parametrize("name", WEB_TARGETS)
+@pytest.mark.parametrize("variant", ["fp16", "int8"])
+def test_reduced_precision_runs_or_skips_with_a_reason(name, variant, variants, cache_dir):
+    target = REGISTRY[name]
+    if name == "ort-web-webgl":  # measured: no float16 tensors, no quantized ops
+        assert target.variant_skip_reason(variant)
+        return
+    assert target.variant_skip_reason(variant) is None
+    session = target.open(artifact(variants[variant], cache_dir, variant), threads=1)
+    if (name, variant) == ("ort-web-webgpu", "fp16") and "no shader-f16" in session.backend().detail:
+        # Measured on SwiftShader: onnxruntime-web runs fp16 without shader-f16 and gets it
+        # wrong. The matrix must show that drift (a FAIL), not hide it.
+        try:
+            feeds = observations(variants["fp32"], 4)
+            assert max_drift(session.run(feeds), float64_reference(variants["fp32"], feeds)) > 2e-2
+        finally:
+            session.close()
+        return
+    try:
+        feeds = observations(variants["fp32"], 4)
+        tolerance = {"fp16": 1e-2, "int8": 0.3}[variant]
+        assert max_drift(session.run(feeds), float64_reference(variants["fp32"], feeds)) < tolerance
+        fallbacks = {row.op_type for row in session.placement() if row.fallback}
+        if name == "ort-web-webgpu":  # integer kernels are missing on WebGPU and run on wasm
+            assert {"DynamicQuantizeLinear", "MatMulInteger"} <= fallbacks
+        else:
+            assert not fallbacks
+    finally:
+        session.close()
+
+
+def test_page_is_cross_origin_isolated_and_server_serves_only_the_harness(tmp_path):
+    page = HarnessPage("ort.wasm.min.mjs")
+    try:
+        assert page.versions["crossOriginIsolated"] is True
+    finally:
+        page.close()
+    (tmp_path / "secret.onnx").write_bytes(b"x")
+    server = HarnessServer()
+    try:
+        with urllib.request.urlopen(f"{server.origin}/harness/index.html") as reply:
+            assert reply.headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+            assert reply.headers["Cross-Origin-Opener-Policy"] == "same-origin"
+        for path in ("/harness/../../pyproject.toml", "/ort/../package.json", f"/models/{tmp_path}/secret.onnx", "/"):
+            with pytest.raises(urllib.error.HTTPError, match="404"):
+                urllib.request.urlopen(f"{server.origin}{path}")
+        published = server.publish(tmp_path / "secret.onnx")
+        with urllib.request.urlopen(published) as reply:
+            assert reply.read() == b"x"
+    finally:
+        server.stop()
+
+
+def test_a_dead_browser_costs_only_its_cells(tmp_path, monkeypatch, cache_dir):
+    target, path = REGISTRY["ort-web-wasm"], examples.path("continuous_mlp")
+    service = target.start_service(tmp_path)
+    monkeypatch.setenv(CDP_ENV, service.env()[CDP_ENV])
+    session = target.open(artifact(path, cache_dir), threads=1)
+    try:
+        session.run(observations(path, 1))
+        os.kill(service.process.pid, signal.SIGKILL)
+        service.process.wait(timeout=10)
+        assert not service.alive()
+        with pytest.raises(Exception):  # the cell in flight errors out instead of hanging
+            session.run(observations(path, 1))
+    finally:
+        session.close()
+        service.stop()
+    restarted = target.start_service(tmp_path)
+    try:
+        assert restarted.alive()
+        monkeypatch.setenv(CDP_ENV, restarted.env()[CDP_ENV])
+        session = target.open(artifact(path, cache_dir), threads=1)
+        feeds = observations(path, 2)
+        assert max_drift(session.run(feeds), float64_reference(path, feeds)) < FP32_TOLERANCE
+        session.close()
+    finally:
+        restarted.stop()

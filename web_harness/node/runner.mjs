@@ -1,0 +1,58 @@
+// The ort-node target's runner: one process per session, driven by Python
+// (targets/ort_node.py) with one JSON request per stdin line and one JSON reply
+// per stdout line. ORT's own log goes to stderr, which Python keeps in a file
+// to read placement from. Latency is taken here with process.hrtime.
+
+import { createInterface } from 'node:readline';
+import * as ort from 'onnxruntime-node';
+import { decodeFeeds, encodeOutputs } from '../page/tensors.mjs';
+
+let session = null;
+const QUIET = { logSeverityLevel: 3 };  // keep per-run logging out of the timed calls
+
+async function open({ model, threads, backend }) {
+  const started = process.hrtime.bigint();
+  session = await ort.InferenceSession.create(model, {
+    executionProviders: [backend],
+    intraOpNumThreads: threads,
+    interOpNumThreads: 1,
+    graphOptimizationLevel: 'all',
+    logSeverityLevel: 0,
+    logVerbosityLevel: 0,
+  });
+  return {
+    createMs: Number(process.hrtime.bigint() - started) / 1e6,
+    inputNames: session.inputNames,
+    outputNames: session.outputNames,
+    versions: { ...ort.env.versions, nodejs: process.versions.node },
+  };
+}
+
+async function run({ feeds }) {
+  return encodeOutputs(await session.run(decodeFeeds(ort, feeds), QUIET));
+}
+
+async function time({ feeds, warmup, iters }) {
+  const inputs = decodeFeeds(ort, feeds);
+  for (let i = 0; i < warmup; i++) await session.run(inputs, QUIET);
+  const samples = new Array(iters);
+  for (let i = 0; i < iters; i++) {
+    const start = process.hrtime.bigint();
+    await session.run(inputs, QUIET);
+    samples[i] = Number(process.hrtime.bigint() - start);
+  }
+  return samples;
+}
+
+const handlers = { open, run, time };
+
+for await (const line of createInterface({ input: process.stdin })) {
+  const request = JSON.parse(line);
+  let reply;
+  try {
+    reply = { ok: true, result: await handlers[request.op](request) };
+  } catch (error) {
+    reply = { ok: false, error: String(error && error.message ? error.message : error) };
+  }
+  process.stdout.write(JSON.stringify(reply) + '\n');
+}

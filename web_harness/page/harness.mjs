@@ -1,0 +1,131 @@
+// Runs inside headless Chromium. Python (targets/ort_web.py) drives it through
+// window.harness: one ORT bundle per page, sessions keyed by a name, tensors in
+// and out as base64 bytes, latency taken here with performance.now().
+
+import { decodeFeeds, encodeOutputs } from './tensors.mjs';
+
+// ORT prints its placement decisions as log lines; keep every console line
+// (installed before ORT is imported, so ORT's own logger goes through it).
+const logLines = [];
+for (const level of ['log', 'info', 'warn', 'error', 'debug']) {
+  const original = console[level].bind(console);
+  console[level] = (...args) => {
+    logLines.push(args.map(String).join(' '));
+    original(...args);
+  };
+}
+
+let ort = null;
+const sessions = new Map();
+const QUIET = { logSeverityLevel: 3 };  // keep per-run logging out of the timed calls
+
+async function webgpuAdapter() {
+  if (!navigator.gpu) return { present: false, reason: 'navigator.gpu is missing (WebGPU disabled in this browser)' };
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) return { present: false, reason: 'navigator.gpu.requestAdapter() returned null (no WebGPU adapter)' };
+  const info = adapter.info || {};
+  return {
+    present: true,
+    vendor: info.vendor || '', architecture: info.architecture || '',
+    description: info.description || '', device: info.device || '',
+    isFallbackAdapter: Boolean(info.isFallbackAdapter ?? adapter.isFallbackAdapter),
+    shaderF16: adapter.features.has('shader-f16'),
+  };
+}
+
+function webglRenderer() {
+  const gl = document.createElement('canvas').getContext('webgl2');
+  if (!gl) return { present: false, reason: 'no WebGL2 context in this browser' };
+  const debug = gl.getExtension('WEBGL_debug_renderer_info');
+  return {
+    present: true,
+    vendor: debug ? gl.getParameter(debug.UNMASKED_VENDOR_WEBGL) : gl.getParameter(gl.VENDOR),
+    renderer: debug ? gl.getParameter(debug.UNMASKED_RENDERER_WEBGL) : gl.getParameter(gl.RENDERER),
+  };
+}
+
+async function load(bundleUrl, wasmPaths) {
+  ort = await import(bundleUrl);
+  ort.env.wasm.wasmPaths = wasmPaths;
+  ort.env.wasm.proxy = false;
+  return { version: ort.env.versions, crossOriginIsolated: self.crossOriginIsolated };
+}
+
+async function probe(backend) {
+  if (backend === 'webgpu') return webgpuAdapter();
+  if (backend === 'webgl') return webglRenderer();
+  return { present: true };
+}
+
+async function open(key, modelUrl, backend, threads, verbose) {
+  ort.env.wasm.numThreads = threads;
+  const firstLine = logLines.length;
+  const options = {
+    executionProviders: [backend],
+    graphOptimizationLevel: 'all',
+    logSeverityLevel: verbose ? 0 : 2,
+    logVerbosityLevel: 0,
+  };
+  const started = performance.now();
+  const session = await ort.InferenceSession.create(modelUrl, options);
+  const createMs = performance.now() - started;
+  sessions.set(key, session);
+  return {
+    createMs,
+    inputNames: session.inputNames,
+    outputNames: session.outputNames,
+    log: logLines.slice(firstLine),
+  };
+}
+
+async function run(key, wire) {
+  const session = sessions.get(key);
+  const results = await session.run(decodeFeeds(ort, wire), QUIET);
+  return encodeOutputs(results);
+}
+
+// Per-call latency in integer nanoseconds; the await includes reading outputs
+// back to the CPU, as a caller of session.run() would see it.
+async function time(key, wire, warmup, iters) {
+  const session = sessions.get(key);
+  const feeds = decodeFeeds(ort, wire);
+  for (let i = 0; i < warmup; i++) await session.run(feeds, QUIET);
+  const samples = new Array(iters);
+  for (let i = 0; i < iters; i++) {
+    const start = performance.now();
+    await session.run(feeds, QUIET);
+    samples[i] = Math.round((performance.now() - start) * 1e6);
+  }
+  return samples;
+}
+
+// The bench's baseline: one bare loop of session.run, timed once around the loop.
+async function bareLoop(key, wire, iters) {
+  const session = sessions.get(key);
+  const feeds = decodeFeeds(ort, wire);
+  const start = performance.now();
+  for (let i = 0; i < iters; i++) await session.run(feeds, QUIET);
+  return ((performance.now() - start) / iters) * 1e6;
+}
+
+async function release(key) {
+  const session = sessions.get(key);
+  sessions.delete(key);
+  if (session) await session.release();
+}
+
+// Errors come back as ORT's message (no stack), the words a cell reports.
+function reporting(fn) {
+  return async (...args) => {
+    try {
+      return { ok: true, result: await fn(...args) };
+    } catch (error) {
+      return { ok: false, error: String(error && error.message ? error.message : error) };
+    }
+  };
+}
+
+window.harness = Object.fromEntries(
+  Object.entries({ load, probe, open, run, time, bareLoop, release }).map(([name, fn]) => [name, reporting(fn)]),
+);
+window.harnessReady = true;
