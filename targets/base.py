@@ -36,10 +36,16 @@ class PrepareContext:
     workdir: Path  # private to this cell
     cache_dir: Path  # shared across runs; key entries by content hash
     threads: int = 1
+    variant_errors: dict[str, str] = field(default_factory=dict)  # variants the core could not make
 
     @property
     def fp32_model(self) -> Path:
-        return self.onnx_variants["fp32"]
+        return self.onnx_variant("fp32")
+
+    def onnx_variant(self, variant: str) -> Path:
+        if variant in self.variant_errors:
+            raise RuntimeError(f"the {variant} ONNX variant could not be produced: {self.variant_errors[variant]}")
+        return self.onnx_variants[variant]
 
 
 @dataclass

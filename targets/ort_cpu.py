@@ -64,7 +64,7 @@ class OrtTarget(Target):
         return f"this onnxruntime build has no {self.provider}"
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        return Artifact(path=ctx.onnx_variants[variant])
+        return Artifact(path=ctx.onnx_variant(variant))
 
     def providers(self) -> list:
         return [self.provider]

@@ -1,0 +1,100 @@
+"""The RL action contract, checked on what a runtime actually returned.
+
+Static parts (names, symbolic batch, forbidden inputs, random ops) are lints
+(lint.py); these checks need outputs: batch 1/2/7 runs, finite values, action
+bounds and dtype, determinism.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .model import ModelInfo
+from .results import ContractCheck
+
+Arrays = dict[str, np.ndarray]
+CONTRACT_BATCHES = (1, 2, 7)
+
+
+def action_output(model: ModelInfo) -> str:
+    names = [spec.name for spec in model.outputs]
+    return "action" if "action" in names else names[0]
+
+
+def check(model: ModelInfo, arrays: Arrays, reference: Arrays) -> list[ContractCheck]:
+    outputs = _prefixed(arrays, "outputs/")
+    action = outputs.get(action_output(model))
+    return [
+        _shapes(outputs, reference),
+        _batches(model, arrays),
+        _finite(outputs),
+        _dtype(model, outputs),
+        _bounds(model, action),
+        _determinism(outputs, _prefixed(arrays, "repeat/")),
+    ]
+
+
+def _prefixed(arrays: Arrays, prefix: str) -> Arrays:
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+def _shapes(outputs: Arrays, reference: Arrays) -> ContractCheck:
+    wrong = [
+        f"{name}: {outputs[name].shape if name in outputs else 'missing'}, expected {expected.shape}"
+        for name, expected in reference.items()
+        if name not in outputs or outputs[name].shape != expected.shape
+    ]
+    return ContractCheck(name="output shapes", ok=not wrong, detail="; ".join(wrong) or "as the reference")
+
+
+def _batches(model: ModelInfo, arrays: Arrays) -> ContractCheck:
+    if not all(spec.batch_is_symbolic for spec in model.inputs):
+        return ContractCheck(name="batch 1/2/7", ok=None, detail="fixed batch dimension: not applicable")
+    wrong = []
+    for batch in CONTRACT_BATCHES:
+        got = _prefixed(arrays, f"batch{batch}/")
+        for spec in model.outputs:
+            shape = got[spec.name].shape if spec.name in got else None
+            if shape is None or not shape or shape[0] != batch:
+                wrong.append(f"batch {batch}: {spec.name} shape {shape}")
+    return ContractCheck(name="batch 1/2/7", ok=not wrong, detail="; ".join(wrong) or "outputs follow the batch size")
+
+
+def _finite(outputs: Arrays) -> ContractCheck:
+    bad = [name for name, value in outputs.items() if value.dtype.kind == "f" and not np.isfinite(value).all()]
+    return ContractCheck(name="finite outputs", ok=not bad, detail=f"NaN or Inf in {bad}" if bad else "all finite")
+
+
+def _dtype(model: ModelInfo, outputs: Arrays) -> ContractCheck:
+    wrong = [
+        f"{spec.name}: {outputs[spec.name].dtype} (declared {spec.dtype})"
+        for spec in model.outputs
+        if spec.name in outputs and outputs[spec.name].dtype != np.dtype(spec.dtype)
+    ]
+    missing = [spec.name for spec in model.outputs if spec.name not in outputs]
+    problems = wrong + [f"{name}: missing" for name in missing]
+    return ContractCheck(name="output dtypes", ok=not problems, detail="; ".join(problems) or "as declared")
+
+
+def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
+    name = "action bounds"
+    if action is None:
+        return ContractCheck(name=name, ok=False, detail="no action output returned")
+    meta = model.metadata
+    if action.dtype.kind in "iu":
+        if "action_n" not in meta:
+            return ContractCheck(name=name, ok=None, detail="discrete action without action_n in metadata")
+        n = int(meta["action_n"])
+        inside = bool(((action >= 0) & (action < n)).all())
+        return ContractCheck(name=name, ok=inside, detail=f"indices in [0, {n})" if inside else f"index outside [0, {n})")
+    if "action_low" not in meta or "action_high" not in meta:
+        return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata")
+    low, high = float(meta["action_low"]), float(meta["action_high"])
+    inside = bool(((action >= low) & (action <= high)).all())
+    found = f"[{np.nanmin(action):.4g}, {np.nanmax(action):.4g}]"
+    return ContractCheck(name=name, ok=inside, detail=f"{found} within [{low}, {high}]" if inside else f"{found} leaves [{low}, {high}]")
+
+
+def _determinism(outputs: Arrays, repeat: Arrays) -> ContractCheck:
+    differ = [name for name in outputs if name not in repeat or not np.array_equal(outputs[name], repeat[name], equal_nan=True)]
+    return ContractCheck(name="deterministic", ok=not differ, detail=f"second run differs in {differ}" if differ else "same input, same output")

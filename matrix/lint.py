@@ -1,0 +1,85 @@
+"""Deployment-readiness lints: what the RL contract expects of the graph itself.
+
+A model that is not an RL policy still runs through the matrix; these lints
+say how it differs from the contract (DESIGN.md, "RL contract").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import ModelInfo
+
+FORBIDDEN_INPUTS = {"key", "rng", "params", "train_state", "deterministic", "training", "mutable"}
+RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+@dataclass
+class Lint:
+    id: str
+    level: str  # "ok" | "warn" | "error"
+    message: str
+
+
+def lint(model: ModelInfo) -> list[Lint]:
+    return [
+        _single_obs_input(model),
+        _action_output(model),
+        _symbolic_batch(model),
+        _forbidden_inputs(model),
+        _random_ops(model),
+        _dropout(model),
+        _action_space_declared(model),
+    ]
+
+
+def _single_obs_input(model: ModelInfo) -> Lint:
+    names = [spec.name for spec in model.inputs]
+    if names == ["obs"]:
+        return Lint("input-obs", "ok", "one input named 'obs'")
+    return Lint("input-obs", "warn", f"expected one input named 'obs', found {names}")
+
+
+def _action_output(model: ModelInfo) -> Lint:
+    names = [spec.name for spec in model.outputs]
+    if "action" in names:
+        return Lint("output-action", "ok", "an output named 'action'")
+    return Lint("output-action", "warn", f"no output named 'action' (outputs: {names})")
+
+
+def _symbolic_batch(model: ModelInfo) -> Lint:
+    fixed = [spec.name for spec in model.inputs + model.outputs if not spec.batch_is_symbolic]
+    if not fixed:
+        return Lint("symbolic-batch", "ok", "batch dimension is symbolic on every input and output")
+    return Lint("symbolic-batch", "warn", f"fixed batch dimension on {fixed}: the policy cannot run batched")
+
+
+def _forbidden_inputs(model: ModelInfo) -> Lint:
+    found = [spec.name for spec in model.inputs if spec.name.lower() in FORBIDDEN_INPUTS]
+    if not found:
+        return Lint("no-training-inputs", "ok", "no runtime inputs for keys, params or training flags")
+    return Lint("no-training-inputs", "error", f"runtime inputs that belong to training: {found}")
+
+
+def _random_ops(model: ModelInfo) -> Lint:
+    found = sorted({f"{n.op_type} ({n.name})" for n in model.nodes if n.op_type in RANDOM_OPS})
+    if not found:
+        return Lint("no-random-ops", "ok", "no random operators")
+    return Lint("no-random-ops", "error", f"random operators make actions non-deterministic: {found}")
+
+
+def _dropout(model: ModelInfo) -> Lint:
+    found = sorted(n.name or n.op_type for n in model.nodes if n.op_type == "Dropout")
+    if not found:
+        return Lint("no-dropout", "ok", "no Dropout nodes")
+    return Lint("no-dropout", "warn", f"Dropout left in the exported graph: {found}")
+
+
+def _action_space_declared(model: ModelInfo) -> Lint:
+    space = model.metadata.get("action_space")
+    if space in ("continuous", "discrete"):
+        return Lint("action-space", "ok", f"declares a {space} action space")
+    return Lint(
+        "action-space", "warn",
+        "no action_space in the model metadata: bounds are inferred (discrete if the action is an integer)",
+    )

@@ -1,0 +1,58 @@
+"""How far a cell's answers are from the reference, and how its latency is summarised.
+
+Definitions (stated in the report too):
+- abs error per element |y - y_ref|; max_abs, mean_abs and p99_abs over all elements;
+- max_rel = max |y - y_ref| / max(|y_ref|, REL_FLOOR): the floor keeps outputs near
+  zero from turning rounding noise into huge relative errors;
+- discrete outputs: agreement = share of equal actions; a disagreement counts as a
+  flip only when the reference's top-1 minus top-2 logit exceeds the tolerance
+  (otherwise it is a near tie, reported but not counted).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .results import LatencyStats, OutputParity
+
+REL_FLOOR = 1e-3
+
+
+def latency_stats(batch: int, samples_ns: list[int]) -> dict:
+    us = np.asarray(samples_ns, dtype=np.float64) / 1e3
+    p50, p90, p99 = np.percentile(us, [50, 90, 99])
+    return LatencyStats(
+        batch=batch, n=len(us), p50_us=p50, p90_us=p90, p99_us=p99,
+        mean_us=float(us.mean()), std_us=float(us.std()), min_us=float(us.min()),
+    ).model_dump()
+
+
+def parity(
+    name: str, actual: np.ndarray, reference: np.ndarray, baseline: np.ndarray | None,
+    margins: np.ndarray | None, tolerance: float,
+) -> OutputParity:
+    diff = np.abs(actual.astype(np.float64) - reference.astype(np.float64)).ravel()
+    rel = diff / np.maximum(np.abs(reference.astype(np.float64)).ravel(), REL_FLOOR)
+    result = OutputParity(
+        output=name,
+        kind="discrete" if reference.dtype.kind in "iub" else "continuous",
+        max_abs=_finite_max(diff),
+        mean_abs=float(np.mean(diff)) if diff.size else 0.0,
+        p99_abs=float(np.percentile(diff, 99)) if diff.size else 0.0,
+        max_rel=_finite_max(rel),
+        vs_baseline_max_abs=None if baseline is None else _finite_max(np.abs(actual.astype(np.float64) - baseline)),
+    )
+    if result.kind == "discrete":
+        differs = (actual != reference).reshape(len(reference), -1).any(axis=1)
+        decisive = margins > tolerance if margins is not None else np.ones_like(differs)
+        result.agreement = float(1.0 - differs.mean()) if differs.size else 1.0
+        result.flips = int((differs & decisive).sum())
+        result.near_ties = int((differs & ~decisive).sum())
+    return result
+
+
+def _finite_max(values: np.ndarray) -> float:
+    """Max error, with NaN counted as infinitely wrong (it must never look like a pass)."""
+    if not values.size:
+        return 0.0
+    return float(np.inf) if np.isnan(values).any() else float(values.max())

@@ -1,0 +1,105 @@
+"""The observation set every cell sees: recorded by the user, or seeded.
+
+A seeded set is normal samples of the declared shape and dtype plus edge cases
+(zeros, saturating magnitudes, tiny values) where runtimes tend to disagree.
+The set is saved with the results so any run can be reproduced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+from .model import ModelInfo, TensorSpec
+
+Feeds = dict[str, np.ndarray]
+EDGE_VALUES = (0.0, 1.0, -1.0, 5.0, -5.0, 1e-6, 10.0, -10.0)
+
+
+def batch_multiple(model: ModelInfo) -> int:
+    """Observations must come in multiples of a fixed batch dimension, if the model has one."""
+    fixed = [spec.shape[0] for spec in model.inputs if spec.shape and isinstance(spec.shape[0], int)]
+    return fixed[0] if fixed else 1
+
+
+def seeded(model: ModelInfo, count: int, seed: int) -> Feeds:
+    rng = np.random.default_rng(seed)
+    step = batch_multiple(model)
+    count = max(step, count - count % step)
+    return {spec.name: _sample(spec, count, rng) for spec in model.inputs}
+
+
+def _sample(spec: TensorSpec, count: int, rng: np.random.Generator) -> np.ndarray:
+    shape = (count, *[d if isinstance(d, int) else 1 for d in spec.shape[1:]])
+    dtype = np.dtype(spec.dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    if dtype.kind in "iu":
+        high = 256 if dtype.itemsize == 1 else 16
+        values = rng.integers(0, high, size=shape)
+        if count >= 2:
+            values[0], values[1] = 0, high - 1
+        return values.astype(dtype)
+    values = rng.standard_normal(size=shape)
+    edges = min(len(EDGE_VALUES), count // 4)
+    for row, value in enumerate(EDGE_VALUES[:edges]):
+        values[row] = value
+    return values.astype(dtype)
+
+
+def load(path: Path, model: ModelInfo) -> Feeds:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such observation file")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise InputError(f"{path}: not a .npy/.npz file ({error})") from None
+    if isinstance(loaded, np.ndarray):
+        if len(model.inputs) != 1:
+            raise InputError(f"{path}: a .npy holds one array but the model has {len(model.inputs)} inputs; use .npz")
+        arrays = {model.inputs[0].name: loaded}
+    else:
+        arrays = {name: loaded[name] for name in loaded.files}
+    return {spec.name: _conform(spec, arrays, path) for spec in model.inputs}
+
+
+def _conform(spec: TensorSpec, arrays: dict, path: Path) -> np.ndarray:
+    if spec.name not in arrays:
+        raise InputError(f"{path}: no array for model input {spec.name!r} (has {sorted(arrays)})")
+    array = np.asarray(arrays[spec.name])
+    expected = [d for d in spec.shape[1:]]
+    fits = array.ndim == len(spec.shape) and all(not isinstance(e, int) or e == a for e, a in zip(expected, array.shape[1:]))
+    if not fits:
+        raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects [N, *{expected}]")
+    return array.astype(spec.dtype, copy=False)
+
+
+def save(feeds: Feeds, path: Path) -> None:
+    np.savez(path, **feeds)
+
+
+def read(path: Path) -> Feeds:
+    with np.load(path, allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}
+
+
+def count(feeds: Feeds) -> int:
+    return len(next(iter(feeds.values())))
+
+
+def take(feeds: Feeds, batch: int) -> Feeds:
+    """The first `batch` observations, tiled when the set is smaller."""
+    total = count(feeds)
+    index = np.arange(batch) % total
+    return {name: np.ascontiguousarray(array[index]) for name, array in feeds.items()}
+
+
+def run_in_batches(run, feeds: Feeds, batch: int) -> Feeds:
+    """Run the whole set in chunks of `batch` (0 = all at once) and concatenate outputs."""
+    total = count(feeds)
+    size = batch or total
+    chunks = [run({n: a[i : i + size] for n, a in feeds.items()}) for i in range(0, total, size)]
+    return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in chunks[0]}

@@ -1,0 +1,123 @@
+"""Ground truth: the same graph evaluated in float64 by onnx's reference evaluator.
+
+Every float tensor of the graph (initializers, constants, casts, inputs) is
+widened to float64, so the reference is exact up to float64 rounding rather
+than another float32 implementation. For discrete actions the evaluator also
+exposes the logits feeding ArgMax/ArgMin, to know each decision's margin.
+Slow by design: an oracle, not a runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from .model import ModelInfo
+from .observations import Feeds, run_in_batches
+
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+DECISION_OPS = {"ArgMax", "ArgMin"}
+PASS_THROUGH_OPS = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+LOGITS_PREFIX = "policy_matrix_logits:"
+
+
+@dataclass
+class Reference:
+    outputs: Feeds  # float64 (or the declared integer dtype) per model output
+    margins: dict[str, np.ndarray]  # per discrete output: top-1 minus top-2 logit per sample
+
+
+def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
+    wide = to_float64(model.proto)
+    decisions = _expose_logits(wide)
+    evaluator = ReferenceEvaluator(wide)
+    names = [spec.name for spec in model.outputs] + [logits for logits, _, _ in decisions.values()]
+    wide_feeds = {name: _widen(array) for name, array in feeds.items()}
+    results = run_in_batches(lambda f: dict(zip(names, evaluator.run(names, f))), wide_feeds, batch)
+    margins = {output: _margin(results.pop(logits), axis, op) for output, (logits, axis, op) in decisions.items()}
+    return Reference(outputs=results, margins=margins)
+
+
+def baseline(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:
+    """The development runtime's answer (ORT CPU, fp32): the report's second column."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [spec.name for spec in model.outputs]
+    return run_in_batches(lambda f: dict(zip(names, session.run(names, f))), feeds, batch)
+
+
+def to_float64(proto: onnx.ModelProto) -> onnx.ModelProto:
+    wide = onnx.ModelProto()
+    wide.CopyFrom(proto)
+    _widen_graph(wide.graph)
+    return wide
+
+
+def _widen_graph(graph: onnx.GraphProto) -> None:
+    for value in [*graph.input, *graph.output]:
+        if value.type.tensor_type.elem_type in FLOAT_TYPES:
+            value.type.tensor_type.elem_type = TensorProto.DOUBLE
+    del graph.value_info[:]
+    for tensor in graph.initializer:
+        _widen_tensor(tensor)
+    for node in graph.node:
+        _widen_node(node)
+
+
+def _widen_node(node: onnx.NodeProto) -> None:
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.TENSOR:
+            _widen_tensor(attribute.t)
+        elif attribute.type == onnx.AttributeProto.GRAPH:
+            _widen_graph(attribute.g)
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            for graph in attribute.graphs:
+                _widen_graph(graph)
+        elif node.op_type == "Cast" and attribute.name == "to" and attribute.i in FLOAT_TYPES:
+            attribute.i = TensorProto.DOUBLE
+    if node.op_type == "Constant" and node.attribute[0].name in ("value_float", "value_floats"):
+        values = np.asarray(onnx.helper.get_attribute_value(node.attribute[0]), dtype=np.float64)
+        del node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(values)))
+
+
+def _widen_tensor(tensor: onnx.TensorProto) -> None:
+    if tensor.data_type in FLOAT_TYPES:
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name))
+
+
+def _widen(array: np.ndarray) -> np.ndarray:
+    return array.astype(np.float64) if array.dtype.kind == "f" else array
+
+
+def _expose_logits(graph_model: onnx.ModelProto) -> dict[str, tuple[str, int, str]]:
+    """Map each discrete output to (extra output name, axis, op) and add those outputs."""
+    graph = graph_model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    found = {}
+    for output in graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.op_type in PASS_THROUGH_OPS:
+            node = producers.get(node.input[0])
+        if node is None or node.op_type not in DECISION_OPS:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        logits = f"{LOGITS_PREFIX}{output.name}"
+        graph.node.append(onnx.helper.make_node("Identity", [node.input[0]], [logits]))
+        graph.output.append(onnx.helper.make_empty_tensor_value_info(logits))
+        found[output.name] = (logits, axis, node.op_type)
+    return found
+
+
+def _margin(logits: np.ndarray, axis: int, op: str) -> np.ndarray:
+    values = -logits if op == "ArgMin" else logits
+    top2 = -np.sort(-values, axis=axis).take([0, 1], axis=axis) if values.shape[axis] > 1 else None
+    if top2 is None:
+        return np.full(np.delete(values.shape, axis), np.inf)
+    return np.abs(np.take(top2, 0, axis=axis) - np.take(top2, 1, axis=axis))

@@ -1,0 +1,157 @@
+"""The results schema: what a run writes, what merge, compare and the report read.
+
+Plain data, versioned. A shard (one host's run) and a merged file have the
+same shape; merged files simply hold several hosts. Bump SCHEMA_VERSION on any
+change that an older reader would misread.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+SCHEMA_VERSION = 1
+VERDICTS = ("PASS", "WARN", "FAIL", "SKIP")
+
+
+class LatencyStats(BaseModel):
+    batch: int
+    n: int
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    mean_us: float
+    std_us: float
+    min_us: float
+
+
+class OutputParity(BaseModel):
+    output: str
+    kind: str  # "continuous" | "discrete"
+    max_abs: float
+    mean_abs: float
+    p99_abs: float
+    max_rel: float
+    vs_baseline_max_abs: float | None = None  # against ORT CPU fp32, the development runtime
+    agreement: float | None = None  # discrete: share of actions equal to the reference
+    flips: int | None = None  # discrete: disagreements where the reference margin exceeds tolerance
+    near_ties: int | None = None  # discrete: disagreements on near-tied logits (not counted)
+
+
+class ContractCheck(BaseModel):
+    name: str
+    ok: bool | None  # None: not applicable to this model
+    detail: str = ""
+
+
+class Placement(BaseModel):
+    node: str
+    op_type: str
+    where: str
+    fallback: bool
+
+
+class Backend(BaseModel):
+    requested: str
+    actual: str
+    emulated: bool = False
+    detail: str = ""
+
+
+class ArtifactInfo(BaseModel):
+    size_bytes: int
+    conversion_s: float
+    op_inventory: dict[str, int] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+class CellError(BaseModel):
+    stage: str
+    message: str
+
+
+class Cell(BaseModel):
+    host: str
+    target: str
+    variant: str
+    verdict: str
+    reasons: list[str] = Field(default_factory=list)
+    runtime_version: str = ""
+    predicts: bool = True
+    artifact: ArtifactInfo | None = None
+    parity: list[OutputParity] = Field(default_factory=list)
+    latency: list[LatencyStats] = Field(default_factory=list)
+    cold_start_ms: float | None = None
+    placement: list[Placement] = Field(default_factory=list)
+    contract: list[ContractCheck] = Field(default_factory=list)
+    backend: Backend | None = None
+    error: CellError | None = None
+    tolerance: float | None = None
+    duration_s: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.host, self.target, self.variant)
+
+    @property
+    def max_drift(self) -> float | None:
+        drifts = [p.max_abs for p in self.parity if p.kind == "continuous"]
+        return max(drifts) if drifts else None
+
+
+class Host(BaseModel):
+    label: str
+    os: str
+    arch: str
+    cpu: str
+    python: str
+    packages: dict[str, str] = Field(default_factory=dict)
+
+
+class LintResult(BaseModel):
+    id: str
+    level: str
+    message: str
+
+
+class RunResults(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    tool_version: str
+    created: str
+    model: dict
+    hosts: list[Host]
+    settings: dict
+    lints: list[LintResult]
+    cells: list[Cell]
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.model_dump_json(indent=2))
+
+
+def load(path: Path) -> RunResults:
+    from .errors import InputError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise InputError(f"{path}: not a results file ({error})") from None
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise InputError(
+            f"{path}: results schema version {data.get('schema_version')!r}, this policy-matrix reads {SCHEMA_VERSION}"
+        )
+    return RunResults.model_validate(data)
+
+
+def append_jsonl(path: Path, cell: Cell) -> None:
+    """One line per finished cell, flushed at once: partial results survive a killed run."""
+    with path.open("a") as stream:
+        stream.write(cell.model_dump_json() + "\n")
+        stream.flush()
+
+
+def read_jsonl(path: Path) -> list[Cell]:
+    if not path.exists():
+        return []
+    return [Cell.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
