@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from .base import Target
 from .ort_cpu import OrtCpu
+from .tflite import TfliteInt8Full, TfliteNoXnnpack, TfliteTarget
 
-REGISTRY: dict[str, Target] = {target.name: target for target in (OrtCpu(),)}
+REGISTRY: dict[str, Target] = {
+    target.name: target for target in (OrtCpu(), TfliteTarget(), TfliteNoXnnpack(), TfliteInt8Full())
+}
 
 
 def get(name: str) -> Target:

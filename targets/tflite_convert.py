@@ -162,6 +162,8 @@ def converter_version() -> str:
 
 def error_from_log(log_text: str, exception: BaseException) -> str:
     """The converter's own words: its exception, or the ERROR lines it printed before sys.exit."""
+    if isinstance(exception, ModuleNotFoundError) and (exception.name or "").startswith("onnx2tf.ops."):
+        return f"{exception.name.rsplit('.', 1)[1]} OP is not yet implemented in onnx2tf ({exception})"
     if not isinstance(exception, SystemExit):
         return ANSI.sub("", f"{type(exception).__name__}: {exception}").strip()
     lines = [ANSI.sub("", line).strip() for line in log_text.splitlines()]
