@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated
 
-import typer
+import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -15,6 +14,7 @@ from rich.table import Table
 import targets as registry
 from targets.base import VARIANTS
 
+from . import __version__
 from . import model as model_loader
 from .errors import InputError
 from .lint import lint as lint_model
@@ -22,10 +22,14 @@ from .orchestrate import RunConfig, run as run_matrix
 from .report import write_all
 from .verdict import Tolerances
 
-app = typer.Typer(
-    help="Run one exported policy on every runtime it ships on; report drift, latency, placement and the RL contract.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-)
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="policy-matrix")
+def app() -> None:
+    """Run one exported policy on every runtime it ships on: parity drift against a
+    float64 reference, latency, operator placement and the RL action contract."""
+
+
 console = Console(stderr=True)
 FAIL_ON = ("fail", "warn", "never")
 
@@ -74,27 +78,24 @@ def _config_tolerances(path: Path | None) -> dict[str, float]:
 
 
 @app.command()
-def run(
-    model: Annotated[Path, typer.Argument(help="The policy, an .onnx file.")],
-    targets: Annotated[str, typer.Option(help="Comma-separated target names, or 'all'.")] = "all",
-    precisions: Annotated[str, typer.Option(help="Comma-separated variants: fp32, fp16, int8.")] = "fp32,fp16,int8",
-    obs: Annotated[Path | None, typer.Option(help="Recorded observations (.npy for one input, .npz keyed by input name).")] = None,
-    n_obs: Annotated[int, typer.Option(help="Size of the seeded observation set when --obs is not given.")] = 128,
-    seed: Annotated[int, typer.Option(help="Seed of the generated observation set.")] = 0,
-    batch_sizes: Annotated[str, typer.Option(help="Batch sizes to time.")] = "1,64",
-    warmup: Annotated[int, typer.Option(help="Untimed calls before timing.")] = 20,
-    iters: Annotated[int, typer.Option(help="Timed calls per batch size.")] = 200,
-    threads: Annotated[int, typer.Option(help="Intra-op threads given to each runtime.")] = 1,
-    tolerance: Annotated[list[str], typer.Option(help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards).")] = [],
-    config: Annotated[Path | None, typer.Option(help="matrix.toml with a [tolerance] table of the same keys.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds a cell may take before it is killed and FAILs.")] = 600.0,
-    out: Annotated[Path | None, typer.Option(help="Report folder (default reports/<model name>).")] = None,
-    host_label: Annotated[str, typer.Option(help="Name of this host in merged reports (default os-arch).")] = "",
-    fail_on: Annotated[str, typer.Option(help="Exit 1 when a cell is at least this bad: fail, warn or never.")] = "fail",
-) -> None:
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--targets", default="all", show_default=True, help="Comma-separated target names, or 'all'.")
+@click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated variants: fp32, fp16, int8.")
+@click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
+@click.option("--n-obs", default=128, show_default=True, help="Size of the seeded observation set when --obs is not given.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the generated observation set.")
+@click.option("--batch-sizes", default="1,64", show_default=True, help="Batch sizes to time.")
+@click.option("--warmup", default=20, show_default=True, help="Untimed calls before timing.")
+@click.option("--iters", default=200, show_default=True, help="Timed calls per batch size.")
+@click.option("--threads", default=1, show_default=True, help="Intra-op threads given to each runtime.")
+@click.option("--tolerance", multiple=True, help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards).")
+@click.option("--config", type=click.Path(path_type=Path), help="matrix.toml with a [tolerance] table of the same keys.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
+@click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
+@click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
+@click.option("--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True, help="Exit 1 when a cell is at least this bad.")
+def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, timeout, out, host_label, fail_on):
     """Run the matrix on MODEL and write the report."""
-    if fail_on not in FAIL_ON:
-        raise InputError(f"--fail-on {fail_on!r}: expected one of {', '.join(FAIL_ON)}")
     info = model_loader.load(model)
     settings = RunConfig(
         model=info,
@@ -109,7 +110,7 @@ def run(
         iters=max(1, iters),
         threads=threads,
         timeout_s=timeout,
-        tolerances=Tolerances.parse(tolerance, _config_tolerances(config)),
+        tolerances=Tolerances.parse(list(tolerance), _config_tolerances(config)),
         host_label=host_label,
     )
     results = run_matrix(settings, console)
@@ -118,7 +119,7 @@ def run(
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
     console.print(f"report: [bold]{index}[/]")
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "never": ()}[fail_on]
-    raise typer.Exit(1 if any(c.verdict in threshold for c in results.cells) else 0)
+    sys.exit(1 if any(c.verdict in threshold for c in results.cells) else 0)
 
 
 @app.command("targets")
@@ -140,19 +141,27 @@ def _safe_version(target) -> str:
 
 
 @app.command()
-def lint(model: Annotated[Path, typer.Argument(help="The policy, an .onnx file.")]) -> None:
+@click.argument("model", type=click.Path(path_type=Path))
+def lint(model: Path) -> None:
     """The deployment-readiness lints alone (exit 1 if any is an error)."""
     results = lint_model(model_loader.load(model))
-    marks = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "error": "[red]error[/]"}
-    out = Console()
+    colours = {"ok": "green", "warn": "yellow", "error": "red"}
+    table = Table("level", "lint", "finding")
     for item in results:
-        out.print(f"{marks[item.level]:>20} {item.id:<20} {escape(item.message)}", highlight=False)
-    raise typer.Exit(1 if any(item.level == "error" for item in results) else 0)
+        table.add_row(f"[{colours[item.level]}]{item.level}[/]", item.id, escape(item.message))
+    Console().print(table)
+    sys.exit(1 if any(item.level == "error" for item in results) else 0)
 
 
 def main() -> None:
+    """Console entry point: user errors are one line on stderr and exit code 2."""
     try:
-        app(standalone_mode=True)
-    except InputError as error:
-        print(f"policy-matrix: error: {error}", file=sys.stderr)
+        code = app.main(standalone_mode=False, prog_name="policy-matrix")
+    except (InputError, click.UsageError) as error:
+        message = error.format_message() if isinstance(error, click.UsageError) else str(error)
+        print(f"policy-matrix: error: {message}", file=sys.stderr)
         sys.exit(2)
+    except click.Abort:
+        print("policy-matrix: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)

@@ -116,7 +116,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
         lints=[LintResult(**vars(item)) for item in lint(model)],
         cells=[],
     )
-    services = _Services(out)
+    services = Services(out)
     try:
         with _progress(console) as progress:
             for target_name in config.targets:
@@ -173,7 +173,7 @@ def _version(target: Target) -> str:
         return ""
 
 
-class _Services:
+class Services:
     """Run-scoped services (e.g. one browser), started on first use, restarted if dead."""
 
     def __init__(self, run_dir: Path):

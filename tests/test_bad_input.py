@@ -1,0 +1,111 @@
+"""Bad input ends in one clear line on stderr and exit code 2, never a traceback."""
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import run_cli
+from matrix.examples import path as example
+
+
+def _tiny(node: onnx.NodeProto, initializers=()) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["b", 4])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["b", 4])], list(initializers),
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+
+
+def _missing(tmp: Path) -> Path:
+    return tmp / "nope.onnx"
+
+
+def _not_onnx(tmp: Path) -> Path:
+    (tmp / "policy.onnx").write_text("this is a text file, not a protobuf\n")
+    return tmp / "policy.onnx"
+
+
+def _truncated(tmp: Path) -> Path:
+    data = example("continuous_mlp").read_bytes()
+    (tmp / "cut.onnx").write_bytes(data[: len(data) // 2])
+    return tmp / "cut.onnx"
+
+
+def _custom_domain(tmp: Path) -> Path:
+    onnx.save(_tiny(helper.make_node("FancyAct", ["obs"], ["action"], name="fancy", domain="com.example")), tmp / "custom.onnx")
+    return tmp / "custom.onnx"
+
+
+def _external_outside(tmp: Path) -> Path:
+    weight = numpy_helper.from_array(np.ones(4, np.float32), "w")
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../outside.bin"), ("offset", "0"), ("length", "16")):
+        weight.external_data.add(key=key, value=value)
+    (tmp.parent / "outside.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    onnx.save(_tiny(helper.make_node("Mul", ["obs", "w"], ["action"]), [weight]), tmp / "ext.onnx")
+    return tmp / "ext.onnx"
+
+
+def _type_clash(tmp: Path) -> Path:
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["obs", "half"], ["action"])], "g",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["b", 4])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["b", 4])],
+        [numpy_helper.from_array(np.ones(4, np.float64), "half")],  # the NumPy 2 float64 pitfall
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp / "clash.onnx")
+    return tmp / "clash.onnx"
+
+
+BAD_MODELS = {
+    "missing file": (_missing, "no such file"),
+    "not onnx": (_not_onnx, "not an ONNX model"),
+    "truncated": (_truncated, "not an ONNX model"),
+    "unsupported op domain": (_custom_domain, "com.example"),
+    "external data outside the folder": (_external_outside, "outside the model's folder"),
+    "type clash (full check)": (_type_clash, "not a valid ONNX model"),
+}
+
+
+def _assert_clean_exit_2(done, expected: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0], done.stderr
+
+
+@pytest.mark.parametrize("case", BAD_MODELS)
+@pytest.mark.parametrize("command", ["run", "lint"])
+def test_bad_model_exits_2_with_one_line(case, command, tmp_path):
+    make, expected = BAD_MODELS[case]
+    folder = tmp_path / "models"
+    folder.mkdir()
+    out = ["--out", tmp_path / "out"] if command == "run" else []
+    _assert_clean_exit_2(run_cli(command, make(folder), *out), expected)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--targets", "no-such-target"], "unknown target"),
+        (["--precisions", "fp8"], "unknown precision"),
+        (["--tolerance", "ort-cpu:int8"], "TARGET:VARIANT=VALUE"),
+        (["--batch-sizes", "1,x"], "--batch-sizes"),
+        (["--obs", "missing.npy"], "no such observation file"),
+    ],
+)
+def test_bad_options_exit_2(args, expected, tmp_path):
+    _assert_clean_exit_2(run_cli("run", example("continuous_mlp"), "--out", tmp_path, *args), expected)
+
+
+def test_usage_errors_are_one_line_too():
+    _assert_clean_exit_2(run_cli("run"), "Missing argument")
+
+
+def test_observations_of_the_wrong_shape_exit_2(tmp_path):
+    np.save(tmp_path / "obs.npy", np.zeros((10, 5), np.float32))
+    _assert_clean_exit_2(run_cli("run", example("continuous_mlp"), "--obs", tmp_path / "obs.npy", "--out", tmp_path), "expects")

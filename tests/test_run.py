@@ -1,0 +1,101 @@
+"""`policy-matrix run` end to end on the real onnxruntime, as a user runs it."""
+
+import csv
+import json
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from conftest import EXAMPLES, load_results, run_cli
+from matrix import results as schema
+from matrix.examples import path as example
+
+OUTPUT_FILES = ("index.html", "results.json", "results.jsonl", "results.csv", "summary.md", "junit.xml", "observations.npz")
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_output_file_is_written_and_readable(ort_cpu_runs, name):
+    out = ort_cpu_runs[name]
+    for file in OUTPUT_FILES:
+        assert (out / file).stat().st_size > 0, file
+    results = schema.load(out / "results.json")
+    assert [(c.target, c.variant) for c in results.cells] == [("ort-cpu", v) for v in ("fp32", "fp16", "int8")]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [row["variant"] for row in rows] == ["fp32", "fp16", "int8"]
+    suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    assert suite.get("tests") == "3"
+    assert "| ort-cpu |" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["continuous_mlp", "pixel_cnn"])
+def test_fp32_matches_reference_and_lower_precisions_drift_more(ort_cpu_runs, name):
+    cells = {c["variant"]: c for c in load_results(ort_cpu_runs[name])["cells"]}
+    drift = {v: max(p["max_abs"] for p in c["parity"]) for v, c in cells.items()}
+    assert 0 < drift["fp32"] < 1e-5
+    assert drift["fp16"] > 10 * drift["fp32"] and drift["int8"] > drift["fp16"]
+    assert all(c["verdict"] == "PASS" for c in cells.values()), {v: c["reasons"] for v, c in cells.items()}
+
+
+def test_discrete_policy_reports_agreement_and_flips(ort_cpu_runs):
+    cells = {c["variant"]: c for c in load_results(ort_cpu_runs["discrete_mlp"])["cells"]}
+    fp32 = cells["fp32"]["parity"][0]
+    assert fp32["kind"] == "discrete" and fp32["agreement"] == 1.0 and fp32["flips"] == 0
+    assert cells["int8"]["parity"][0]["agreement"] is not None
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_latency_placement_and_contract_are_measured(ort_cpu_runs, name):
+    data = load_results(ort_cpu_runs[name])
+    node_names = set(data["model"]["node_names"])
+    fp32 = data["cells"][0]
+    assert [s["batch"] for s in fp32["latency"]] == [1, 64]
+    for stats in fp32["latency"]:
+        assert stats["n"] == 30 and 0 < stats["min_us"] <= stats["p50_us"] <= stats["p90_us"] <= stats["p99_us"]
+    assert fp32["cold_start_ms"] > 0
+    assert {row["node"] for row in fp32["placement"]} == node_names  # every ONNX node, placed
+    assert all(row["where"] == "CPUExecutionProvider" and not row["fallback"] for row in fp32["placement"])
+    assert fp32["backend"] == {"requested": "CPUExecutionProvider", "actual": "CPUExecutionProvider", "emulated": False, "detail": ""}
+    checks = {c["name"]: c["ok"] for c in fp32["contract"]}
+    assert checks == {"output shapes": True, "batch 1/2/7": True, "finite outputs": True, "output dtypes": True,
+                      "action bounds": True, "deterministic": True}
+
+
+def test_lints_are_in_the_results(ort_cpu_runs):
+    lints = {item["id"]: item["level"] for item in load_results(ort_cpu_runs["continuous_mlp"])["lints"]}
+    assert set(lints.values()) == {"ok"} and "symbolic-batch" in lints
+
+
+def test_a_cell_that_hangs_is_killed_and_the_rest_still_report(tmp_path):
+    # A timed loop far longer than the timeout: each cell is killed, the matrix goes on.
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
+                   "--iters", "50000000", "--timeout", "4", "--out", tmp_path)
+    assert done.returncode == 1, done.stderr
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    cells = [json.loads(line) for line in lines]
+    assert [c["variant"] for c in cells] == ["fp32", "fp16"]
+    for cell in cells:
+        assert cell["verdict"] == "FAIL" and cell["error"]["stage"] == "latency"
+        assert "timeout" in cell["error"]["message"]
+    assert (tmp_path / "index.html").exists()
+
+
+def test_tolerance_override_turns_a_pass_into_a_fail(tmp_path):
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp16", "--iters", "5",
+                   "--tolerance", "ort-cpu:fp16=1e-6", "--out", tmp_path)
+    assert done.returncode == 1
+    cell = load_results(tmp_path)["cells"][0]
+    assert cell["verdict"] == "FAIL" and cell["tolerance"] == 1e-6 and "above tolerance" in cell["reasons"][0]
+
+
+def test_recorded_observations_are_used_and_saved(tmp_path):
+    import numpy as np
+
+    recorded = np.random.default_rng(5).normal(size=(20, 17)).astype(np.float32)
+    np.save(tmp_path / "obs.npy", recorded)
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
+                   "--obs", tmp_path / "obs.npy", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    saved = np.load(tmp_path / "out" / "observations.npz")["obs"]
+    assert np.array_equal(saved, recorded)
+    assert load_results(tmp_path / "out")["model"]["observations"] == 20

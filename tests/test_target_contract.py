@@ -1,0 +1,103 @@
+"""Every registered target x every bundled policy through the same contract suite.
+
+A new target gets these tests by registering itself. A target that cannot run
+here is skipped with its own reason; a known runtime limitation is listed in
+EXPECTED_FAILURES with the words its FAIL reason must contain.
+"""
+
+import numpy as np
+import pytest
+
+import targets
+from conftest import EXAMPLES
+from matrix import cells, model, observations, reference, variants
+from matrix.examples import path as example
+from matrix.orchestrate import Services
+from matrix.paths import cache_dir
+from matrix.verdict import DEFAULT_TOLERANCE
+
+# (target, example, variant) -> words the FAIL reason must contain.
+EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """Per example: model, observations, reference and ONNX variants, made once."""
+    ready = {}
+    for name in EXAMPLES:
+        info = model.load(example(name))
+        feeds = observations.seeded(info, 24, 0)
+        folder = tmp_path_factory.mktemp(name)
+        observations.save(feeds, folder / "observations.npz")
+        paths, errors = variants.produce_all(info, list(DEFAULT_TOLERANCE))
+        ready[name] = dict(info=info, folder=folder, ref=reference.compute(info, feeds, 0),
+                           base=reference.baseline(info, feeds, 0), paths=paths, errors=errors)
+    return ready
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    running = Services(tmp_path_factory.mktemp("services"))
+    yield running
+    running.stop_all()
+
+
+def run_cell(prepared, services, target, name, variant):
+    ready = prepared[name]
+    spec = {
+        "target": target.name, "variant": variant,
+        "observations": str(ready["folder"] / "observations.npz"),
+        "onnx_variants": {k: str(v) for k, v in ready["paths"].items()}, "variant_errors": ready["errors"],
+        "cache_dir": str(cache_dir()), "batch_sizes": [1, 8], "symbolic_batch": True, "chunk": 0,
+        "warmup": 2, "iters": 10, "threads": 1,
+    }
+    outcome = cells.execute(ready["folder"] / f"{target.name}-{variant}", spec, services.env_for(target), 600, lambda _: None)
+    return cells.judge(outcome, host="test", target=target.name, variant=variant, predicts=target.predicts,
+                       model=ready["info"], reference=ready["ref"], baseline=ready["base"],
+                       tolerance=DEFAULT_TOLERANCE[variant])
+
+
+def _skip_if_unavailable(target, variant):
+    reason = target.unavailable_reason() or target.variant_skip_reason(variant)
+    if reason:
+        pytest.skip(f"{target.name} {variant}: {reason}")
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("target", targets.REGISTRY.values(), ids=list(targets.REGISTRY))
+def test_fp32_meets_the_contract(prepared, services, target, name):
+    _skip_if_unavailable(target, "fp32")
+    cell = run_cell(prepared, services, target, name, "fp32")
+    expected = EXPECTED_FAILURES.get((target.name, name, "fp32"))
+    if expected:
+        assert cell.verdict == "FAIL" and expected in " ".join(cell.reasons), cell.reasons
+        return
+    assert cell.verdict in ("PASS", "WARN"), cell.reasons
+    assert cell.artifact and cell.artifact.size_bytes > 0
+    if not target.predicts:
+        return
+    for parity in cell.parity:
+        if parity.kind == "continuous":
+            assert parity.max_abs < 1e-5, parity
+        else:
+            assert parity.flips == 0 and parity.agreement > 0.9, parity
+    assert all(check.ok is not False for check in cell.contract), cell.contract
+    assert [s.batch for s in cell.latency] == [1, 8] and all(s.p50_us > 0 for s in cell.latency)
+    assert cell.placement, "a predicting target must say where nodes ran"
+    assert cell.backend and cell.backend.requested == cell.backend.actual
+
+
+@pytest.mark.parametrize("variant", ["fp16", "int8"])
+@pytest.mark.parametrize("target", targets.REGISTRY.values(), ids=list(targets.REGISTRY))
+def test_lower_precisions_complete_with_a_verdict(prepared, services, target, variant):
+    _skip_if_unavailable(target, variant)
+    cell = run_cell(prepared, services, target, "continuous_mlp", variant)
+    expected = EXPECTED_FAILURES.get((target.name, "continuous_mlp", variant))
+    if expected:
+        assert cell.verdict == "FAIL" and expected in " ".join(cell.reasons), cell.reasons
+        return
+    assert cell.error is None, cell.error
+    assert cell.verdict in ("PASS", "WARN"), cell.reasons
+    if target.predicts:
+        drift = cell.max_drift
+        assert drift is not None and np.isfinite(drift) and drift > 1e-6  # lower precision shows
