@@ -8,15 +8,30 @@ MODEL  ?= matrix/examples/continuous_mlp.onnx
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup matrix examples test merge clean
+.PHONY: setup setup-tflite matrix examples test merge clean
 
-setup: .stamps/python
+setup: .stamps/python setup-tflite
 
 .stamps/python: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,tflite]'
 	@mkdir -p .stamps && touch $@
+
+# The onnx2tf conversion environment (~2.6 GB, ~2 min), outside .venv because its pins
+# clash with the core. It lives in the policy-matrix cache keyed by the requirements
+# hash; the stamp holds its interpreter and is remade when the pins change or the
+# cache was wiped.
+TFLITE_PINS := targets/requirements/onnx2tf.txt
+
+setup-tflite: .stamps/python
+	@test -x "$$(cat .stamps/tflite 2>/dev/null)" || rm -f .stamps/tflite
+	@$(MAKE) --no-print-directory .stamps/tflite
+
+.stamps/tflite: $(TFLITE_PINS)
+	@mkdir -p .stamps
+	$(BIN)/python -c "from targets.tflite import build_environment; print(build_environment())" > $@.tmp
+	@mv $@.tmp $@
 
 matrix: setup
 	$(BIN)/policy-matrix run $(MODEL) $(ARGS)

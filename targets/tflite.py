@@ -47,6 +47,7 @@ RECIPE_REVISION = "1"
 CONVERT_TIMEOUT_S = 900
 # Calibration samples for full-integer quantization: TF calibrates one sample at a time.
 MAX_CALIBRATION_SAMPLES = 128
+RECIPE_FILES = {"dynamic": ("fp32", "fp16", "int8"), "full": ("int8-full",)}
 XNNPACK = "XNNPACK"
 BUILTIN = "builtin kernels"
 
@@ -86,18 +87,18 @@ class TfliteTarget(Target):
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         model = ctx.onnx_variant("fp32")  # onnx2tf makes its own fp16/int8 files from fp32
-        entry = converted(ctx, model, self.recipe)
+        entry, fresh = converted(ctx, model, self.recipe)
         meta = json.loads((entry / "meta.json").read_text())
-        path = entry / f"{variant}.tflite" if self.recipe == "dynamic" else entry / "int8-full.tflite"
+        path = entry / f"{variant if self.recipe == 'dynamic' else 'int8-full'}.tflite"
         onnx_io = onnx_interface(model)
         artifact = Artifact(
             path=path,
             conversion_s=meta["seconds"],
             op_inventory=op_inventory(path.read_bytes()),
-            notes=[f"converted by {meta['converter']}" + (" (cached)" if meta.get("cached") else "")],
+            notes=[f"converted by {meta['converter']}" + ("" if fresh else " (cached)")],
             extra={"layers": meta["layers"], **onnx_io},
         )
-        artifact.notes += variant_notes(variant, self.recipe) + layout_notes(path, onnx_io, artifact.op_inventory)
+        artifact.notes += variant_notes(variant, self.recipe) + layout_notes(onnx_io, artifact.op_inventory)
         artifact.notes += flex_notes(artifact.op_inventory)
         return artifact
 
@@ -121,19 +122,24 @@ class TfliteInt8Full(TfliteTarget):
 # ---------------------------------------------------------------- conversion + cache
 
 
-def converted(ctx: PrepareContext, model: Path, recipe: str) -> Path:
-    """The cache entry (a folder of .tflite files + meta.json) for this model and recipe."""
+def build_environment() -> Path:
+    """Build (once) the onnx2tf environment and return its interpreter: `make setup-tflite`."""
+    return isolated_env.ensure_env(ENV_NAME, REQUIREMENTS)
+
+
+def converted(ctx: PrepareContext, model: Path, recipe: str) -> tuple[Path, bool]:
+    """The cache entry (a folder of .tflite files + meta.json) for this model and recipe,
+    and whether this call made it."""
     calibration = calibration_set(ctx.calibration) if recipe == "full" else {}
     entry = ctx.cache_dir / "tflite" / cache_key(model, recipe, calibration)
     entry.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{entry}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # cells of one run convert the same model at once
         if (entry / "meta.json").exists():
-            mark_cached(entry)
-            return entry
+            return entry, False
         answer = run_converter(ctx, model, recipe, calibration)
-        store(entry, answer)
-    return entry
+        store(entry, answer, RECIPE_FILES[recipe])
+    return entry, True
 
 
 def cache_key(model: Path, recipe: str, calibration: Feeds) -> str:
@@ -150,11 +156,13 @@ def calibration_set(feeds: Feeds) -> Feeds:
 
 
 def run_converter(ctx: PrepareContext, model: Path, recipe: str, calibration: Feeds) -> dict:
-    python = isolated_env.ensure_env(ENV_NAME, REQUIREMENTS)
+    python = build_environment()
     work = ctx.workdir / f"onnx2tf-{recipe}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    source = work / "policy.onnx"  # a fixed name: onnx2tf names its files after the model's
+    # A private copy under a fixed name: onnx2tf rewrites its input file in place
+    # (simplified, with its metadata) and names its outputs after it.
+    source = work / "policy.onnx"
     shutil.copyfile(model, source)
     calibration_files = {}
     for index, (name, array) in enumerate(calibration.items()):
@@ -170,26 +178,20 @@ def run_converter(ctx: PrepareContext, model: Path, recipe: str, calibration: Fe
     return answer
 
 
-def store(entry: Path, answer: dict) -> None:
+def store(entry: Path, answer: dict, wanted: tuple[str, ...]) -> None:
     """Copy the files into the cache atomically: a half-written entry is never seen."""
+    missing = [name for name in wanted if name not in answer["files"]]
+    if missing:
+        raise RuntimeError(f"onnx2tf wrote no {', '.join(missing)} file (its log: {answer.get('log', 'n/a')})")
     staging = entry.with_name(entry.name + f".tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    for variant, path in answer["files"].items():
-        shutil.copyfile(path, staging / f"{variant}.tflite")
+    for name in wanted:
+        shutil.copyfile(answer["files"][name], staging / f"{name}.tflite")
     meta = {key: answer[key] for key in ("seconds", "converter", "layers")}
-    meta["variants"] = sorted(answer["files"])
     (staging / "meta.json").write_text(json.dumps(meta))
     shutil.rmtree(entry, ignore_errors=True)
     staging.rename(entry)
-
-
-def mark_cached(entry: Path) -> None:
-    meta_file = entry / "meta.json"
-    meta = json.loads(meta_file.read_text())
-    if not meta.get("cached"):
-        meta["cached"] = True
-        meta_file.write_text(json.dumps(meta))
 
 
 def image_like_inputs(model: Path) -> list[str]:
@@ -255,7 +257,7 @@ def flex_notes(inventory: dict[str, int]) -> list[str]:
     return [f"Select TF (Flex) ops {', '.join(flex)}: the LiteRT interpreter has no Flex delegate and cannot run them"]
 
 
-def layout_notes(path: Path, onnx_io: dict, inventory: dict[str, int]) -> list[str]:
+def layout_notes(onnx_io: dict, inventory: dict[str, int]) -> list[str]:
     """Say so when the converter changed a layout (inputs kept NCHW still compute in NHWC)."""
     notes = []
     image_inputs = [name for name, dims in onnx_io["onnx_inputs"].items() if 3 <= len(dims) <= 5]
@@ -451,3 +453,4 @@ def ops_onnx_nodes(op: dict, names: dict[int, str], to_node: dict) -> list[str]:
             if len(pieces) >= 2 and pieces[1] in to_node:
                 nodes.append(to_node[pieces[1]])
     return list(dict.fromkeys(nodes))
+

@@ -192,6 +192,7 @@ def main(request_file: str) -> None:
     else:
         answer = {
             "ok": True, "files": files, "seconds": seconds, "converter": converter_version(), "layers": trace.layers,
+            "log": str(log_path),
         }
     print(json.dumps(answer))
 

@@ -9,8 +9,6 @@ Converted files land in the shared cache (POLICY_MATRIX_CACHE), so a second
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import targets
+from conftest import run_cli
 from matrix import examples, model, observations
 from matrix.paths import cache_dir
 from targets import tflite
@@ -199,11 +198,8 @@ def test_missing_environment_says_how_to_build_it(tmp_path, monkeypatch):
 
 def test_whole_run_through_the_cli(tmp_path):
     out = tmp_path / "report"
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "policy-matrix"), "run", str(examples.path("continuous_mlp")), "--targets",
-         "ort-cpu,tflite,tflite-noxnn", "--iters", "50", "--warmup", "5", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
+    done = run_cli("run", examples.path("continuous_mlp"), "--targets", "ort-cpu,tflite,tflite-noxnn",
+                   "--iters", "50", "--warmup", "5", "--out", out)
     assert done.returncode == 0, done.stdout + done.stderr
     cells = json.loads((out / "results.json").read_text())["cells"]
     tflite_cells = {(c["target"], c["variant"]): c for c in cells if c["target"].startswith("tflite")}
