@@ -287,6 +287,8 @@ class TfliteSession(Session):
         self.outputs = map_outputs(signature["outputs"], list(artifact.extra["onnx_outputs"]))
         self.output_permutations = output_permutations(self.interpreter, self.outputs, artifact.extra["onnx_outputs"])
         self.shapes = {name: self.interpreter.get_tensor(index).shape for name, index in self.inputs.items()}
+        # onnx2tf may narrow an input's type (int64 -> int32); the observations keep the ONNX type.
+        self.dtypes = {name: self.interpreter.get_tensor(index).dtype for name, index in self.inputs.items()}
 
     def _set_inputs(self, feeds: Feeds) -> None:
         """Resize when the batch changes: the file's batch is dynamic but allocated at 1."""
@@ -298,7 +300,7 @@ class TfliteSession(Session):
         if changed:
             interpreter.allocate_tensors()
         for name, value in feeds.items():
-            interpreter.set_tensor(self.inputs[name], value)
+            interpreter.set_tensor(self.inputs[name], value.astype(self.dtypes[name], copy=False))
 
     def _get_outputs(self) -> Feeds:
         get = self.interpreter.get_tensor
@@ -313,8 +315,13 @@ class TfliteSession(Session):
         return self._get_outputs()
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
-        """Per call: copy inputs in, invoke, copy outputs out (what ORT's run() includes too)."""
+        """Per call: copy inputs in, invoke, copy outputs out (what ORT's run() includes too).
+
+        The two copies cost about 1.5 us through the Python API, which dominates a tiny
+        MLP at batch 1 (bench/tflite_bench.py prints the ratio to a bare invoke() loop).
+        """
         self._set_inputs(feeds)
+        feeds = {name: value.astype(self.dtypes[name], copy=False) for name, value in feeds.items()}
         set_tensor, invoke, read, clock = self.interpreter.set_tensor, self.interpreter.invoke, self._get_outputs, time.perf_counter_ns
         fill = [(self.inputs[name], value) for name, value in feeds.items()]
 
