@@ -7,12 +7,17 @@ BIN    := $(VENV)/bin
 MODEL  ?= matrix/examples/continuous_mlp.onnx
 ARGS   ?=
 PYTEST_ARGS ?=
+SHARDS ?=
+OUT    ?= reports/merged
+BASELINE ?=
 
-.PHONY: setup setup-tflite matrix examples test merge clean
+.PHONY: setup setup-core setup-tflite matrix examples test merge clean
 
-setup: .stamps/python setup-tflite
+setup: setup-core setup-tflite
 
-.stamps/python: pyproject.toml
+setup-core: .stamps/core
+
+.stamps/core: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,tflite]'
@@ -24,7 +29,7 @@ setup: .stamps/python setup-tflite
 # cache was wiped.
 TFLITE_PINS := targets/requirements/onnx2tf.txt
 
-setup-tflite: .stamps/python
+setup-tflite: setup-core
 	@test -x "$$(cat .stamps/tflite 2>/dev/null)" || rm -f .stamps/tflite
 	@$(MAKE) --no-print-directory .stamps/tflite
 
@@ -41,6 +46,10 @@ examples: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Merge shards (one results.json per host) into one report; BASELINE=old/results.json flags regressions.
+merge: setup-core
+	$(BIN)/policy-matrix merge $(SHARDS) --out $(OUT) $(if $(BASELINE),--baseline $(BASELINE))
 
 clean:
 	rm -rf reports .stamps build *.egg-info .pytest_cache

@@ -16,6 +16,11 @@ from targets.base import VARIANTS
 
 from . import __version__
 from . import model as model_loader
+from . import results as schema
+from .compare import Thresholds
+from .compare import compare as compare_results
+from .merge import merge as merge_shards
+from .merge import shard_path as merge_shard_path
 from .errors import InputError
 from .lint import lint as lint_model
 from .orchestrate import RunConfig, run as run_matrix
@@ -32,6 +37,18 @@ def app() -> None:
 
 console = Console(stderr=True)
 FAIL_ON = ("fail", "warn", "never")
+FAIL_ON_OPTION = click.option(
+    "--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True, help="Exit 1 when a cell is at least this bad."
+)
+BASELINE_OPTION = click.option(
+    "--baseline", type=click.Path(path_type=Path), help="Earlier results.json to flag regressions against (exit 1 if any)."
+)
+LATENCY_THRESHOLD_OPTION = click.option(
+    "--latency-threshold", default=0.25, show_default=True, help="p50 slowdown (fraction) that counts as a regression."
+)
+DRIFT_FACTOR_OPTION = click.option(
+    "--drift-factor", default=10.0, show_default=True, help="Drift growth factor that counts as a regression."
+)
 
 
 def _csv(value: str) -> list[str]:
@@ -93,8 +110,12 @@ def _config_tolerances(path: Path | None) -> dict[str, float]:
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
 @click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
-@click.option("--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True, help="Exit 1 when a cell is at least this bad.")
-def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, timeout, out, host_label, fail_on):
+@FAIL_ON_OPTION
+@BASELINE_OPTION
+@LATENCY_THRESHOLD_OPTION
+@DRIFT_FACTOR_OPTION
+def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, timeout, out,
+        host_label, fail_on, baseline, latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
     info = model_loader.load(model)
     settings = RunConfig(
@@ -113,13 +134,56 @@ def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters
         tolerances=Tolerances.parse(list(tolerance), _config_tolerances(config)),
         host_label=host_label,
     )
+    baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     results = run_matrix(settings, console)
-    index = write_all(results, settings.out)
+    _finish(results, settings.out, fail_on, baseline_results, Thresholds(drift_factor, latency_threshold))
+
+
+@app.command()
+@click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Folder of the merged report.")
+@FAIL_ON_OPTION
+@BASELINE_OPTION
+@LATENCY_THRESHOLD_OPTION
+@DRIFT_FACTOR_OPTION
+def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
+    """Merge SHARDS (results.json files or report folders, one per host) into one report."""
+    baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
+    _finish(merge_shards(list(shards)), out, fail_on, baseline_results, Thresholds(drift_factor, latency_threshold))
+
+
+@app.command()
+@click.option("--baseline", type=click.Path(path_type=Path), required=True, help="Earlier results.json (or its folder).")
+@click.option("--current", type=click.Path(path_type=Path), required=True, help="Newer results.json (or its folder).")
+@LATENCY_THRESHOLD_OPTION
+@DRIFT_FACTOR_OPTION
+def compare(baseline, current, latency_threshold, drift_factor):
+    """Regressions of CURRENT against BASELINE, per cell (exit 1 if any)."""
+    before, after = schema.load(merge_shard_path(baseline)), schema.load(merge_shard_path(current))
+    found = compare_results(before, after, Thresholds(drift_factor, latency_threshold))
+    _print_regressions(found)
+    if not found:
+        console.print("[green]no regressions[/]")
+    sys.exit(1 if found else 0)
+
+
+def _finish(results, out: Path, fail_on: str, baseline, thresholds: Thresholds) -> None:
+    """Compare with the baseline, write the report, print the tally and exit with the verdict."""
+    if baseline is not None:
+        results.regressions = compare_results(baseline, results, thresholds)
+    index = write_all(results, out)
     counts = {v: sum(c.verdict == v for c in results.cells) for v in ("PASS", "WARN", "FAIL", "SKIP")}
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
+    _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "never": ()}[fail_on]
-    sys.exit(1 if any(c.verdict in threshold for c in results.cells) else 0)
+    failed = any(c.verdict in threshold for c in results.cells)
+    sys.exit(1 if failed or results.regressions else 0)
+
+
+def _print_regressions(found) -> None:
+    for regression in found:
+        console.print(f"[red]regression[/] {escape(str(regression))}", highlight=False)
 
 
 @app.command("targets")
@@ -130,7 +194,12 @@ def list_targets() -> None:
         reason = target.unavailable_reason()
         version = _safe_version(target)
         table.add_row(target.name, version, "[green]available[/]" if not reason else f"[yellow]{reason}[/]", target.summary)
-    Console().print(table)
+    _stdout().print(table)
+
+
+def _stdout() -> Console:
+    """Piped output (CI logs, grep) gets a wide fixed width instead of wrapping at 80 columns."""
+    return Console() if sys.stdout.isatty() else Console(width=160)
 
 
 def _safe_version(target) -> str:
@@ -149,7 +218,7 @@ def lint(model: Path) -> None:
     table = Table("level", "lint", "finding")
     for item in results:
         table.add_row(f"[{colours[item.level]}]{item.level}[/]", item.id, escape(item.message))
-    Console().print(table)
+    _stdout().print(table)
     sys.exit(1 if any(item.level == "error" for item in results) else 0)
 
 

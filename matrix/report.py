@@ -27,14 +27,14 @@ COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9a
 plt.rcParams["svg.fonttype"] = "path"  # text as outlines: the SVG carries no live text at all
 
 
-def write_all(results: RunResults, out: Path, regressions: list | None = None) -> Path:
+def write_all(results: RunResults, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     results.save(out / "results.json")
     table(results).to_csv(out / "results.csv", index=False)
-    (out / "summary.md").write_text(summary_markdown(results, regressions))
+    (out / "summary.md").write_text(summary_markdown(results))
     write_junit(results, out / "junit.xml")
     index = out / "index.html"
-    index.write_text(render_html(results, regressions))
+    index.write_text(render_html(results))
     return index
 
 
@@ -165,7 +165,7 @@ def _svg(figure) -> str:
     return text[text.index("<svg"):]
 
 
-def render_html(results: RunResults, regressions: list | None = None) -> str:
+def render_html(results: RunResults) -> str:
     environment = Environment(loader=PackageLoader("matrix", "templates"), autoescape=select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
     return template.render(
@@ -174,18 +174,19 @@ def render_html(results: RunResults, regressions: list | None = None) -> str:
         drift_svg=drift_chart(results), latency_svg=latency_chart(results),
         placement=_placement_matrix(results), recommendations=recommendations(results),
         contract_names=list(dict.fromkeys(check.name for c in results.cells for check in c.contract)),
-        multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, regressions=regressions or [],
-        runtimes=sorted({(c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
+        multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, regressions=results.regressions,
+        runtimes=sorted({(c.host, c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
     )
 
 
-def summary_markdown(results: RunResults, regressions: list | None = None) -> str:
+def summary_markdown(results: RunResults) -> str:
     model = results.model
     lines = [f"## policy-matrix: `{_md(model['name'])}`", "", f"sha256 `{model['sha256'][:16]}…` · {results.created}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
-    if regressions:
-        lines += [f"### {len(regressions)} regressions", ""] + [f"- {_md(str(r))}" for r in regressions] + [""]
+    if results.regressions:
+        lines += [f"### ❗ {len(results.regressions)} regressions against the baseline", ""]
+        lines += [f"- {_md(str(r))}" for r in results.regressions] + [""]
     for host, grid in _verdict_grid(results).items():
         lines += [f"### {host}", "", "| target | " + " | ".join(grid["variants"]) + " |", "|---" * (len(grid["variants"]) + 1) + "|"]
         for target in grid["targets"]:

@@ -116,6 +116,17 @@ class LintResult(BaseModel):
     message: str
 
 
+class Regression(BaseModel):
+    host: str
+    target: str
+    variant: str
+    kind: str  # verdict | drift | latency | fallback
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.host} {self.target} {self.variant} [{self.kind}] {self.detail}"
+
+
 class RunResults(BaseModel):
     schema_version: int = SCHEMA_VERSION
     tool_version: str
@@ -125,6 +136,7 @@ class RunResults(BaseModel):
     settings: dict
     lints: list[LintResult]
     cells: list[Cell]
+    regressions: list[Regression] = Field(default_factory=list)  # filled when compared with a baseline
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2))

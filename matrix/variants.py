@@ -12,8 +12,10 @@ own converters (onnx2tf, coremltools) start from fp32 and make their own.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import tempfile
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -68,8 +70,22 @@ def _int8(model: ModelInfo, out: Path) -> None:
 
 def _write_atomically(target: Path, write) -> None:
     partial = target.with_suffix(".partial.onnx")
+    started = time.perf_counter()
     write(partial)
+    _sidecar(target).write_text(json.dumps({"conversion_s": time.perf_counter() - started}))
     partial.replace(target)
+
+
+def conversion_seconds(variant_file: Path) -> float:
+    """How long making this cached variant took when it was made (0 for the original fp32)."""
+    try:
+        return json.loads(_sidecar(variant_file).read_text())["conversion_s"]
+    except (OSError, ValueError, KeyError):
+        return 0.0
+
+
+def _sidecar(variant_file: Path) -> Path:
+    return variant_file.with_suffix(".json")
 
 
 MAKERS = {"fp32": _fp32, "fp16": _fp16, "int8": _int8}

@@ -21,7 +21,7 @@ import numpy as np
 import targets
 from targets.base import CellSkip, PrepareContext
 
-from . import observations
+from . import observations, variants
 from .contract import CONTRACT_BATCHES
 from .metrics import latency_stats
 
@@ -56,9 +56,11 @@ def _measure(spec: dict, cell_dir: Path, measurement: dict, arrays: dict) -> Non
         stage(name)
 
     enter("prepare")
+    onnx_variants = {k: Path(v) for k, v in spec["onnx_variants"].items()}
     ctx = PrepareContext(
-        onnx_variants={k: Path(v) for k, v in spec["onnx_variants"].items()},
+        onnx_variants=onnx_variants,
         variant_errors=spec["variant_errors"],
+        variant_seconds={k: variants.conversion_seconds(v) for k, v in onnx_variants.items()},
         calibration=feeds,
         workdir=cell_dir,
         cache_dir=Path(spec["cache_dir"]),
@@ -66,10 +68,9 @@ def _measure(spec: dict, cell_dir: Path, measurement: dict, arrays: dict) -> Non
     )
     started = time.perf_counter()
     artifact = target.prepare(ctx, spec["variant"])
-    conversion_s = artifact.conversion_s or time.perf_counter() - started
     measurement["artifact"] = {
         "size_bytes": artifact.size_bytes,
-        "conversion_s": conversion_s,
+        "conversion_s": artifact.conversion_s or time.perf_counter() - started,
         "op_inventory": artifact.op_inventory,
         "notes": artifact.notes,
     }

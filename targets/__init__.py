@@ -6,11 +6,12 @@ Adding a target is one module in this package plus one line below.
 from __future__ import annotations
 
 from .base import Target
-from .ort_cpu import OrtCpu
+from .ort_cpu import OrtCpu, OrtCuda
 from .tflite import TfliteInt8Full, TfliteNoXnnpack, TfliteTarget
 
 REGISTRY: dict[str, Target] = {
-    target.name: target for target in (OrtCpu(), TfliteTarget(), TfliteNoXnnpack(), TfliteInt8Full())
+    target.name: target
+    for target in (OrtCpu(), OrtCuda(), TfliteTarget(), TfliteNoXnnpack(), TfliteInt8Full())
 }
 
 

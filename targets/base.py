@@ -37,6 +37,7 @@ class PrepareContext:
     cache_dir: Path  # shared across runs; key entries by content hash
     threads: int = 1
     variant_errors: dict[str, str] = field(default_factory=dict)  # variants the core could not make
+    variant_seconds: dict[str, float] = field(default_factory=dict)  # how long the core took to make each
 
     @property
     def fp32_model(self) -> Path:

@@ -64,7 +64,7 @@ class OrtTarget(Target):
         return f"this onnxruntime build has no {self.provider}"
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        return Artifact(path=ctx.onnx_variant(variant))
+        return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
 
     def providers(self) -> list:
         return [self.provider]
@@ -79,3 +79,13 @@ class OrtCpu(OrtTarget):
     name = "ort-cpu"
     summary = "ONNX Runtime (Python), CPU execution provider"
     provider = "CPUExecutionProvider"
+
+
+class OrtCuda(OrtTarget):
+    name = "ort-cuda"
+    summary = "ONNX Runtime (Python), CUDA execution provider (onnxruntime-gpu on an NVIDIA GPU)"
+    provider = "CUDAExecutionProvider"
+
+    def unavailable_reason(self) -> str | None:
+        reason = super().unavailable_reason()
+        return f"{reason}: install onnxruntime-gpu on a machine with an NVIDIA GPU" if reason else None

@@ -1,0 +1,43 @@
+"""Shards from several hosts -> one RunResults, the host a column of every table.
+
+Shards must describe the same model (sha256) in the same schema version; each
+host label may appear in one shard only, so no cell is silently overwritten.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import results as schema
+from .errors import InputError
+from .results import RunResults
+
+
+def shard_path(path: Path) -> Path:
+    """A shard is a results.json, or a report folder holding one."""
+    path = Path(path)
+    return path / "results.json" if path.is_dir() else path
+
+
+def merge(paths: list[Path]) -> RunResults:
+    if not paths:
+        raise InputError("merge needs at least one shard (a results.json or its report folder)")
+    shards = [(shard_path(p), schema.load(shard_path(p))) for p in paths]
+    first_path, merged = shards[0]
+    merged = merged.model_copy(deep=True)
+    merged.settings = {**merged.settings, "shards": [str(p) for p, _ in shards]}
+    seen = {host.label: first_path for host in merged.hosts}
+    for path, shard in shards[1:]:
+        if shard.model["sha256"] != merged.model["sha256"]:
+            raise InputError(
+                f"{path} is a run of {shard.model['name']} ({shard.model['sha256'][:12]}), "
+                f"{first_path} of {merged.model['name']} ({merged.model['sha256'][:12]}): shards must share one model"
+            )
+        for host in shard.hosts:
+            if host.label in seen:
+                raise InputError(f"host {host.label!r} is in both {seen[host.label]} and {path}: rerun one with --host-label")
+            seen[host.label] = path
+            merged.hosts.append(host)
+        merged.cells += shard.cells
+    merged.regressions = []
+    return merged
