@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -96,7 +97,7 @@ class TfliteTarget(Target):
             conversion_s=meta["seconds"],
             op_inventory=op_inventory(path.read_bytes()),
             notes=[f"converted by {meta['converter']}" + ("" if fresh else " (cached)")],
-            extra={"layers": meta["layers"], **onnx_io},
+            extra={"layers": original_node_names(meta["layers"], onnx_io["node_order"]), **onnx_io},
         )
         artifact.notes += variant_notes(variant, self.recipe) + layout_notes(onnx_io, artifact.op_inventory)
         artifact.notes += flex_notes(artifact.op_inventory)
@@ -283,8 +284,8 @@ class TfliteSession(Session):
         )
         self.interpreter.allocate_tensors()
         signature = self.interpreter._get_full_signature_list()["serving_default"]
-        self.inputs: dict[str, int] = signature["inputs"]
-        self.outputs = map_outputs(signature["outputs"], list(artifact.extra["onnx_outputs"]))
+        self.inputs = map_signature(signature["inputs"], list(artifact.extra["onnx_inputs"]), None)
+        self.outputs = map_signature(signature["outputs"], list(artifact.extra["onnx_outputs"]), "output_")
         self.output_permutations = output_permutations(self.interpreter, self.outputs, artifact.extra["onnx_outputs"])
         self.shapes = {name: self.interpreter.get_tensor(index).shape for name, index in self.inputs.items()}
         # onnx2tf may narrow an input's type (int64 -> int32); the observations keep the ONNX type.
@@ -371,17 +372,30 @@ class TfliteSession(Session):
         self.interpreter = None
 
 
-def map_outputs(signature_outputs: dict[str, int], onnx_outputs: list[str]) -> dict[str, int]:
-    """ONNX output name -> tensor index. Signature names are the ONNX names, except that
-    TF's full-integer converter renames them output_0, output_1, ... in the model's output order."""
-    if set(signature_outputs) == set(onnx_outputs):
-        return {name: signature_outputs[name] for name in onnx_outputs}
-    renamed = {f"output_{i}": name for i, name in enumerate(onnx_outputs)}
-    if set(signature_outputs) == set(renamed):
-        return {renamed[key]: index for key, index in signature_outputs.items()}
-    raise RuntimeError(
-        f"cannot map the .tflite outputs {sorted(signature_outputs)} to the ONNX outputs {onnx_outputs}"
-    )
+def tf_spellings(onnx_name: str) -> list[str]:
+    """How onnx2tf may respell an ONNX name: ':' becomes '__', and when it writes signatures
+    or int8 files a leading '/' becomes 'wa/' (SavedModel refuses both)."""
+    plain = onnx_name.replace(":", "__")
+    return list(dict.fromkeys([onnx_name, plain, re.sub("^/", "wa/", plain)]))
+
+
+def map_signature(signature: dict[str, int], onnx_names: list[str], renamed_prefix: str | None) -> dict[str, int]:
+    """ONNX name -> tensor index. Signature keys are the ONNX names as onnx2tf spells them,
+    except that TF's full-integer converter renames outputs output_0, output_1, ... in the
+    model's output order: then, and only then, the position decides."""
+    found = {name: next((s for s in tf_spellings(name) if s in signature), None) for name in onnx_names}
+    if all(found.values()) and len(signature) == len(onnx_names):
+        return {name: signature[key] for name, key in found.items()}
+    positional = {f"{renamed_prefix}{i}": name for i, name in enumerate(onnx_names)} if renamed_prefix else {}
+    if positional and set(signature) == set(positional):
+        return {positional[key]: index for key, index in signature.items()}
+    raise RuntimeError(f"cannot map the .tflite signature {sorted(signature)} to the ONNX names {onnx_names}")
+
+
+def original_node_names(layers: dict[str, list[str]], node_order: list[str]) -> dict[str, list[str]]:
+    """Key the recorded layers by the ONNX node names, undoing onnx2tf's respelling."""
+    original = {spelling: name for name in node_order for spelling in tf_spellings(name)}
+    return {original.get(name, name): names for name, names in layers.items()}
 
 
 def output_permutations(interpreter, outputs: dict[str, int], onnx_outputs: dict[str, list]) -> dict[str, tuple]:

@@ -206,3 +206,17 @@ def test_whole_run_through_the_cli(tmp_path):
     assert len(tflite_cells) == 6 and all(c["verdict"] == "PASS" for c in tflite_cells.values())
     assert tflite_cells[("tflite", "fp32")]["backend"]["actual"] == tflite.XNNPACK
     assert tflite_cells[("tflite", "fp32")]["artifact"]["op_inventory"]["FULLY_CONNECTED"] == 3
+
+
+@pytest.mark.parametrize("target_name, variant", [("tflite", "fp32"), ("tflite-int8-full", "int8")])
+def test_exporter_style_node_names_come_back_unchanged(target_name, variant, tmp_path):
+    """PyTorch names nodes "/actor/fc/Gemm"; onnx2tf respells a leading "/" (int8) and ":"."""
+    weight = numpy_helper.from_array(np.eye(4, dtype=np.float32), "actor.fc.weight")
+    path = tiny_model(tmp_path / "torch_style.onnx", [
+        helper.make_node("Gemm", ["obs", "actor.fc.weight"], ["/actor/fc/Gemm_output_0"], name="/actor/fc/Gemm", transB=1),
+        helper.make_node("Tanh", ["/actor/fc/Gemm_output_0"], ["action"], name="/actor/Tanh:0"),
+    ], [weight])
+    target = targets.get(target_name)
+    session = target.open(target.prepare(context(path, tmp_path), variant), threads=1)
+    nodes = {row.node for row in session.placement()}
+    assert {"/actor/fc/Gemm", "/actor/Tanh:0"} <= nodes, nodes
