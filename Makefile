@@ -26,12 +26,17 @@ setup-core: .stamps/core
 # The onnx2tf conversion environment (~2.6 GB, ~2 min), outside .venv because its pins
 # clash with the core. It lives in the policy-matrix cache keyed by the requirements
 # hash; the stamp holds its interpreter and is remade when the pins change or the
-# cache was wiped.
+# cache was wiped. Linux only: onnx2tf 1.29.24 pins ai-edge-litert 2.1.0, which has
+# no macOS wheel (the tflite targets then say so in `policy-matrix targets`).
 TFLITE_PINS := targets/requirements/onnx2tf.txt
 
 setup-tflite: setup-core
+ifeq ($(shell uname -s),Linux)
 	@test -x "$$(cat .stamps/tflite 2>/dev/null)" || rm -f .stamps/tflite
 	@$(MAKE) --no-print-directory .stamps/tflite
+else
+	@echo "setup-tflite: skipped, the onnx2tf environment installs on Linux only"
+endif
 
 .stamps/tflite: $(TFLITE_PINS)
 	@mkdir -p .stamps

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -83,6 +84,8 @@ class TfliteTarget(Target):
         if litert_version() is None:
             return "ai-edge-litert is not installed: run `make setup` (or `pip install 'policy-matrix[tflite]'`)"
         if isolated_env.env_python(ENV_NAME, REQUIREMENTS) is None:
+            if not sys.platform.startswith("linux"):
+                return "the onnx2tf conversion environment installs on Linux only (its ai-edge-litert==2.1.0 pin has no wheel here)"
             return "conversion environment not built: run `make setup-tflite` (about 2.6 GB, ~2 min)"
         return None
 
