@@ -9,10 +9,14 @@ from .base import Target
 from .ort_cpu import OrtCpu, OrtCuda
 from .ort_node import OrtNode
 from .ort_web import OrtWebWasm, OrtWebWebgl, OrtWebWebgpu
+from .tflite import TfliteInt8Full, TfliteNoXnnpack, TfliteTarget
 
 REGISTRY: dict[str, Target] = {
     target.name: target
-    for target in (OrtCpu(), OrtCuda(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu())
+    for target in (
+        OrtCpu(), OrtCuda(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu(),
+        TfliteTarget(), TfliteNoXnnpack(), TfliteInt8Full(),
+    )
 }
 
 
