@@ -10,17 +10,19 @@ PYTEST_ARGS ?=
 SHARDS ?=
 OUT    ?= reports/merged
 BASELINE ?=
+# `make matrix` shows the report whatever the verdicts; FAIL_ON=fail makes FAILed cells fail make.
+FAIL_ON ?= never
 
-.PHONY: setup setup-core setup-web setup-coreml matrix examples test merge clean
+.PHONY: setup setup-core setup-web setup-tflite setup-coreml matrix examples test merge clean
 
-setup: setup-core setup-web setup-coreml
+setup: setup-core setup-web setup-tflite setup-coreml
 
 setup-core: .stamps/core
 
 .stamps/core: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,tflite]'
 	@mkdir -p .stamps && touch $@
 
 # --- CoreML targets: coreml, coreml-cpu/-gpu/-ne/-all (targets/coreml.py) -----
@@ -35,8 +37,28 @@ setup-coreml: setup-core
 	$(BIN)/python -c 'from targets.coreml import build_environment; print(build_environment())'
 	@mkdir -p .stamps && touch $@
 
+# The onnx2tf conversion environment (~2.6 GB, ~2 min), outside .venv because its pins
+# clash with the core. It lives in the policy-matrix cache keyed by the requirements
+# hash; the stamp holds its interpreter and is remade when the pins change or the
+# cache was wiped. Linux only: onnx2tf 1.29.24 pins ai-edge-litert 2.1.0, which has
+# no macOS wheel (the tflite targets then say so in `policy-matrix targets`).
+TFLITE_PINS := targets/requirements/onnx2tf.txt
+
+setup-tflite: setup-core
+ifeq ($(shell uname -s),Linux)
+	@test -x "$$(cat .stamps/tflite 2>/dev/null)" || rm -f .stamps/tflite
+	@$(MAKE) --no-print-directory .stamps/tflite
+else
+	@echo "setup-tflite: skipped, the onnx2tf environment installs on Linux only"
+endif
+
+.stamps/tflite: $(TFLITE_PINS)
+	@mkdir -p .stamps
+	$(BIN)/python -c "from targets.tflite import build_environment; print(build_environment())" > $@.tmp
+	@mv $@.tmp $@
+
 matrix: setup
-	$(BIN)/policy-matrix run $(MODEL) $(ARGS)
+	$(BIN)/policy-matrix run $(MODEL) --fail-on $(FAIL_ON) $(ARGS)
 
 examples: setup
 	$(BIN)/python -m matrix.examples

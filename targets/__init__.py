@@ -11,11 +11,13 @@ from .ort_coreml import OrtCoreml
 from .ort_cpu import OrtCpu, OrtCuda
 from .ort_node import OrtNode
 from .ort_web import OrtWebWasm, OrtWebWebgl, OrtWebWebgpu
+from .tflite import TfliteInt8Full, TfliteNoXnnpack, TfliteTarget
 
 REGISTRY: dict[str, Target] = {
     target.name: target
     for target in (
-        OrtCpu(), OrtCuda(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu(), OrtCoreml(), *coreml.TARGETS,
+        OrtCpu(), OrtCuda(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu(),
+        TfliteTarget(), TfliteNoXnnpack(), TfliteInt8Full(), OrtCoreml(), *coreml.TARGETS,
     )
 }
 
