@@ -13,15 +13,13 @@ Target: both ratios below 1.10.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from cell_timing import cell_p50
 
-from matrix import cells, examples, model, observations, variants
-from matrix.paths import cache_dir
+from matrix import examples, model, observations
 from targets.base import Artifact
 from targets.ort_cpu import OrtSession
 
@@ -33,19 +31,6 @@ def bare_loop(session: ort.InferenceSession, feeds, iters: int) -> list[int]:
         session.run(None, feeds)
         samples.append(time.perf_counter_ns() - start)
     return samples
-
-
-def cell_p50(info, feeds, batch: int, iters: int) -> float:
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch)
-        observations.save(feeds, folder / "obs.npz")
-        paths, errors = variants.produce_all(info, ["fp32"])
-        spec = {"target": "ort-cpu", "variant": "fp32", "observations": str(folder / "obs.npz"),
-                "onnx_variants": {k: str(v) for k, v in paths.items()}, "variant_errors": errors,
-                "cache_dir": str(cache_dir()), "batch_sizes": [batch], "symbolic_batch": True, "chunk": 0,
-                "warmup": 50, "iters": iters, "threads": 1}
-        outcome = cells.execute(folder / "cell", spec, {}, 600, lambda _: None)
-        return outcome.measurement["latency"][0]["p50_us"]
 
 
 def main() -> None:
@@ -66,7 +51,7 @@ def main() -> None:
                 bare += bare_loop(bare_session, feeds, args.iters)
                 timed += harness.time(feeds, warmup=10, iters=args.iters)
             bare_p50, timed_p50 = np.median(bare) / 1e3, np.median(timed) / 1e3
-            cell = cell_p50(info, all_feeds, batch, args.iters)
+            cell = cell_p50("ort-cpu", info, all_feeds, batch, args.iters)
             print(f"{name:<16}{batch:>6}{bare_p50:>13.2f}{timed_p50:>13.2f}{timed_p50 / bare_p50:>8.3f}{cell:>11.2f}{cell / bare_p50:>8.3f}")
 
 

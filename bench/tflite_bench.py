@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from cell_timing import cell_p50
 
 import targets
-from matrix import cells, examples, model, observations, variants
+from matrix import examples, model, observations
 from matrix.paths import cache_dir
 from targets.base import PrepareContext
 from targets.tflite import TfliteSession
@@ -50,19 +51,6 @@ def bare_invoke(session: TfliteSession, feeds, iters: int) -> list[int]:
     return samples
 
 
-def cell_p50(info, feeds, batch: int, iters: int) -> float:
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch)
-        observations.save(feeds, folder / "obs.npz")
-        paths, errors = variants.produce_all(info, ["fp32"])
-        spec = {"target": "tflite", "variant": "fp32", "observations": str(folder / "obs.npz"),
-                "onnx_variants": {k: str(v) for k, v in paths.items()}, "variant_errors": errors,
-                "cache_dir": str(cache_dir()), "batch_sizes": [batch], "symbolic_batch": True, "chunk": 0,
-                "warmup": 50, "iters": iters, "threads": 1}
-        outcome = cells.execute(folder / "cell", spec, {}, 600, lambda _: None)
-        return outcome.measurement["latency"][0]["p50_us"]
-
-
 def latency_rows(name: str, iters: int, rounds: int) -> None:
     info = model.load(examples.path(name))
     all_feeds = observations.seeded(info, 64, 0)
@@ -80,7 +68,7 @@ def latency_rows(name: str, iters: int, rounds: int) -> None:
                     bare += bare_invoke(session, feeds, iters)
                     timed += session.time(feeds, warmup=10, iters=iters)
                 bare_p50, timed_p50 = np.median(bare) / 1e3, np.median(timed) / 1e3
-                cell = cell_p50(info, all_feeds, batch, iters) if target_name == "tflite" else float("nan")
+                cell = cell_p50("tflite", info, all_feeds, batch, iters) if target_name == "tflite" else float("nan")
                 print(f"{name:<16}{target_name:<14}{batch:>6}{bare_p50:>13.2f}{timed_p50:>13.2f}"
                       f"{timed_p50 / bare_p50:>8.3f}{cell:>11.2f}{cell / bare_p50:>8.3f}")
                 session.close()

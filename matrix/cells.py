@@ -14,18 +14,37 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from . import contract, metrics
 from .model import ModelInfo
+from .paths import cache_dir
 from .reference import Reference
 from .results import ArtifactInfo, Backend, Cell, CellError, LatencyStats, Placement
 from .verdict import decide
 
 STAGES = ("prepare", "open", "contract", "parity", "latency", "placement")
+
+
+@dataclass
+class CellSpec:
+    """What a worker needs to run one cell, written to its spec.json."""
+
+    target: str
+    variant: str
+    observations: str  # .npz of the observation set
+    onnx_variants: dict[str, str]  # the core's ONNX files per precision
+    variant_errors: dict[str, str] = field(default_factory=dict)
+    cache_dir: str = field(default_factory=lambda: str(cache_dir()))
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
+    symbolic_batch: bool = True
+    chunk: int = 0  # run the observation set in chunks of a fixed batch (0: all at once)
+    warmup: int = 20
+    iters: int = 200
+    threads: int = 1
 
 
 @dataclass
@@ -35,12 +54,12 @@ class CellOutcome:
     duration_s: float
 
 
-def execute(cell_dir: Path, spec: dict, env: dict[str, str], timeout_s: float, on_stage) -> CellOutcome:
+def execute(cell_dir: Path, spec: CellSpec, env: dict[str, str], timeout_s: float, on_stage) -> CellOutcome:
     """Run the worker; on_stage(name) is called as it reports progress."""
     cell_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("measurement.json", "outputs.npz"):
         (cell_dir / stale).unlink(missing_ok=True)
-    (cell_dir / "spec.json").write_text(json.dumps(spec))
+    (cell_dir / "spec.json").write_text(json.dumps(asdict(spec)))
     started = time.perf_counter()
     last_stage = ["start"]
     with open(cell_dir / "worker.log", "w") as log:

@@ -19,11 +19,12 @@ from . import model as model_loader
 from . import results as schema
 from .compare import Thresholds
 from .compare import compare as compare_results
-from .merge import merge as merge_shards
-from .merge import shard_path as merge_shard_path
 from .errors import InputError
 from .lint import lint as lint_model
-from .orchestrate import RunConfig, run as run_matrix
+from .merge import merge as merge_shards
+from .merge import shard_path as merge_shard_path
+from .orchestrate import RunConfig
+from .orchestrate import run as run_matrix
 from .report import write_all
 from .verdict import Tolerances
 

@@ -11,7 +11,7 @@ import contextlib
 import datetime as dt
 import platform
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -24,7 +24,6 @@ from targets.base import RunService, Target
 from . import __version__, cells, observations, reference, variants
 from .lint import lint
 from .model import ModelInfo
-from .paths import cache_dir
 from .results import Host, LintResult, RunResults, append_jsonl
 from .verdict import Tolerances
 
@@ -75,14 +74,10 @@ def _cpu_name() -> str:
 
 
 def run(config: RunConfig, console: Console) -> RunResults:
-    out = config.out
-    out.mkdir(parents=True, exist_ok=True)
+    config.out.mkdir(parents=True, exist_ok=True)
     model = config.model
-    host = host_info(config.host_label)
-    feeds = observations.load(config.observations, model) if config.observations else observations.seeded(
-        model, config.n_obs, config.seed
-    )
-    obs_path = out / "observations.npz"
+    feeds = _observation_set(config)
+    obs_path = config.out / "observations.npz"
     observations.save(feeds, obs_path)
     symbolic = all(spec.batch_is_symbolic for spec in model.inputs)
     chunk = 0 if symbolic else observations.batch_multiple(model)
@@ -91,42 +86,50 @@ def run(config: RunConfig, console: Console) -> RunResults:
     ref = reference.compute(model, feeds, chunk)
     base = _baseline(model, feeds, chunk, console)
     onnx_variants, variant_errors = variants.produce_all(model, config.precisions)
-
-    spec_common = {
-        "observations": str(obs_path.resolve()),
-        "onnx_variants": {k: str(v) for k, v in onnx_variants.items()},
-        "variant_errors": variant_errors,
-        "cache_dir": str(cache_dir()),
-        "batch_sizes": config.batch_sizes if symbolic else [observations.batch_multiple(model)],
-        "symbolic_batch": symbolic,
-        "chunk": chunk,
-        "warmup": config.warmup,
-        "iters": config.iters,
-        "threads": config.threads,
-    }
-    jsonl = out / "results.jsonl"
-    jsonl.unlink(missing_ok=True)
-    results = RunResults(
-        tool_version=__version__,
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        model={**model.summary(), "observations": observations.count(feeds), "observation_source": str(config.observations or f"seeded (seed {config.seed})")},
-        hosts=[host],
-        settings={k: v for k, v in spec_common.items() if k in ("batch_sizes", "warmup", "iters", "threads")}
-        | {"targets": config.targets, "precisions": config.precisions, "timeout_s": config.timeout_s, "tolerances": config.tolerances.overrides},
-        lints=[LintResult(**vars(item)) for item in lint(model)],
-        cells=[],
+    template = cells.CellSpec(
+        target="", variant="", observations=str(obs_path.resolve()),
+        onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
+        batch_sizes=config.batch_sizes if symbolic else [chunk], symbolic_batch=symbolic, chunk=chunk,
+        warmup=config.warmup, iters=config.iters, threads=config.threads,
     )
-    services = Services(out)
+    results = _empty_results(config, feeds, template)
+    jsonl = config.out / "results.jsonl"
+    jsonl.unlink(missing_ok=True)
+    services = Services(config.out)
     try:
         with _progress(console) as progress:
             for target_name in config.targets:
                 for variant in config.precisions:
-                    cell = _one_cell(registry.get(target_name), variant, config, host.label, spec_common, ref, base, services, progress)
+                    spec = replace(template, target=target_name, variant=variant)
+                    cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress)
                     append_jsonl(jsonl, cell)
                     results.cells.append(cell)
     finally:
         services.stop_all()
     return results
+
+
+def _observation_set(config: RunConfig) -> observations.Feeds:
+    if config.observations:
+        return observations.load(config.observations, config.model)
+    return observations.seeded(config.model, config.n_obs, config.seed)
+
+
+def _empty_results(config: RunConfig, feeds, template: cells.CellSpec) -> RunResults:
+    source = str(config.observations or f"seeded (seed {config.seed})")
+    return RunResults(
+        tool_version=__version__,
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        model={**config.model.summary(), "observations": observations.count(feeds), "observation_source": source},
+        hosts=[host_info(config.host_label)],
+        settings={
+            "batch_sizes": template.batch_sizes, "warmup": config.warmup, "iters": config.iters, "threads": config.threads,
+            "targets": config.targets, "precisions": config.precisions, "timeout_s": config.timeout_s,
+            "tolerances": config.tolerances.overrides,
+        },
+        lints=[LintResult(**vars(item)) for item in lint(config.model)],
+        cells=[],
+    )
 
 
 def _baseline(model, feeds, chunk, console):
@@ -137,7 +140,8 @@ def _baseline(model, feeds, chunk, console):
         return None
 
 
-def _one_cell(target: Target, variant, config, host, spec_common, ref, base, services, progress):
+def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress):
+    variant = spec.variant
     label = f"{target.name} {variant}"
     reason = target.unavailable_reason() or target.variant_skip_reason(variant)
     if reason:
@@ -154,7 +158,6 @@ def _one_cell(target: Target, variant, config, host, spec_common, ref, base, ser
     except Exception as error:  # a service that cannot start costs its cells only
         outcome = cells.CellOutcome({"error": {"stage": "service", "message": f"{type(error).__name__}: {error}"}}, {}, 0.0)
     else:
-        spec = {**spec_common, "target": target.name, "variant": variant}
         cell_dir = config.out / "cells" / f"{target.name}-{variant}"
         outcome = cells.execute(cell_dir, spec, env, config.timeout_s, on_stage)
     cell = cells.judge(

@@ -22,6 +22,7 @@ import targets
 from targets.base import CellSkip, PrepareContext
 
 from . import observations, variants
+from .cells import CellSpec
 from .contract import CONTRACT_BATCHES
 from .metrics import latency_stats
 
@@ -31,7 +32,7 @@ def stage(name: str) -> None:
 
 
 def main(cell_dir: Path) -> None:
-    spec = json.loads((cell_dir / "spec.json").read_text())
+    spec = CellSpec(**json.loads((cell_dir / "spec.json").read_text()))
     measurement: dict = {"stage": "prepare"}
     arrays: dict[str, np.ndarray] = {}
     try:
@@ -46,9 +47,9 @@ def main(cell_dir: Path) -> None:
         (cell_dir / "measurement.json").write_text(json.dumps(measurement, default=str))
 
 
-def _measure(spec: dict, cell_dir: Path, measurement: dict, arrays: dict) -> None:
-    target = targets.get(spec["target"])
-    feeds = observations.read(Path(spec["observations"]))
+def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) -> None:
+    target = targets.get(spec.target)
+    feeds = observations.read(Path(spec.observations))
     measurement["runtime_version"] = target.runtime_version()
 
     def enter(name: str) -> None:
@@ -56,18 +57,18 @@ def _measure(spec: dict, cell_dir: Path, measurement: dict, arrays: dict) -> Non
         stage(name)
 
     enter("prepare")
-    onnx_variants = {k: Path(v) for k, v in spec["onnx_variants"].items()}
+    onnx_variants = {k: Path(v) for k, v in spec.onnx_variants.items()}
     ctx = PrepareContext(
         onnx_variants=onnx_variants,
-        variant_errors=spec["variant_errors"],
+        variant_errors=spec.variant_errors,
         variant_seconds={k: variants.conversion_seconds(v) for k, v in onnx_variants.items()},
         calibration=feeds,
         workdir=cell_dir,
-        cache_dir=Path(spec["cache_dir"]),
-        threads=spec["threads"],
+        cache_dir=Path(spec.cache_dir),
+        threads=spec.threads,
     )
     started = time.perf_counter()
-    artifact = target.prepare(ctx, spec["variant"])
+    artifact = target.prepare(ctx, spec.variant)
     measurement["artifact"] = {
         "size_bytes": artifact.size_bytes,
         "conversion_s": artifact.conversion_s or time.perf_counter() - started,
@@ -78,9 +79,9 @@ def _measure(spec: dict, cell_dir: Path, measurement: dict, arrays: dict) -> Non
         return
 
     enter("open")
-    first_batch = observations.take(feeds, spec["chunk"] or 1)
+    first_batch = observations.take(feeds, spec.chunk or 1)
     started = time.perf_counter_ns()
-    session = target.open(artifact, spec["threads"])
+    session = target.open(artifact, spec.threads)
     session.run(first_batch)
     measurement["cold_start_ms"] = (time.perf_counter_ns() - started) / 1e6
     measurement["backend"] = asdict(session.backend())
@@ -92,22 +93,22 @@ def _measure(spec: dict, cell_dir: Path, measurement: dict, arrays: dict) -> Non
 
 def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
     enter("contract")
-    if spec["symbolic_batch"]:
+    if spec.symbolic_batch:
         for batch in CONTRACT_BATCHES:
             for name, value in session.run(observations.take(feeds, batch)).items():
                 arrays[f"batch{batch}/{name}"] = value
 
     enter("parity")
-    outputs = observations.run_in_batches(session.run, feeds, spec["chunk"])
-    repeat = observations.run_in_batches(session.run, feeds, spec["chunk"])
+    outputs = observations.run_in_batches(session.run, feeds, spec.chunk)
+    repeat = observations.run_in_batches(session.run, feeds, spec.chunk)
     for name, value in outputs.items():
         arrays[f"outputs/{name}"] = value
         arrays[f"repeat/{name}"] = repeat[name]
 
     enter("latency")
     measurement["latency"] = [
-        latency_stats(batch, session.time(observations.take(feeds, batch), spec["warmup"], spec["iters"]))
-        for batch in spec["batch_sizes"]
+        latency_stats(batch, session.time(observations.take(feeds, batch), spec.warmup, spec.iters))
+        for batch in spec.batch_sizes
     ]
 
     enter("placement")

@@ -12,7 +12,6 @@ checked, and a software adapter (SwiftShader) is labelled emulated.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import shutil
@@ -26,8 +25,6 @@ from typing import ClassVar
 
 from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, RunService, Session, Target
 from .web_support import (
-    ORT_WEB_DIST,
-    SETUP_HINT,
     HarnessServer,
     decode_outputs,
     encode_feeds,
@@ -343,7 +340,7 @@ class OrtWebWebgpu(OrtWebTarget):
         placed = placement_from_log(log)
         if self.ort_ep in placed:
             missing = kernels_not_found(log)
-            detail = f"adapter {adapter}" + (f"; isFallbackAdapter" if probe["isFallbackAdapter"] else "")
+            detail = f"adapter {adapter}" + ("; isFallbackAdapter" if probe["isFallbackAdapter"] else "")
             if missing:
                 detail += f"; no WebGPU kernel for {len(missing)} node(s), run on CPU"
             return BackendInfo(self.backend, self.backend, emulated=emulated, detail=detail)

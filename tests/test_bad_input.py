@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_cli
 from matrix.examples import path as example
 
 

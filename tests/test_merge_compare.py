@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_results, run_cli
 from playwright.sync_api import sync_playwright
 
-from conftest import load_results, run_cli
 from matrix import results as schema
 from matrix.compare import compare
 from matrix.examples import path as example

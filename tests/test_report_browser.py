@@ -2,9 +2,9 @@
 
 import onnx
 import pytest
+from conftest import run_cli
 from playwright.sync_api import sync_playwright
 
-from conftest import run_cli
 from matrix.examples import path as example
 
 HOSTILE_NODE = '<img src=x onerror="window.__pwned=1">'

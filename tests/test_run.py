@@ -5,8 +5,8 @@ import json
 from xml.etree import ElementTree as ET
 
 import pytest
-
 from conftest import EXAMPLES, load_results, run_cli
+
 from matrix import results as schema
 from matrix.examples import path as example
 

@@ -7,13 +7,12 @@ EXPECTED_FAILURES with the words its FAIL reason must contain.
 
 import numpy as np
 import pytest
+from conftest import EXAMPLES
 
 import targets
-from conftest import EXAMPLES
 from matrix import cells, model, observations, reference, variants
 from matrix.examples import path as example
 from matrix.orchestrate import Services
-from matrix.paths import cache_dir
 from matrix.verdict import DEFAULT_TOLERANCE
 
 # (target, example, variant) -> (words the FAIL reason must contain, when the failure applies).
@@ -54,13 +53,11 @@ def services(tmp_path_factory):
 
 def run_cell(prepared, services, target, name, variant):
     ready = prepared[name]
-    spec = {
-        "target": target.name, "variant": variant,
-        "observations": str(ready["folder"] / "observations.npz"),
-        "onnx_variants": {k: str(v) for k, v in ready["paths"].items()}, "variant_errors": ready["errors"],
-        "cache_dir": str(cache_dir()), "batch_sizes": [1, 8], "symbolic_batch": True, "chunk": 0,
-        "warmup": 2, "iters": 10, "threads": 1,
-    }
+    spec = cells.CellSpec(
+        target=target.name, variant=variant, observations=str(ready["folder"] / "observations.npz"),
+        onnx_variants={k: str(v) for k, v in ready["paths"].items()}, variant_errors=ready["errors"],
+        batch_sizes=[1, 8], warmup=2, iters=10,
+    )
     outcome = cells.execute(ready["folder"] / f"{target.name}-{variant}", spec, services.env_for(target), 600, lambda _: None)
     return cells.judge(outcome, host="test", target=target.name, variant=variant, predicts=target.predicts,
                        model=ready["info"], reference=ready["ref"], baseline=ready["base"],

@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 import targets
-from conftest import run_cli
 from matrix import examples, model, observations
 from matrix.paths import cache_dir
 from targets import tflite

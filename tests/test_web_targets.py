@@ -15,13 +15,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from web_fixtures import softsign_mlp, softsign_only, write
 
-from matrix import examples, model as model_loader, reference, variants as core_variants
+from matrix import examples, reference
+from matrix import model as model_loader
+from matrix import variants as core_variants
 from targets import REGISTRY
 from targets.base import Artifact
 from targets.ort_web import CDP_ENV, CHROMIUM_FLAGS, ChromiumService, HarnessPage
 from targets.web_support import HarnessServer, missing_npm_package
-from web_fixtures import softsign_mlp, softsign_only, write
 
 WEB_TARGETS = ("ort-node", "ort-web-wasm", "ort-web-webgl", "ort-web-webgpu")
 EXAMPLES = ("continuous_mlp", "discrete_mlp", "pixel_cnn")

@@ -1,0 +1,23 @@
+"""The p50 a real cell reports: one worker process, exactly as `policy-matrix run` times it."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from matrix import cells, observations, variants
+from matrix.model import ModelInfo
+
+
+def cell_p50(target: str, info: ModelInfo, feeds: observations.Feeds, batch: int, iters: int) -> float:
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        observations.save(feeds, folder / "obs.npz")
+        paths, errors = variants.produce_all(info, ["fp32"])
+        spec = cells.CellSpec(
+            target=target, variant="fp32", observations=str(folder / "obs.npz"),
+            onnx_variants={k: str(v) for k, v in paths.items()}, variant_errors=errors,
+            batch_sizes=[batch], warmup=50, iters=iters,
+        )
+        outcome = cells.execute(folder / "cell", spec, {}, 600, lambda _: None)
+        return outcome.measurement["latency"][0]["p50_us"]
