@@ -68,7 +68,8 @@ def decide(cell, tolerance: float) -> tuple[str, list[str]]:
     fallback = [row for row in cell.placement if row.fallback]
     if fallback:
         where = sorted({row.where for row in fallback})
-        warnings.append(f"{len(fallback)} nodes fell back to {', '.join(where)}")
+        nodes = "1 node" if len(fallback) == 1 else f"{len(fallback)} nodes"
+        warnings.append(f"{nodes} fell back to {', '.join(where)}")
     if failures:
         return "FAIL", failures + warnings
     return ("WARN", warnings) if warnings else ("PASS", [])

@@ -247,3 +247,19 @@ def test_a_dead_browser_costs_only_its_cells(tmp_path, monkeypatch, cache_dir):
         session.close()
     finally:
         restarted.stop()
+
+
+def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path):
+    """End to end through the CLI: the node falls back, the cell is a WARN, and the report shows it."""
+    from conftest import load_results, run_cli
+
+    path = write(softsign_mlp(), tmp_path, "softsign_mlp")
+    done = run_cli("run", path, "--targets", "ort-web-wasm,ort-web-webgpu", "--precisions", "fp32",
+                   "--iters", "10", "--out", tmp_path / "report")
+    assert done.returncode == 0, done.stderr
+    cells = {c["target"]: c for c in load_results(tmp_path / "report")["cells"]}
+    assert cells["ort-web-wasm"]["verdict"] == "PASS"
+    webgpu = cells["ort-web-webgpu"]
+    assert webgpu["verdict"] == "WARN" and "1 node fell back to CPUExecutionProvider" in webgpu["reasons"]
+    assert [r["node"] for r in webgpu["placement"] if r["fallback"]] == ["soft0"]
+    assert 'class="fallback"' in (tmp_path / "report" / "index.html").read_text()
