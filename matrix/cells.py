@@ -72,8 +72,11 @@ def execute(cell_dir: Path, spec: CellSpec, env: dict[str, str], timeout_s: floa
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            pass
+        finally:  # on a timeout, and when the run itself is interrupted: no orphaned runtime
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
         reader.join(timeout=5)
     duration = time.perf_counter() - started
     return CellOutcome(_measurement(cell_dir, process.returncode, last_stage[0], timeout_s), _arrays(cell_dir), duration)

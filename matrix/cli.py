@@ -177,6 +177,8 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds: Thresholds) 
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
     _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
+    if "interrupted_after_cells" in results.settings:
+        sys.exit(130)
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "never": ()}[fail_on]
     failed = any(c.verdict in threshold for c in results.cells)
     sys.exit(1 if failed or results.regressions else 0)

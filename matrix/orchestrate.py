@@ -104,6 +104,9 @@ def run(config: RunConfig, console: Console) -> RunResults:
                     cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress)
                     append_jsonl(jsonl, cell)
                     results.cells.append(cell)
+    except KeyboardInterrupt:  # keep what was measured: the report is written from the finished cells
+        results.settings["interrupted_after_cells"] = len(results.cells)
+        console.print(f"[yellow]interrupted[/]: writing the report of the {len(results.cells)} finished cells")
     finally:
         services.stop_all()
     return results

@@ -99,3 +99,29 @@ def test_recorded_observations_are_used_and_saved(tmp_path):
     saved = np.load(tmp_path / "out" / "observations.npz")["obs"]
     assert np.array_equal(saved, recorded)
     assert load_results(tmp_path / "out")["model"]["observations"] == 20
+
+
+def test_an_interrupted_run_writes_its_report_and_leaves_no_worker(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    command = [sys.executable, "-m", "matrix", "run", str(example("continuous_mlp")), "--targets", "ort-cpu",
+               "--precisions", "fp32,fp16", "--iters", "50000000", "--out", str(tmp_path)]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spec = tmp_path / "cells" / "ort-cpu-fp32" / "spec.json"
+    deadline = time.monotonic() + 60
+    while not spec.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(4)  # the worker is now deep in its timing loop
+    workers = [p for p in psutil.Process(run.pid).children(recursive=True) if "matrix.worker" in " ".join(p.cmdline())]
+    assert workers, "the cell's worker should be running"
+    run.send_signal(signal.SIGINT)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 130, stderr
+    assert "interrupted" in stderr and (tmp_path / "index.html").exists()
+    psutil.wait_procs(workers, timeout=10)
+    assert not any(worker.is_running() for worker in workers)
