@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-MODEL  ?= matrix/examples/continuous_mlp.onnx
+MODEL  ?= matrix/example_policies/continuous_mlp.onnx
 ARGS   ?=
 PYTEST_ARGS ?=
 SHARDS ?=
