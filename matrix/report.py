@@ -60,24 +60,33 @@ def table(results: RunResults) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+SAME_SPEED = 0.10  # p50s within 10% of the fastest count as equally fast
+
+
 def recommendations(results: RunResults) -> list[dict]:
-    """Per host and target: the fastest variant (p50 at the smallest batch) that meets tolerance and contract."""
-    best: dict[tuple[str, str], Cell] = {}
+    """Per host and target: among cells that meet tolerance and contract (PASS preferred
+    to WARN) and are within SAME_SPEED of the fastest p50 (smallest timed batch), the
+    smallest artifact."""
+    qualifying: dict[tuple[str, str], list[Cell]] = defaultdict(list)
     for cell in results.cells:
-        if cell.verdict not in ("PASS", "WARN") or not cell.latency or any(c.ok is False for c in cell.contract):
-            continue
-        key = (cell.host, cell.target)
-        if key not in best or _cost(cell) < _cost(best[key]):
-            best[key] = cell
-    return [
-        {"host": host, "target": target, "variant": cell.variant, "p50_us": cell.latency[0].p50_us,
-         "batch": cell.latency[0].batch, "drift": cell.max_drift, "size": cell.artifact.size_bytes if cell.artifact else None}
-        for (host, target), cell in sorted(best.items())
-    ]
+        if cell.verdict in ("PASS", "WARN") and cell.latency and not any(c.ok is False for c in cell.contract):
+            qualifying[(cell.host, cell.target)].append(cell)
+    rows = []
+    for (host, target), cells in sorted(qualifying.items()):
+        cells = [c for c in cells if c.verdict == "PASS"] or cells  # a clean PASS beats a WARN
+        fastest = min(c.latency[0].p50_us for c in cells)
+        fast_enough = [c for c in cells if c.latency[0].p50_us <= fastest * (1 + SAME_SPEED) or _emulated(c)]
+        best = min(fast_enough, key=lambda c: (c.artifact.size_bytes if c.artifact else 0, c.latency[0].p50_us))
+        rows.append({"host": host, "target": target, "variant": best.variant, "p50_us": best.latency[0].p50_us,
+                     "batch": best.latency[0].batch, "drift": best.max_drift,
+                     "size": best.artifact.size_bytes if best.artifact else None, "verdict": best.verdict,
+                     "emulated": _emulated(best)})
+    return rows
 
 
-def _cost(cell: Cell) -> tuple[float, int]:
-    return (cell.latency[0].p50_us, cell.artifact.size_bytes if cell.artifact else 0)
+def _emulated(cell: Cell) -> bool:
+    """Software adapters: their latency says nothing, so it never decides."""
+    return bool(cell.backend and cell.backend.emulated)
 
 
 def _verdict_grid(results: RunResults) -> dict[str, dict]:

@@ -125,3 +125,28 @@ def test_an_interrupted_run_writes_its_report_and_leaves_no_worker(tmp_path):
     assert "interrupted" in stderr and (tmp_path / "index.html").exists()
     psutil.wait_procs(workers, timeout=10)
     assert not any(worker.is_running() for worker in workers)
+
+
+def test_matrix_toml_sets_tolerances_and_a_broken_one_exits_2(tmp_path):
+    (tmp_path / "matrix.toml").write_text('[tolerance]\n"ort-cpu:fp16" = 1e-7\n')
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp16", "--iters", "5",
+                   "--config", tmp_path / "matrix.toml", "--out", tmp_path / "out")
+    assert done.returncode == 1 and load_results(tmp_path / "out")["cells"][0]["tolerance"] == 1e-7
+
+    (tmp_path / "broken.toml").write_text("[tolerance\n")
+    done = run_cli("run", example("continuous_mlp"), "--config", tmp_path / "broken.toml", "--out", tmp_path / "out2")
+    assert done.returncode == 2 and "cannot read the config" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_recommendation_prefers_the_smallest_of_equally_fast_passing_variants(ort_cpu_runs):
+    from matrix import report
+
+    results = schema.load(ort_cpu_runs["pixel_cnn"] / "results.json")
+    (row,) = report.recommendations(results)
+    cells = {c.variant: c for c in results.cells}
+    chosen = cells[row["variant"]]
+    fastest = min(c.latency[0].p50_us for c in cells.values())
+    assert chosen.verdict == "PASS" and chosen.latency[0].p50_us <= fastest * 1.1
+    smaller_and_as_fast = [c for c in cells.values() if c.artifact.size_bytes < chosen.artifact.size_bytes
+                           and c.latency[0].p50_us <= fastest * 1.1 and c.verdict == "PASS"]
+    assert not smaller_and_as_fast
