@@ -116,8 +116,13 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
     measurement["stage"] = "done"
 
 
+MAX_MESSAGE = 600  # the runtime's words, not its whole log: worker.log keeps the rest
+
+
 def _one_line(error: Exception) -> str:
     text = " ".join(str(error).split())
+    if len(text) > MAX_MESSAGE:
+        text = text[:MAX_MESSAGE] + " …"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

@@ -12,11 +12,12 @@ from .ort_cpu import OrtCpu, OrtCuda
 from .ort_node import OrtNode
 from .ort_web import OrtWebWasm, OrtWebWebgl, OrtWebWebgpu
 from .tflite import TfliteInt8Full, TfliteNoXnnpack, TfliteTarget
+from .tract_cpu import TractCpu
 
 REGISTRY: dict[str, Target] = {
     target.name: target
     for target in (
-        OrtCpu(), OrtCuda(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu(),
+        OrtCpu(), OrtCuda(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu(), TractCpu(),
         TfliteTarget(), TfliteNoXnnpack(), TfliteInt8Full(), OrtCoreml(), *coreml.TARGETS,
     )
 }

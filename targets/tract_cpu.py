@@ -1,0 +1,95 @@
+"""tract (Sonos' Rust inference engine) on the CPU: an independent ONNX implementation.
+
+Every other ONNX target here shares onnxruntime's kernels; tract shares none, so
+agreement between the two is evidence about the policy, not about one library.
+It runs the core's ONNX variants as they are. Placement comes from tract's own
+profile: each ONNX node with the op tract turned it into (e.g. Gemm -> OptMatMul).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib.metadata import PackageNotFoundError, version
+
+import numpy as np
+import onnx
+
+from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
+
+WHERE = "tract (CPU)"
+
+
+class TractSession(Session):
+    def __init__(self, artifact: Artifact):
+        import tract
+
+        graph = onnx.load(str(artifact.path), load_external_data=False).graph
+        initializers = {tensor.name for tensor in graph.initializer}
+        # tract names outputs after the node that makes them: take the tensor names from the graph.
+        self.input_names = [value.name for value in graph.input if value.name not in initializers]
+        self.output_names = [value.name for value in graph.output]
+        try:
+            self.runnable = tract.onnx().load(str(artifact.path)).into_model().into_runnable()
+        except Exception as error:  # tract appends a Rust stack trace to its own words
+            raise RuntimeError(str(error).split("Stack backtrace:")[0].strip()) from None
+        self.last_inputs: list[np.ndarray] | None = None
+
+    def _inputs(self, feeds: Feeds) -> list[np.ndarray]:
+        self.last_inputs = [np.ascontiguousarray(feeds[name]) for name in self.input_names]
+        return self.last_inputs
+
+    def run(self, feeds: Feeds) -> Feeds:
+        values = self.runnable.run(self._inputs(feeds))
+        return {name: value.to_numpy() for name, value in zip(self.output_names, values)}
+
+    def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
+        run, inputs, clock = self.runnable.run, self._inputs(feeds), time.perf_counter_ns
+        for _ in range(warmup):
+            run(inputs)
+        samples = []
+        for _ in range(iters):
+            start = clock()
+            outputs = run(inputs)
+            [value.to_numpy() for value in outputs]  # a caller needs the action as an array
+            samples.append(clock() - start)
+        return samples
+
+    def placement(self) -> list[PlacementRow]:
+        if self.last_inputs is None:
+            return []
+        profile = json.loads(self.runnable.profile_json(self.last_inputs))
+        return [
+            PlacementRow(node=node["node_name"], op_type=node["op_name"], where=WHERE, fallback=False)
+            for node in profile["nodes"]
+            if node["op_name"] not in ("Const", "Source")  # constants and graph inputs run nowhere
+        ]
+
+    def backend(self) -> BackendInfo:
+        return BackendInfo(requested=WHERE, actual=WHERE)
+
+
+class TractCpu(Target):
+    name = "tract"
+    summary = "tract (Rust, independent of onnxruntime), CPU"
+
+    def runtime_version(self) -> str:
+        try:
+            return f"tract {version('tract')}"
+        except PackageNotFoundError:
+            return "tract (not installed)"
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            import tract  # noqa: F401
+        except ImportError:
+            return "the tract package is not installed: pip install 'policy-matrix[tract]' (make setup does)"
+        return None
+
+    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
+        return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
+
+    def open(self, artifact: Artifact, threads: int) -> Session:
+        if reason := self.unavailable_reason():
+            raise CellSkip(reason)
+        return TractSession(artifact)
