@@ -162,8 +162,3 @@ def append_jsonl(path: Path, cell: Cell) -> None:
         stream.write(cell.model_dump_json() + "\n")
         stream.flush()
 
-
-def read_jsonl(path: Path) -> list[Cell]:
-    if not path.exists():
-        return []
-    return [Cell.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]

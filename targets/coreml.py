@@ -29,7 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from matrix.isolated_env import ensure_env, env_python, run_json
+from matrix.isolated_env import ensure_env, run_json
 
 from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
 
@@ -52,10 +52,6 @@ def pinned_versions() -> dict[str, str]:
     """Package pins of the CoreML environment, read from its requirements file."""
     pins = (line.split("#")[0].strip() for line in REQUIREMENTS.read_text().splitlines())
     return dict(pin.split("==", 1) for pin in pins if "==" in pin)
-
-
-def environment_ready() -> bool:
-    return env_python(ENV_NAME, REQUIREMENTS) is not None
 
 
 def build_environment() -> Path:

@@ -90,11 +90,6 @@ def _walk(block):
             yield from _walk(inner)
 
 
-# Graph passes that add ops of their own: those ops belong to no ONNX node, even though
-# they inherit the scope of the op next to them (e.g. the fp16 casts at the I/O).
-INSERTING_PASSES = ("add_fp16_cast",)
-
-
 def _op_records(program, onnx_nodes: dict) -> list[dict]:
     """Every non-const MIL op, with the ONNX node whose torch module it was traced from."""
     from coremltools.converters.mil.mil.scope import ScopeSource
