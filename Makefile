@@ -30,7 +30,7 @@ setup-core: .stamps/core
 # built once per pin set: the env is keyed by the requirements file's hash. An env
 # missing from the cache (cleared, new machine) invalidates the stamp.
 setup-coreml: setup-core
-	@$(BIN)/python -c 'from targets.coreml import environment_ready as r; raise SystemExit(not r())' || rm -f .stamps/coreml
+	@$(BIN)/python -c 'from targets.coreml import ENV_NAME, REQUIREMENTS; from matrix.isolated_env import env_python; raise SystemExit(env_python(ENV_NAME, REQUIREMENTS) is None)' || rm -f .stamps/coreml
 	@$(MAKE) --no-print-directory .stamps/coreml
 
 .stamps/coreml: .stamps/core targets/requirements/coreml.txt
