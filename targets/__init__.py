@@ -8,7 +8,7 @@ from __future__ import annotations
 from . import coreml
 from .base import Target
 from .ort_coreml import OrtCoreml
-from .ort_cpu import OrtCpu, OrtCuda
+from .ort_cpu import OrtCpu, OrtCuda, OrtCudaTf32
 from .ort_node import OrtNode
 from .ort_web import OrtWebWasm, OrtWebWebgl, OrtWebWebgpu
 from .tflite import TfliteInt8Full, TfliteNoXnnpack, TfliteTarget
@@ -17,7 +17,7 @@ from .tract_cpu import TractCpu
 REGISTRY: dict[str, Target] = {
     target.name: target
     for target in (
-        OrtCpu(), OrtCuda(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu(), TractCpu(),
+        OrtCpu(), OrtCuda(), OrtCudaTf32(), OrtNode(), OrtWebWasm(), OrtWebWebgl(), OrtWebWebgpu(), TractCpu(),
         TfliteTarget(), TfliteNoXnnpack(), TfliteInt8Full(), OrtCoreml(), *coreml.TARGETS,
     )
 }

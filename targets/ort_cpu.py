@@ -15,6 +15,9 @@ import onnxruntime as ort
 
 from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
 
+# Provider options that change the numbers a cell measures, shown on the cell's backend line.
+SHOWN_PROVIDER_OPTIONS = ("use_tf32", "device_id")
+
 
 class OrtSession(Session):
     def __init__(self, artifact: Artifact, providers: list, threads: int):
@@ -49,11 +52,16 @@ class OrtSession(Session):
 
     def backend(self) -> BackendInfo:
         # ORT only warns when a requested provider is missing and silently uses CPU.
-        return BackendInfo(requested=self.requested, actual=self.session.get_providers()[0])
+        actual = self.session.get_providers()[0]
+        options = self.session.get_provider_options().get(actual, {})
+        shown = {key: options[key] for key in SHOWN_PROVIDER_OPTIONS if key in options}
+        detail = ", ".join(f"{key}={value}" for key, value in shown.items())
+        return BackendInfo(requested=self.requested, actual=actual, detail=detail)
 
 
 class OrtTarget(Target):
     provider: ClassVar[str]
+    provider_options: ClassVar[dict[str, str]] = {}
 
     def runtime_version(self) -> str:
         return f"onnxruntime {ort.__version__}"
@@ -67,7 +75,7 @@ class OrtTarget(Target):
         return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
 
     def providers(self) -> list:
-        return [self.provider]
+        return [(self.provider, self.provider_options)]
 
     def open(self, artifact: Artifact, threads: int) -> Session:
         if self.unavailable_reason():
@@ -82,10 +90,29 @@ class OrtCpu(OrtTarget):
 
 
 class OrtCuda(OrtTarget):
+    """fp32 means fp32 math: ORT's CUDA EP defaults to use_tf32=1, which runs MatMul/Gemm/Conv
+    in TF32 (10-bit mantissa) on compute capability >= 8.0. Measured on an H200 with
+    onnxruntime-gpu 1.31.1: max drift 8.4e-4 (MLP) and 1.4e-3 (CNN) with TF32, 3e-7 / 8e-7
+    without. `ort-cuda-tf32` is the provider as shipped, with its default."""
+
     name = "ort-cuda"
-    summary = "ONNX Runtime (Python), CUDA execution provider (onnxruntime-gpu on an NVIDIA GPU)"
+    summary = "ONNX Runtime (Python), CUDA execution provider, TF32 off (onnxruntime-gpu on an NVIDIA GPU)"
     provider = "CUDAExecutionProvider"
+    provider_options = {"use_tf32": "0"}
 
     def unavailable_reason(self) -> str | None:
         reason = super().unavailable_reason()
         return f"{reason}: install onnxruntime-gpu on a machine with an NVIDIA GPU" if reason else None
+
+    def open(self, artifact: Artifact, threads: int) -> Session:
+        # pip's onnxruntime-gpu[cuda,cudnn] brings CUDA as Python packages; preload_dlls finds them
+        # (ORT >= 1.21), so no LD_LIBRARY_PATH is needed.
+        if hasattr(ort, "preload_dlls") and not self.unavailable_reason():
+            ort.preload_dlls()
+        return super().open(artifact, threads)
+
+
+class OrtCudaTf32(OrtCuda):
+    name = "ort-cuda-tf32"
+    summary = "ONNX Runtime (Python), CUDA execution provider with its default use_tf32=1 (TF32 math on Ampere and later)"
+    provider_options = {}

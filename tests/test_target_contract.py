@@ -23,6 +23,11 @@ EXPECTED_FAILURES = {
     ("ort-web-webgpu", "continuous_mlp", "fp16"): ("above tolerance", lambda cell: "no shader-f16" in cell.backend.detail),
     # tract 0.23 cannot type the fp16 variant's Gemm (float32 I/O with casts around fp16 weights).
     ("tract", "continuous_mlp", "fp16"): ("ToTypedTranslator", lambda cell: True),
+    # ORT's CUDA EP default use_tf32=1 computes Gemm/Conv in TF32 on compute capability >= 8.0
+    # (measured on an H200: 8.4e-4 / 1.4e-3); older GPUs run plain fp32 and pass.
+    **{("ort-cuda-tf32", name, "fp32"): ("above tolerance", lambda cell: "use_tf32=1" in cell.backend.detail
+                                         and cell.max_drift > DEFAULT_TOLERANCE["fp32"])
+       for name in ("continuous_mlp", "pixel_cnn")},
 }
 
 
