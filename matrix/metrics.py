@@ -35,13 +35,14 @@ def parity(
     margins: np.ndarray | None, tie_margin: float,
 ) -> OutputParity:
     diff = abs_error(actual, reference).ravel()
-    rel = diff / np.maximum(np.abs(reference.astype(np.float64)).ravel(), REL_FLOOR)
+    with np.errstate(invalid="ignore"):  # inf / inf where an infinity is wrong: NaN, counted as infinite
+        rel = diff / np.maximum(np.abs(reference.astype(np.float64)).ravel(), REL_FLOOR)
     result = OutputParity(
         output=name,
         kind="discrete" if reference.dtype.kind in "iub" else "continuous",
         max_abs=_finite_max(diff),
         mean_abs=float(np.mean(diff)) if diff.size else 0.0,
-        p99_abs=float(np.percentile(diff, 99)) if diff.size else 0.0,
+        p99_abs=_percentile(diff, 99),
         max_rel=_finite_max(rel),
         vs_baseline_max_abs=None if baseline is None else _finite_max(abs_error(actual, baseline)),
     )
@@ -64,6 +65,15 @@ def abs_error(actual: np.ndarray, reference: np.ndarray) -> np.ndarray:
     same = (np.isnan(actual) & np.isnan(reference)) | (np.isinf(actual) & (actual == reference))
     diff[same] = 0.0
     return diff
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    """NaN counts as infinite; with infinities present, no interpolation (inf - inf has no meaning)."""
+    if not values.size:
+        return 0.0
+    if np.isfinite(values).all():
+        return float(np.percentile(values, q))
+    return float(np.percentile(np.nan_to_num(values, nan=np.inf), q, method="higher"))
 
 
 def _finite_max(values: np.ndarray) -> float:
