@@ -134,15 +134,17 @@ def close_call_discrete() -> onnx.ModelProto:
 
 
 def markup_names_mlp() -> onnx.ModelProto:
-    """Valid ONNX whose tensor and node names carry HTML."""
+    """Valid ONNX whose input, tensor and node names carry HTML: onnx2tf writes its float
+    files, but no SavedModel (so no signature, and no int8 from it)."""
     rng = np.random.default_rng(17)
     weight, bias = _weights(rng, "fc", 5, 3)
     weight.name, bias.name = "<b>W</b>", "bias&<i>"
+    obs = "_obs&<i>"
     nodes = [
-        helper.make_node("Gemm", ["obs", weight.name, bias.name], ["<script>h</script>"], name="<img src=x>"),
+        helper.make_node("Gemm", [obs, weight.name, bias.name], ["<script>h</script>"], name="<img src=x>"),
         helper.make_node("Tanh", ["<script>h</script>"], ["action"], name="tanh&\"q\""),
     ]
-    return _model(nodes, [_float("obs", ["batch", 5])], [_float("action", ["batch", 3])], [weight, bias])
+    return _model(nodes, [_float(obs, ["batch", 5])], [_float("action", ["batch", 3])], [weight, bias])
 
 
 def nan_initializer_mlp() -> onnx.ModelProto:

@@ -249,3 +249,37 @@ def test_a_conversion_only_cell_is_converted_not_passed():
     cell = Cell(host="h", target="coreml", variant="fp32", verdict="SKIP", predicts=False,
                 artifact=ArtifactInfo(size_bytes=10, conversion_s=1))
     assert decide(cell, 1e-4)[0] == "CONVERTED"
+
+
+# --- tflite: each variant on its own artifact, int8 counted ------------------------------------
+
+def _tflite_or_skip():
+    import targets
+
+    reason = targets.get("tflite").unavailable_reason()
+    if reason:
+        pytest.skip(f"tflite: {reason}")
+
+
+def test_a_failed_tflite_int8_step_leaves_fp32_and_fp16_standing(built, tmp_path):
+    _tflite_or_skip()
+    done = run_cli("run", built("markup_names_mlp"), "--targets", "tflite", *FAST, "--out", tmp_path)
+    assert done.returncode == 1, done.stderr
+    cells = _cells(tmp_path)
+    assert cells["fp32"]["verdict"] == "PASS" and cells["fp32"]["parity"][0]["max_abs"] < 1e-5, cells["fp32"]["reasons"]
+    assert cells["fp16"]["verdict"] == "PASS", cells["fp16"]["reasons"]
+    assert cells["int8"]["verdict"] == "FAIL" and "SavedModel" in cells["int8"]["reasons"][0]
+
+
+def test_a_tflite_int8_file_with_nothing_quantized_warns_and_is_never_recommended(built, tmp_path):
+    _tflite_or_skip()
+    from matrix import report, results
+
+    done = run_cli("run", built("side_input_policy"), "--targets", "tflite", "--precisions", "fp32,int8", *FAST, "--out", tmp_path)
+    cells = _cells(tmp_path)
+    int8 = cells["int8"]
+    assert int8["artifact"]["quantization"]["quantized_weights"] == 0, int8["artifact"]
+    assert int8["verdict"] == "WARN" and "nothing quantized" in " ".join(int8["reasons"]), int8["reasons"]
+    assert any("int8 in name only" in note for note in int8["artifact"]["notes"])
+    rows = report.recommendations(results.load(tmp_path / "results.json"))
+    assert all(row["variant"] != "int8" for row in rows), (rows, done.stderr)
