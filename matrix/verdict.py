@@ -67,8 +67,9 @@ def decide(cell, tolerance: float, min_agreement: float = DEFAULT_MIN_AGREEMENT)
         if not cell.parity:  # nothing measured to judge by
             return "FAIL", [reason]
         (warnings if cell.error.stage in LATE_STAGE_WARNS else failures).append(f"{reason} (parity and contract measured before)")
+    workarounds = [note for note in (cell.artifact.notes if cell.artifact else []) if note.startswith("workaround:")]
     if not cell.predicts:
-        return "CONVERTED", ["conversion only: converted, nothing predicted on this host"]
+        return "CONVERTED", ["conversion only: converted, nothing predicted on this host", *workarounds]
     warnings += _unquantized(cell)
     backend = cell.backend
     if backend and backend.requested != backend.actual:
@@ -91,8 +92,8 @@ def decide(cell, tolerance: float, min_agreement: float = DEFAULT_MIN_AGREEMENT)
         nodes = "1 node" if len(fallback) == 1 else f"{len(fallback)} nodes"
         warnings.append(f"{nodes} fell back to {', '.join(where)}")
     if failures:
-        return "FAIL", failures + warnings
-    return ("WARN", warnings) if warnings else ("PASS", [])
+        return "FAIL", failures + warnings + workarounds
+    return ("WARN", warnings + workarounds) if warnings else ("PASS", workarounds)
 
 
 def _unquantized(cell) -> list[str]:

@@ -58,7 +58,12 @@ class TractSession(Session):
     def placement(self) -> list[PlacementRow]:
         if self.last_inputs is None:
             return []
-        profile = json.loads(self.runnable.profile_json(self.last_inputs))
+        try:
+            profile = json.loads(self.runnable.profile_json(self.last_inputs))
+        except BaseException as error:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise RuntimeError(f"tract's profiler failed: {str(error).split('Stack backtrace:')[0].strip()}") from None
         return [
             PlacementRow(node=node["node_name"], op_type=node["op_name"], where=WHERE, fallback=False)
             for node in profile["nodes"]

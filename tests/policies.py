@@ -40,7 +40,7 @@ def minmax_clip_mlp() -> onnx.ModelProto:
     """SB3 Pendulum style: Gemm/Tanh MLP, then Min/Max clip of the action to [-2, 2]; no metadata."""
     rng = np.random.default_rng(3)
     inits = _weights(rng, "fc0", 3, 64) + _weights(rng, "fc1", 64, 64) + _weights(rng, "head", 64, 1, scale=4.0)
-    inits += [numpy_helper.from_array(np.array(2.0, np.float32), "high"), numpy_helper.from_array(np.array(-2.0, np.float32), "low")]
+    inits += [numpy_helper.from_array(np.array([2.0], np.float32), "high"), numpy_helper.from_array(np.array([-2.0], np.float32), "low")]
     nodes = [
         helper.make_node("Gemm", ["obs", "fc0_w", "fc0_b"], ["h0"]), helper.make_node("Tanh", ["h0"], ["a0"]),
         helper.make_node("Gemm", ["a0", "fc1_w", "fc1_b"], ["h1"]), helper.make_node("Tanh", ["h1"], ["a1"]),

@@ -283,3 +283,16 @@ def test_a_tflite_int8_file_with_nothing_quantized_warns_and_is_never_recommende
     assert any("int8 in name only" in note for note in int8["artifact"]["notes"])
     rows = report.recommendations(results.load(tmp_path / "results.json"))
     assert all(row["variant"] != "int8" for row in rows), (rows, done.stderr)
+
+
+def test_coreml_conversion_only_cell_is_converted_and_notes_the_tools_workaround(built, tmp_path):
+    import targets
+
+    if reason := targets.get("coreml").unavailable_reason():
+        pytest.skip(f"coreml: {reason}")
+    done = run_cli("run", built("minmax_clip_mlp"), "--targets", "coreml", "--precisions", "fp32", "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    cell = _cells(tmp_path)["fp32"]
+    assert cell["verdict"] == "CONVERTED", cell["reasons"]
+    assert any("broadcast_to converted as expand" in reason for reason in cell["reasons"])
+    assert "CONVERTED 1" in done.stderr
