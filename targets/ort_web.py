@@ -350,7 +350,7 @@ class OrtWebWebgpu(OrtWebTarget):
             fell_back = [row for row in rows if row.fallback]
             detail = f"adapter {adapter}" + ("; isFallbackAdapter" if probe["isFallbackAdapter"] else "")
             if fell_back:
-                detail += f"; {len(fell_back)} node(s) without a WebGPU kernel ran on CPU"
+                detail += f"; no WebGPU kernel for {len(fell_back)} node(s), run on CPU"
             return BackendInfo(self.backend, self.backend, emulated=emulated, detail=detail)
         if rows and all(row.where != NOT_LOGGED for row in rows):  # every node on the CPU EP: it really ran on wasm
             where = sorted({row.where for row in rows})

@@ -36,7 +36,8 @@ class TractSession(Session):
         self.last_inputs: list[np.ndarray] | None = None
 
     def _inputs(self, feeds: Feeds) -> list[np.ndarray]:
-        self.last_inputs = [np.ascontiguousarray(feeds[name]) for name in self.input_names]
+        # asarray, not ascontiguousarray: that one makes a scalar input 1-d
+        self.last_inputs = [np.asarray(feeds[name], order="C") for name in self.input_names]
         return self.last_inputs
 
     def run(self, feeds: Feeds) -> Feeds:
