@@ -37,7 +37,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from .model import ModelInfo
 from .paths import cache_dir
 
-RECIPE = "fp16-keep-io-or-cast-io/int8-dynamic-u8u8/validated"  # part of the cache key: change it when a recipe changes
+RECIPE = "fp16-named-keep-io-or-cast-io/int8-dynamic-u8u8/validated"  # part of the cache key: change it when a recipe changes
 
 
 def produce_all(model: ModelInfo, variants: list[str]) -> tuple[dict[str, Path], dict[str, str]]:
@@ -68,9 +68,10 @@ def _fp32(model: ModelInfo, out: Path) -> None:
 
 def _fp16(model: ModelInfo, out: Path) -> None:
     first_error = None
+    source = _named_nodes(model.proto)
     for keep_io_types in (True, False):
         try:
-            converted = restore_interface(model.proto, float16.convert_float_to_float16(model.proto, keep_io_types=keep_io_types))
+            converted = restore_interface(model.proto, float16.convert_float_to_float16(source, keep_io_types=keep_io_types))
             validate(model.proto, converted, "fp16")
         except Exception as error:  # the converter's own bugs raise anything; try the other route
             first_error = first_error or error
@@ -78,6 +79,16 @@ def _fp16(model: ModelInfo, out: Path) -> None:
         onnx.save(converted, str(out))
         return
     raise first_error
+
+
+def _named_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose unnamed nodes have unique names: onnxconverter-common keys nodes by name
+    and corrupts graphs whose nodes share the empty name (many exporters leave names empty)."""
+    named = onnx.ModelProto()
+    named.CopyFrom(proto)
+    for index, node in enumerate(named.graph.node):
+        node.name = node.name or f"policy_matrix_{node.op_type}_{index}"
+    return named
 
 
 def _int8(model: ModelInfo, out: Path) -> None:

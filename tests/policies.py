@@ -18,6 +18,8 @@ OPSET = 17
 
 
 def _model(nodes, inputs, outputs, inits, metadata=None, name="policy") -> onnx.ModelProto:
+    for index, node in enumerate(nodes):  # exporters name their nodes (torch: "/actor/Gemm")
+        node.name = node.name or f"/policy/{node.op_type}_{index}"
     graph = helper.make_graph(nodes, name, inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tests")
     model.ir_version = 8

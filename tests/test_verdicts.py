@@ -66,27 +66,30 @@ def test_a_variant_whose_output_became_float16_is_refused_and_restored(built):
     variants.validate(original, variants.restore_interface(original, changed), "fp16")
 
 
-def test_a_variant_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, tmp_path):
-    path = built("minmax_clip_mlp")  # onnxconverter-common cannot convert this Min/Max clip to fp16
-    done = run_cli("run", path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path)
+def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path):
+    """SB3 Pendulum: onnxconverter-common declares the clipped action float16; the variant must not."""
+    info = model.load(built("minmax_clip_mlp"))
+    paths, errors = variants.produce_all(info, ["fp16"])
+    assert not errors
+    assert onnx.load(str(paths["fp16"])).graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    done = run_cli("run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path)
     assert done.returncode == 0, done.stderr
-    results = load_results(tmp_path)
-    assert list(results["variant_errors"]) == ["fp16"]
-    fp16 = _cells(tmp_path)["fp16"]
-    assert fp16["verdict"] == "SKIP" and "the tool could not make the fp16 ONNX variant" in fp16["reasons"][0]
-    html = (tmp_path / "index.html").read_text()
-    assert html.count("The tool could not make the fp16 variant") == 1
-    bounds = next(c for c in _cells(tmp_path)["fp32"]["contract"] if c["name"] == "action bounds")
+    cells = _cells(tmp_path)
+    assert cells["fp16"]["verdict"] == "PASS", cells["fp16"]["reasons"]
+    bounds = next(c for c in cells["fp32"]["contract"] if c["name"] == "action bounds")
     assert bounds["ok"] is True and "[-2, 2] (graph: final Min/Max clip)" in bounds["detail"]
 
 
-def test_int8_that_quantizes_nothing_is_not_int8(built, tmp_path):
+def test_int8_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, tmp_path):
     path = built("gemm_add_mlp")  # weights in Constant nodes: dynamic quantization sees none of them
-    done = run_cli("run", path, "--targets", "ort-cpu", "--precisions", "fp32,int8", *FAST, "--out", tmp_path)
+    done = run_cli("run", path, "--targets", "ort-cpu,tract", "--precisions", "fp32,int8", *FAST, "--out", tmp_path)
     assert done.returncode == 0, done.stderr
-    int8 = _cells(tmp_path)["int8"]
-    assert int8["verdict"] == "SKIP" and "quantized nothing" in int8["reasons"][0]
-    assert "quantized nothing" in load_results(tmp_path)["variant_errors"]["int8"]
+    results = load_results(tmp_path)
+    assert list(results["variant_errors"]) == ["int8"] and "quantized nothing" in results["variant_errors"]["int8"]
+    int8 = [cell for cell in results["cells"] if cell["variant"] == "int8"]
+    assert len(int8) == 2 and all(c["verdict"] == "SKIP" and "the tool could not make the int8" in c["reasons"][0] for c in int8)
+    assert (tmp_path / "index.html").read_text().count("The tool could not make the int8 variant") == 1
+    assert "could not make the int8 variant" in (tmp_path / "summary.md").read_text()
 
 
 def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_recommended():
@@ -296,3 +299,18 @@ def test_coreml_conversion_only_cell_is_converted_and_notes_the_tools_workaround
     assert cell["verdict"] == "CONVERTED", cell["reasons"]
     assert any("broadcast_to converted as expand" in reason for reason in cell["reasons"])
     assert "CONVERTED 1" in done.stderr
+
+
+def test_webgpu_backend_check_reads_the_placement_rows():
+    """One source of truth: nodes the placement table puts on WebGPU mean the backend ran WebGPU."""
+    from targets.base import PlacementRow
+    from targets.ort_web import OrtWebWebgpu
+
+    target = OrtWebWebgpu()
+    probe = {"present": True, "isFallbackAdapter": True, "vendor": "google"}
+    on_gpu = [PlacementRow("conv", "Conv", target.where_label, False), PlacementRow("cast", "Cast", "CPUExecutionProvider", True)]
+    info = target.verify_backend(probe, [], True, on_gpu)
+    assert info.actual == "webgpu" and "no WebGPU kernel for 1 node(s)" in info.detail
+    on_cpu = [PlacementRow("conv", "Conv", "CPUExecutionProvider", True)]
+    assert target.verify_backend(probe, [], True, on_cpu).actual == "wasm"
+    assert target.verify_backend(probe, [], True, []).actual == "unknown"
