@@ -250,6 +250,9 @@ class WebSession(Session):
         placed = placement_from_log(self._first_log())
         if not placed:  # nothing logged: claim no placement rather than assume the accelerator
             return [PlacementRow(name, op, NOT_LOGGED, False) for op, name in nodes]
+        everything_on = [ep for ep, listed in placed.items() if not listed]  # "All nodes placed on [EP]"
+        if everything_on and everything_on[0] != self.target.ort_ep:
+            return [PlacementRow(name, op, everything_on[0], True) for op, name in nodes]
         return placement_rows(nodes, placed, self.target.ort_ep, self.target.where_label)
 
     def backend(self) -> BackendInfo:
