@@ -25,19 +25,21 @@ EDGE_VALUES = (0.0, 1.0, -1.0, 5.0, -5.0, 1e-6, 10.0, -10.0)
 
 
 def batched_inputs(model: ModelInfo) -> list[str]:
-    """Inputs that share the first input's batch dimension (a symbolic one, or the same fixed size).
+    """Inputs that share the first input's batch dimension (the same symbol, or the same fixed size).
 
     With a fixed batch, an integer input beside a float one is a shape, axes or
     index tensor, not observations."""
-    if not model.inputs or not model.inputs[0].shape or model.inputs[0].shape[0] in (0, None):
+    if not model.inputs or not model.inputs[0].shape or model.inputs[0].shape[0] == 0:
         return []
     primary = model.inputs[0]
     lead = primary.shape[0]
 
     def shares(spec: TensorSpec) -> bool:
-        if not spec.shape or spec.shape[0] != lead:
+        if not spec.shape:
             return False
-        return isinstance(lead, str) or np.dtype(spec.dtype).kind == np.dtype(primary.dtype).kind
+        if not isinstance(lead, int):  # symbolic: the same name, or an unnamed dynamic dimension
+            return not isinstance(spec.shape[0], int) and (spec.shape[0] == lead or None in (lead, spec.shape[0]))
+        return spec.shape[0] == lead and np.dtype(spec.dtype).kind == np.dtype(primary.dtype).kind
     return [spec.name for spec in model.inputs if shares(spec)]
 
 

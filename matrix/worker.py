@@ -124,9 +124,9 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
     enter("latency")
     measurement["latency"] = []
     for batch in spec.batch_sizes:
-        samples = timed_calls(session, observations.take(feeds, batch, spec.whole_inputs), spec, measurement)
+        samples, budget_spent = timed_calls(session, observations.take(feeds, batch, spec.whole_inputs), spec)
         measurement["latency"].append(latency_stats(batch, samples))
-        if len(samples) < spec.iters:
+        if budget_spent:
             measurement.setdefault("notes", []).append(
                 f"latency at batch {batch}: {len(samples)} of {spec.iters} calls timed within the {spec.latency_budget_s:g} s budget"
             )
@@ -138,12 +138,13 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
 PROBE_CALLS = 3  # timed first to size the warm-up and the rounds that fit the budget
 
 
-def timed_calls(session, feeds, spec: CellSpec, measurement: dict) -> list[int]:
-    """Up to spec.iters timed calls, in rounds that stop once spec.latency_budget_s is spent.
+def timed_calls(session, feeds, spec: CellSpec) -> tuple[list[int], bool]:
+    """Up to spec.iters timed calls in rounds, and whether spec.latency_budget_s stopped them first.
 
     The first round (a few calls, no warm-up) estimates one call's cost; the
     warm-up is then cut to a quarter of the budget. Samples of the probe round
-    are not reported: they ran cold."""
+    are not reported: they ran cold. A target that times fewer calls than asked
+    (a software adapter) has decided for itself: no further rounds."""
     started = time.perf_counter()
     probe = session.time(feeds, 0, PROBE_CALLS)
     per_call_s = max(float(np.median(probe)) / 1e9, 1e-7)
@@ -154,12 +155,15 @@ def timed_calls(session, feeds, spec: CellSpec, measurement: dict) -> list[int]:
     warmup = max(0, min(spec.warmup, calls_that_fit(0.25)))
     samples: list[int] = []
     while len(samples) < spec.iters:
-        n = min(spec.iters - len(samples), calls_that_fit(1.0))
-        if n < 1:
-            break
-        samples += session.time(feeds, warmup, n)
+        wanted = min(spec.iters - len(samples), calls_that_fit(1.0))
+        if wanted < 1:
+            return samples or probe, True
+        timed = session.time(feeds, warmup, wanted)
+        samples += timed
         warmup = 0
-    return samples or probe
+        if len(timed) < wanted:
+            break
+    return samples, False
 
 
 def _quantization(variant: str, artifact) -> dict | None:

@@ -243,9 +243,12 @@ def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path)
     from matrix.worker import timed_calls
 
     started = time.perf_counter()
-    samples = timed_calls(session, feeds, spec, {})
+    samples, budget_spent = timed_calls(session, feeds, spec)
     assert time.perf_counter() - started < 5
-    assert 10 < len(samples) < spec.iters
+    assert budget_spent and 10 < len(samples) < spec.iters
+    spec.iters, spec.latency_budget_s = 50, 30.0
+    samples, budget_spent = timed_calls(session, feeds, spec)
+    assert not budget_spent and len(samples) == 50
 
 
 def test_a_conversion_only_cell_is_converted_not_passed():
