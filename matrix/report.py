@@ -54,10 +54,16 @@ def table(results: RunResults) -> pd.DataFrame:
             "artifact_bytes": cell.artifact.size_bytes if cell.artifact else None,
             "conversion_s": cell.artifact.conversion_s if cell.artifact else None,
             "fallback_nodes": sum(row.fallback for row in cell.placement),
+            "quantized_ops": _quantized(cell, "quantized_ops"), "float_weight_ops": _quantized(cell, "float_ops"),
             "emulated": bool(cell.backend and cell.backend.emulated),
             "reasons": " | ".join(cell.reasons),
         })
     return pd.DataFrame(rows)
+
+
+def _quantized(cell: Cell, count: str) -> int | None:
+    counted = cell.artifact.quantization if cell.artifact else None
+    return counted.get(count) if counted else None
 
 
 SAME_SPEED = 0.10  # p50s within 10% of the fastest count as equally fast
