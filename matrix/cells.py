@@ -24,9 +24,10 @@ from .model import ModelInfo
 from .paths import cache_dir
 from .reference import Reference
 from .results import ArtifactInfo, Backend, Cell, CellError, LatencyStats, Placement
-from .verdict import decide
+from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, decide
 
 STAGES = ("prepare", "open", "contract", "parity", "latency", "placement")
+STAGES_AFTER_PARITY = ("latency", "placement")
 
 
 @dataclass
@@ -45,6 +46,8 @@ class CellSpec:
     warmup: int = 20
     iters: int = 200
     threads: int = 1
+    whole_inputs: list[str] = field(default_factory=list)  # inputs fed whole to every call, never sliced
+    latency_budget_s: float = 30.0  # per batch size: timing stops here and says how many calls it timed
 
 
 @dataclass
@@ -116,8 +119,9 @@ def _arrays(cell_dir: Path) -> dict[str, np.ndarray]:
 def judge(
     outcome: CellOutcome, *, host: str, target: str, variant: str, predicts: bool, model: ModelInfo,
     reference: Reference, baseline: dict[str, np.ndarray] | None, tolerance: float,
+    tie_margin: float = DEFAULT_TIE_MARGIN, min_agreement: float = DEFAULT_MIN_AGREEMENT,
 ) -> Cell:
-    m = outcome.measurement
+    m = _unfinished(outcome.measurement, outcome.duration_s)
     cell = Cell(
         host=host, target=target, variant=variant, verdict="SKIP", predicts=predicts,
         runtime_version=m.get("runtime_version", ""),
@@ -127,28 +131,47 @@ def judge(
         placement=[Placement(**row) for row in m.get("placement", [])],
         backend=Backend(**m["backend"]) if "backend" in m else None,
         error=CellError(**m["error"]) if "error" in m else None,
-        tolerance=tolerance, duration_s=outcome.duration_s,
+        tolerance=tolerance, duration_s=outcome.duration_s, notes=m.get("notes", []),
     )
     if "skip" in m:
         cell.reasons = [m["skip"]]
         return cell
-    if predicts and cell.error is None:
-        cell.parity = _parity(outcome.arrays, reference, baseline, tolerance)
+    if predicts and _measured_parity(cell.error, outcome.arrays):
+        cell.parity = _parity(outcome.arrays, reference, baseline, tie_margin)
         cell.contract = contract.check(model, outcome.arrays, reference.outputs)
-    cell.verdict, cell.reasons = decide(cell, tolerance)
+    cell.verdict, cell.reasons = decide(cell, tolerance, min_agreement)
     return cell
 
 
-def _parity(arrays, reference: Reference, baseline, tolerance: float):
+def _unfinished(measurement: dict, duration_s: float) -> dict:
+    """A worker that left its measurements but never finished (killed, timed out, crashed hard)
+    failed in the stage it had entered; what it measured before that is kept."""
+    if any(key in measurement for key in ("error", "skip")) or measurement.get("stage", "done") == "done":
+        return measurement
+    stage = measurement["stage"]
+    message = f"the worker stopped during {stage} after {duration_s:.1f} s (killed on timeout or out of memory, or crashed)"
+    return {**measurement, "error": {"stage": stage, "message": message}}
+
+
+def _measured_parity(error: CellError | None, arrays: dict) -> bool:
+    """Parity and the contract stand when the cell got past its parity run, whatever failed later."""
+    return error is None or (error.stage in STAGES_AFTER_PARITY and any(k.startswith("outputs/") for k in arrays))
+
+
+def _parity(arrays, reference: Reference, baseline, tie_margin: float):
     return [
         metrics.parity(
             name, arrays[f"outputs/{name}"], expected,
-            None if baseline is None else baseline.get(name),
-            reference.margins.get(name), tolerance,
+            _same_shape(baseline.get(name) if baseline else None, expected),
+            reference.margins.get(name), tie_margin,
         )
         for name, expected in reference.outputs.items()
         if f"outputs/{name}" in arrays and arrays[f"outputs/{name}"].shape == expected.shape
     ]
+
+
+def _same_shape(array: np.ndarray | None, expected: np.ndarray) -> np.ndarray | None:
+    return array if array is not None and array.shape == expected.shape else None
 
 
 def skipped(*, host: str, target: str, variant: str, reason: str, runtime_version: str = "") -> Cell:

@@ -26,7 +26,7 @@ from .merge import shard_path as merge_shard_path
 from .orchestrate import RunConfig
 from .orchestrate import run as run_matrix
 from .report import write_all
-from .verdict import Tolerances
+from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,6 +82,18 @@ def _precisions(value: str) -> list[str]:
     return names
 
 
+def _tie_margin(value: float) -> float:
+    if not value >= 0 or value == float("inf"):
+        raise InputError(f"--tie-margin {value}: expected a finite number >= 0, e.g. 1e-3")
+    return value
+
+
+def _min_agreement(value: float) -> float:
+    if not 0 <= value <= 1:
+        raise InputError(f"--min-agreement {value}: expected a share between 0 and 1, e.g. 0.99")
+    return value
+
+
 def _config_tolerances(path: Path | None) -> dict[str, float]:
     if path is None:
         return {}
@@ -108,6 +120,10 @@ def _config_tolerances(path: Path | None) -> dict[str, float]:
 @click.option("--threads", default=1, show_default=True, help="Intra-op threads given to each runtime.")
 @click.option("--tolerance", multiple=True, help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards).")
 @click.option("--config", type=click.Path(path_type=Path), help="matrix.toml with a [tolerance] table of the same keys.")
+@click.option("--tie-margin", default=DEFAULT_TIE_MARGIN, show_default=True,
+              help="Discrete actions: a flip counts only where the reference's top-1 minus top-2 logit is above this.")
+@click.option("--min-agreement", default=DEFAULT_MIN_AGREEMENT, show_default=True,
+              help="Discrete actions: flips that bring agreement with the reference below this share FAIL the cell (above it: WARN).")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
 @click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
@@ -115,8 +131,8 @@ def _config_tolerances(path: Path | None) -> dict[str, float]:
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
-def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, timeout, out,
-        host_label, fail_on, baseline, latency_threshold, drift_factor):
+def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, tie_margin,
+        min_agreement, timeout, out, host_label, fail_on, baseline, latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
     info = model_loader.load(model)
     settings = RunConfig(
@@ -134,6 +150,8 @@ def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters
         timeout_s=timeout,
         tolerances=Tolerances.parse(list(tolerance), _config_tolerances(config)),
         host_label=host_label,
+        tie_margin=_tie_margin(tie_margin),
+        min_agreement=_min_agreement(min_agreement),
     )
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     results = run_matrix(settings, console)
@@ -173,7 +191,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds: Thresholds) 
     if baseline is not None:
         results.regressions = compare_results(baseline, results, thresholds)
     index = write_all(results, out)
-    counts = {v: sum(c.verdict == v for c in results.cells) for v in ("PASS", "WARN", "FAIL", "SKIP")}
+    counts = {v: sum(c.verdict == v for c in results.cells) for v in schema.VERDICTS}
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
     _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")

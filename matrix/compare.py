@@ -1,7 +1,7 @@
 """Regressions of a run (or merged runs) against a baseline, cell by cell.
 
 Cells are matched by (host, target, variant). A regression is one of:
-- verdict: the cell passed (PASS/WARN) and now FAILs;
+- verdict: the cell passed (PASS/WARN/CONVERTED) and now FAILs;
 - drift: max drift grew by more than `drift_factor` (and above float32 noise),
   or crossed the tolerance;
 - latency: p50 slower by more than `latency_threshold` AND slower than the
@@ -38,7 +38,7 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
 
 
 def _changes(old: Cell, new: Cell, thresholds: Thresholds):
-    if old.verdict in ("PASS", "WARN") and new.verdict == "FAIL":
+    if old.verdict in ("PASS", "WARN", "CONVERTED") and new.verdict == "FAIL":
         yield "verdict", f"{old.verdict} -> FAIL: {new.reasons[0] if new.reasons else ''}"
     yield from _drift(old, new, thresholds.drift_factor)
     yield from _latency(old, new, thresholds.latency_threshold)

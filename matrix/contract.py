@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .graph_facts import action_bounds, state_pairs
 from .model import ModelInfo
 from .results import ContractCheck
 
@@ -27,10 +28,11 @@ def check(model: ModelInfo, arrays: Arrays, reference: Arrays) -> list[ContractC
     return [
         _shapes(outputs, reference),
         _batches(model, arrays),
-        _finite(outputs),
+        _finite(model, outputs, reference),
         _dtype(model, outputs),
         _bounds(model, action),
         _determinism(outputs, _prefixed(arrays, "repeat/")),
+        *_recurrent_state(model, arrays),
     ]
 
 
@@ -60,9 +62,25 @@ def _batches(model: ModelInfo, arrays: Arrays) -> ContractCheck:
     return ContractCheck(name="batch 1/2/7", ok=not wrong, detail="; ".join(wrong) or "outputs follow the batch size")
 
 
-def _finite(outputs: Arrays) -> ContractCheck:
-    bad = [name for name, value in outputs.items() if value.dtype.kind == "f" and not np.isfinite(value).all()]
-    return ContractCheck(name="finite outputs", ok=not bad, detail=f"NaN or Inf in {bad}" if bad else "all finite")
+def is_policy(model: ModelInfo) -> bool:
+    return "action_space" in model.metadata or any(spec.name == "action" for spec in model.outputs)
+
+
+def _finite(model: ModelInfo, outputs: Arrays, reference: Arrays) -> ContractCheck:
+    """A policy's action must be finite, whatever the reference says; any other output may hold
+    the non-finite values the reference holds too (an fp16 Cast overflowing to inf), no others."""
+    action = action_output(model) if is_policy(model) else None
+    bad = []
+    for name, value in outputs.items():
+        if value.dtype.kind != "f":
+            continue
+        expected = reference.get(name)
+        unexpected = ~np.isfinite(value)
+        if name != action and expected is not None and expected.shape == value.shape:
+            unexpected &= np.isfinite(expected)
+        if unexpected.any():
+            bad.append(name)
+    return ContractCheck(name="finite outputs", ok=not bad, detail=f"NaN or Inf in {bad}" if bad else "finite where the reference is")
 
 
 def _dtype(model: ModelInfo, outputs: Arrays) -> ContractCheck:
@@ -87,12 +105,38 @@ def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
         n = int(meta["action_n"])
         inside = bool(((action >= 0) & (action < n)).all())
         return ContractCheck(name=name, ok=inside, detail=f"indices in [0, {n})" if inside else f"index outside [0, {n})")
-    if "action_low" not in meta or "action_high" not in meta:
-        return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata")
-    low, high = float(meta["action_low"]), float(meta["action_high"])
+    if "action_low" in meta and "action_high" in meta:
+        low, high, source = float(meta["action_low"]), float(meta["action_high"]), "metadata"
+    elif inferred := action_bounds(model, action_output(model)):
+        low, high, source = inferred
+    else:
+        return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata, none stated by the graph")
     inside = bool(((action >= low) & (action <= high)).all())
-    found = f"[{np.nanmin(action):.4g}, {np.nanmax(action):.4g}]"
-    return ContractCheck(name=name, ok=inside, detail=f"{found} within [{low}, {high}]" if inside else f"{found} leaves [{low}, {high}]")
+    found = f"[{np.nanmin(action):.4g}, {np.nanmax(action):.4g}]" if action.size else "[]"
+    verdict = "within" if inside else "leaves"
+    return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}] ({source})")
+
+
+def _recurrent_state(model: ModelInfo, arrays: Arrays) -> list[ContractCheck]:
+    """The next state has the state's declared shape at every batch size run, and stays finite."""
+    checks = []
+    for state, following in state_pairs(model):
+        spec = next(s for s in model.inputs if s.name == state)
+        wrong = []
+        for prefix, batch in [("outputs/", None), *((f"batch{b}/", b) for b in CONTRACT_BATCHES)]:
+            value = arrays.get(f"{prefix}{following}")
+            if value is None:
+                continue
+            fits = value.ndim == len(spec.shape) and (batch is None or value.shape[0] == batch) and all(
+                not isinstance(d, int) or d == n for d, n in zip(spec.shape[1:], value.shape[1:])
+            )
+            if not fits:
+                wrong.append(f"{prefix.rstrip('/')}: shape {list(value.shape)}, declared {spec.shape}")
+            elif value.dtype.kind == "f" and not np.isfinite(value).all():
+                wrong.append(f"{prefix.rstrip('/')}: NaN or Inf")
+        detail = "; ".join(wrong) or f"{following} keeps {state}'s shape at batch 1/2/7 and is finite"
+        checks.append(ContractCheck(name=f"recurrent state {state} -> {following}", ok=not wrong, detail=detail))
+    return checks
 
 
 def _determinism(outputs: Arrays, repeat: Arrays) -> ContractCheck:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .contract import action_output
+from .graph_facts import action_bounds, non_finite_initializers, state_pairs
 from .model import ModelInfo
+from .observations import whole_inputs
 
 FORBIDDEN_INPUTS = {"key", "rng", "params", "train_state", "deterministic", "training", "mutable"}
 RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -30,6 +33,9 @@ def lint(model: ModelInfo) -> list[Lint]:
         _random_ops(model),
         _dropout(model),
         _action_space_declared(model),
+        _side_inputs(model),
+        _recurrent_state(model),
+        _finite_initializers(model),
     ]
 
 
@@ -48,7 +54,8 @@ def _action_output(model: ModelInfo) -> Lint:
 
 
 def _symbolic_batch(model: ModelInfo) -> Lint:
-    fixed = [spec.name for spec in model.inputs + model.outputs if not spec.batch_is_symbolic]
+    whole = set(whole_inputs(model))
+    fixed = [spec.name for spec in model.inputs + model.outputs if not spec.batch_is_symbolic and spec.name not in whole]
     if not fixed:
         return Lint("symbolic-batch", "ok", "batch dimension is symbolic on every input and output")
     return Lint("symbolic-batch", "warn", f"fixed batch dimension on {fixed}: the policy cannot run batched")
@@ -79,7 +86,32 @@ def _action_space_declared(model: ModelInfo) -> Lint:
     space = model.metadata.get("action_space")
     if space in ("continuous", "discrete"):
         return Lint("action-space", "ok", f"declares a {space} action space")
+    inferred = action_bounds(model, action_output(model))
+    found = f"; bounds [{inferred[0]:g}, {inferred[1]:g}] inferred from the {inferred[2][7:]}" if inferred else ""
     return Lint(
         "action-space", "warn",
-        "no action_space in the model metadata: bounds are inferred (discrete if the action is an integer)",
+        f"no action_space in the model metadata: discrete if the action is an integer{found}",
     )
+
+
+def _side_inputs(model: ModelInfo) -> Lint:
+    whole = whole_inputs(model)
+    if not whole:
+        return Lint("side-inputs", "ok", "every input carries the batch dimension")
+    return Lint("side-inputs", "warn", f"inputs without the batch dimension, fed whole to every call: {whole}")
+
+
+def _recurrent_state(model: ModelInfo) -> Lint:
+    pairs = state_pairs(model)
+    if not pairs:
+        return Lint("recurrent-state", "ok", "no recurrent state: each step depends on its observation only")
+    carried = ", ".join(f"{i} -> {o}" for i, o in pairs)
+    return Lint("recurrent-state", "warn", f"recurrent state {carried}: the caller carries it between steps (checked in the contract)")
+
+
+def _finite_initializers(model: ModelInfo) -> Lint:
+    found = non_finite_initializers(model)
+    if not found:
+        return Lint("finite-weights", "ok", "every initializer is finite")
+    listed = "; ".join(f"initializer {name} has {n} non-finite value{'s' if n > 1 else ''}" for name, n in found)
+    return Lint("finite-weights", "error", listed)

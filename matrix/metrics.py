@@ -2,11 +2,14 @@
 
 Definitions (stated in the report too):
 - abs error per element |y - y_ref|; max_abs, mean_abs and p99_abs over all elements;
+  a non-finite value equal to the reference's (NaN where it has NaN, an infinity of
+  the same sign) is no error; any other NaN counts as infinitely wrong;
 - max_rel = max |y - y_ref| / max(|y_ref|, REL_FLOOR): the floor keeps outputs near
   zero from turning rounding noise into huge relative errors;
 - discrete outputs: agreement = share of equal actions; a disagreement counts as a
-  flip only when the reference's top-1 minus top-2 logit exceeds the tolerance
-  (otherwise it is a near tie, reported but not counted).
+  flip only when the reference's top-1 minus top-2 logit exceeds the tie margin
+  (`--tie-margin`, its own threshold, not the drift tolerance); otherwise it is a
+  near tie, reported but not counted.
 """
 
 from __future__ import annotations
@@ -29,26 +32,48 @@ def latency_stats(batch: int, samples_ns: list[int]) -> dict:
 
 def parity(
     name: str, actual: np.ndarray, reference: np.ndarray, baseline: np.ndarray | None,
-    margins: np.ndarray | None, tolerance: float,
+    margins: np.ndarray | None, tie_margin: float,
 ) -> OutputParity:
-    diff = np.abs(actual.astype(np.float64) - reference.astype(np.float64)).ravel()
-    rel = diff / np.maximum(np.abs(reference.astype(np.float64)).ravel(), REL_FLOOR)
+    diff = abs_error(actual, reference).ravel()
+    with np.errstate(invalid="ignore"):  # inf / inf where an infinity is wrong: NaN, counted as infinite
+        rel = diff / np.maximum(np.abs(reference.astype(np.float64)).ravel(), REL_FLOOR)
     result = OutputParity(
         output=name,
         kind="discrete" if reference.dtype.kind in "iub" else "continuous",
         max_abs=_finite_max(diff),
         mean_abs=float(np.mean(diff)) if diff.size else 0.0,
-        p99_abs=float(np.percentile(diff, 99)) if diff.size else 0.0,
+        p99_abs=_percentile(diff, 99),
         max_rel=_finite_max(rel),
-        vs_baseline_max_abs=None if baseline is None else _finite_max(np.abs(actual.astype(np.float64) - baseline)),
+        vs_baseline_max_abs=None if baseline is None else _finite_max(abs_error(actual, baseline)),
     )
     if result.kind == "discrete":
-        differs = (actual != reference).reshape(len(reference), -1).any(axis=1)
-        decisive = margins > tolerance if margins is not None else np.ones_like(differs)
+        differs = (actual != reference).ravel()
+        decisive = np.ones_like(differs)
+        if margins is not None and margins.size == differs.size:  # one margin per decision
+            decisive = margins.ravel() > tie_margin
         result.agreement = float(1.0 - differs.mean()) if differs.size else 1.0
         result.flips = int((differs & decisive).sum())
         result.near_ties = int((differs & ~decisive).sum())
     return result
+
+
+def abs_error(actual: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """|actual - reference| per element, 0 where both hold the same non-finite value."""
+    actual, reference = actual.astype(np.float64), reference.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(actual - reference)
+    same = (np.isnan(actual) & np.isnan(reference)) | (np.isinf(actual) & (actual == reference))
+    diff[same] = 0.0
+    return diff
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    """NaN counts as infinite; with infinities present, no interpolation (inf - inf has no meaning)."""
+    if not values.size:
+        return 0.0
+    if np.isfinite(values).all():
+        return float(np.percentile(values, q))
+    return float(np.percentile(np.nan_to_num(values, nan=np.inf), q, method="higher"))
 
 
 def _finite_max(values: np.ndarray) -> float:

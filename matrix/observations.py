@@ -3,10 +3,16 @@
 A seeded set is normal samples of the declared shape and dtype plus edge cases
 (zeros, saturating magnitudes, tiny values) where runtimes tend to disagree.
 The set is saved with the results so any run can be reproduced.
+
+Only inputs that share the batch dimension of the first input are observations
+to split into chunks; every other input (a side input such as `rng [1]`, a
+scalar, a shape or axes tensor, a weight fed at run time) is fed whole to
+every call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -18,21 +24,49 @@ Feeds = dict[str, np.ndarray]
 EDGE_VALUES = (0.0, 1.0, -1.0, 5.0, -5.0, 1e-6, 10.0, -10.0)
 
 
+def batched_inputs(model: ModelInfo) -> list[str]:
+    """Inputs that share the first input's batch dimension (the same symbol, or the same fixed size).
+
+    With a fixed batch, an integer input beside a float one is a shape, axes or
+    index tensor, not observations."""
+    if not model.inputs or not model.inputs[0].shape or model.inputs[0].shape[0] == 0:
+        return []
+    primary = model.inputs[0]
+    lead = primary.shape[0]
+
+    def shares(spec: TensorSpec) -> bool:
+        if not spec.shape:
+            return False
+        if not isinstance(lead, int):  # symbolic: the same name, or an unnamed dynamic dimension
+            return not isinstance(spec.shape[0], int) and (spec.shape[0] == lead or None in (lead, spec.shape[0]))
+        return spec.shape[0] == lead and np.dtype(spec.dtype).kind == np.dtype(primary.dtype).kind
+    return [spec.name for spec in model.inputs if shares(spec)]
+
+
+def whole_inputs(model: ModelInfo) -> list[str]:
+    batched = set(batched_inputs(model))
+    return [spec.name for spec in model.inputs if spec.name not in batched]
+
+
 def batch_multiple(model: ModelInfo) -> int:
     """Observations must come in multiples of a fixed batch dimension, if the model has one."""
-    fixed = [spec.shape[0] for spec in model.inputs if spec.shape and isinstance(spec.shape[0], int)]
-    return fixed[0] if fixed else 1
+    lead = model.inputs[0].shape[0] if batched_inputs(model) else None
+    return lead if isinstance(lead, int) else 1
 
 
 def seeded(model: ModelInfo, count: int, seed: int) -> Feeds:
     rng = np.random.default_rng(seed)
     step = batch_multiple(model)
     count = max(step, count - count % step)
-    return {spec.name: _sample(spec, count, rng) for spec in model.inputs}
+    batched = set(batched_inputs(model))
+    return {spec.name: _sample(spec, count if spec.name in batched else None, rng) for spec in model.inputs}
 
 
-def _sample(spec: TensorSpec, count: int, rng: np.random.Generator) -> np.ndarray:
-    shape = (count, *[d if isinstance(d, int) else 1 for d in spec.shape[1:]])
+def _sample(spec: TensorSpec, count: int | None, rng: np.random.Generator) -> np.ndarray:
+    """`count` rows of the declared shape; None: one tensor of the declared shape (fed whole)."""
+    rest = spec.shape[1:] if count is not None else spec.shape
+    shape = (*([count] if count is not None else []), *[d if isinstance(d, int) else 1 for d in rest])
+    count = shape[0] if shape else 1
     dtype = np.dtype(spec.dtype)
     if dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(dtype)
@@ -86,20 +120,30 @@ def read(path: Path) -> Feeds:
         return {name: data[name] for name in data.files}
 
 
-def count(feeds: Feeds) -> int:
-    return len(next(iter(feeds.values())))
+def count(feeds: Feeds, whole: Collection[str] = ()) -> int:
+    """Number of observations: rows of the batched inputs (1 when every input is fed whole)."""
+    batched = [array for name, array in feeds.items() if name not in whole and array.ndim]
+    return len(batched[0]) if batched else 1
 
 
-def take(feeds: Feeds, batch: int) -> Feeds:
-    """The first `batch` observations, tiled when the set is smaller."""
-    total = count(feeds)
-    index = np.arange(batch) % total
-    return {name: np.ascontiguousarray(array[index]) for name, array in feeds.items()}
+def take(feeds: Feeds, batch: int, whole: Collection[str] = ()) -> Feeds:
+    """The first `batch` observations, tiled when the set is smaller; inputs in `whole` as they are."""
+    index = np.arange(batch) % max(count(feeds, whole), 1)
+    return {name: array if name in whole else np.ascontiguousarray(array[index]) for name, array in feeds.items()}
 
 
-def run_in_batches(run, feeds: Feeds, batch: int) -> Feeds:
-    """Run the whole set in chunks of `batch` (0 = all at once) and concatenate outputs."""
-    total = count(feeds)
+def run_in_batches(run, feeds: Feeds, batch: int, whole: Collection[str] = ()) -> Feeds:
+    """Run the whole set in chunks of `batch` (0 = all at once) and concatenate outputs.
+
+    Inputs in `whole` go to every chunk unsliced. When every input is fed whole
+    there is one call and its outputs are returned as they are."""
+    total = count(feeds, whole)
+    if all(name in whole or not array.ndim for name, array in feeds.items()):
+        return run(feeds)
     size = batch or total
-    chunks = [run({n: a[i : i + size] for n, a in feeds.items()}) for i in range(0, total, size)]
+    chunks = [
+        run({n: a if n in whole else a[i : i + size] for n, a in feeds.items()}) for i in range(0, total, max(size, 1))
+    ]
+    if len(chunks) == 1:
+        return chunks[0]
     return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in chunks[0]}

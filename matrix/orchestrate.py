@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import targets as registry
@@ -25,7 +26,7 @@ from . import __version__, cells, observations, reference, variants
 from .lint import lint
 from .model import ModelInfo
 from .results import Host, LintResult, RunResults, append_jsonl
-from .verdict import Tolerances
+from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
 
 @dataclass
@@ -44,6 +45,8 @@ class RunConfig:
     timeout_s: float = 600.0
     tolerances: Tolerances = field(default_factory=Tolerances)
     host_label: str = ""
+    tie_margin: float = DEFAULT_TIE_MARGIN
+    min_agreement: float = DEFAULT_MIN_AGREEMENT
 
 
 def host_info(label: str) -> Host:
@@ -79,20 +82,26 @@ def run(config: RunConfig, console: Console) -> RunResults:
     feeds = _observation_set(config)
     obs_path = config.out / "observations.npz"
     observations.save(feeds, obs_path)
-    symbolic = all(spec.batch_is_symbolic for spec in model.inputs)
+    whole = observations.whole_inputs(model)
+    batched = [spec for spec in model.inputs if spec.name not in whole]
+    symbolic = bool(batched) and all(spec.batch_is_symbolic for spec in batched)
     chunk = 0 if symbolic else observations.batch_multiple(model)
 
-    console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds)} observations")
+    console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds, whole)} observations")
     ref = reference.compute(model, feeds, chunk)
+    reference.save(ref, config.out / "reference.npz")
     base = _baseline(model, feeds, chunk, console)
     onnx_variants, variant_errors = variants.produce_all(model, config.precisions)
+    for variant, error in variant_errors.items():
+        console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
     template = cells.CellSpec(
         target="", variant="", observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
-        batch_sizes=config.batch_sizes if symbolic else [chunk], symbolic_batch=symbolic, chunk=chunk,
-        warmup=config.warmup, iters=config.iters, threads=config.threads,
+        batch_sizes=config.batch_sizes if symbolic else [chunk or 1], symbolic_batch=symbolic, chunk=chunk,
+        warmup=config.warmup, iters=config.iters, threads=config.threads, whole_inputs=whole,
     )
     results = _empty_results(config, feeds, template)
+    results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.precisions}
     jsonl = config.out / "results.jsonl"
     jsonl.unlink(missing_ok=True)
     services = Services(config.out)
@@ -123,12 +132,14 @@ def _empty_results(config: RunConfig, feeds, template: cells.CellSpec) -> RunRes
     return RunResults(
         tool_version=__version__,
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        model={**config.model.summary(), "observations": observations.count(feeds), "observation_source": source},
+        model={**config.model.summary(), "observations": observations.count(feeds, template.whole_inputs),
+               "observation_source": source, "inputs_fed_whole": template.whole_inputs},
         hosts=[host_info(config.host_label)],
         settings={
             "batch_sizes": template.batch_sizes, "warmup": config.warmup, "iters": config.iters, "threads": config.threads,
             "targets": config.targets, "precisions": config.precisions, "timeout_s": config.timeout_s,
             "tolerances": config.tolerances.overrides,
+            "tie_margin": config.tie_margin, "min_agreement": config.min_agreement,
         },
         lints=[LintResult(**vars(item)) for item in lint(config.model)],
         cells=[],
@@ -166,8 +177,9 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
     cell = cells.judge(
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
         reference=ref, baseline=base, tolerance=config.tolerances.get(target.name, variant),
+        tie_margin=config.tie_margin, min_agreement=config.min_agreement,
     )
-    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim"}[cell.verdict]
+    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "CONVERTED": "blue"}[cell.verdict]
     progress.update(task, completed=len(cells.STAGES), description=f"{label}: [{colour}]{cell.verdict}[/]")
     return cell
 

@@ -2,7 +2,9 @@
 
 Every float tensor of the graph (initializers, constants, casts, inputs) is
 widened to float64, so the reference is exact up to float64 rounding rather
-than another float32 implementation. For discrete actions the evaluator also
+than another float32 implementation. An explicit `Cast to=FLOAT16/BFLOAT16` is
+the model's own choice of precision, so it keeps its rounding (cast there,
+then widened). For discrete actions the evaluator also
 exposes the logits feeding ArgMax/ArgMin, to know each decision's margin.
 Slow by design: an oracle, not a runtime.
 """
@@ -10,6 +12,7 @@ Slow by design: an oracle, not a runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,9 +21,10 @@ from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from .model import ModelInfo
-from .observations import Feeds, run_in_batches
+from .observations import Feeds, run_in_batches, whole_inputs
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+NARROW_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}  # an explicit Cast to these keeps its rounding
 DECISION_OPS = {"ArgMax", "ArgMin"}
 PASS_THROUGH_OPS = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
 LOGITS_PREFIX = "policy_matrix_logits:"
@@ -38,9 +42,16 @@ def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
     evaluator = ReferenceEvaluator(wide)
     names = [spec.name for spec in model.outputs] + [logits for logits, _, _ in decisions.values()]
     wide_feeds = {name: _widen(array) for name, array in feeds.items()}
-    results = run_in_batches(lambda f: dict(zip(names, evaluator.run(names, f))), wide_feeds, batch)
+    whole = whole_inputs(model)
+    results = run_in_batches(lambda f: dict(zip(names, evaluator.run(names, f))), wide_feeds, batch, whole)
     margins = {output: _margin(results.pop(logits), axis, op) for output, (logits, axis, op) in decisions.items()}
     return Reference(outputs=results, margins=margins)
+
+
+def save(ref: Reference, path: Path) -> None:
+    """The reference beside the observations, so anyone can audit a verdict: outputs by name,
+    decision margins as `margin:<output>`."""
+    np.savez(path, **ref.outputs, **{f"margin:{name}": margin for name, margin in ref.margins.items()})
 
 
 def baseline(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:
@@ -49,7 +60,7 @@ def baseline(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [spec.name for spec in model.outputs]
-    return run_in_batches(lambda f: dict(zip(names, session.run(names, f))), feeds, batch)
+    return run_in_batches(lambda f: dict(zip(names, session.run(names, f))), feeds, batch, whole_inputs(model))
 
 
 def to_float64(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -66,8 +77,27 @@ def _widen_graph(graph: onnx.GraphProto) -> None:
     del graph.value_info[:]
     for tensor in graph.initializer:
         _widen_tensor(tensor)
+    nodes = []
     for node in graph.node:
-        _widen_node(node)
+        if _is_narrow_cast(node):
+            nodes += _narrow_then_widen(node)
+        else:
+            _widen_node(node)
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _is_narrow_cast(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Cast" and any(a.name == "to" and a.i in NARROW_TYPES for a in node.attribute)
+
+
+def _narrow_then_widen(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """Cast to fp16 stays a Cast to fp16, followed by one to float64: the rounding is the model's."""
+    narrow = f"{node.output[0]}__narrow"
+    widen = onnx.helper.make_node("Cast", [narrow], [node.output[0]], to=TensorProto.DOUBLE)
+    node.output[0] = narrow
+    return [node, widen]
 
 
 def _widen_node(node: onnx.NodeProto) -> None:

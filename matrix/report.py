@@ -23,7 +23,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 from .results import VERDICTS, Cell, RunResults  # noqa: E402
 from .verdict import DEFAULT_TOLERANCE  # noqa: E402
 
-COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6"}
+COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
 plt.rcParams["svg.fonttype"] = "path"  # text as outlines: the SVG carries no live text at all
 
 
@@ -54,10 +54,16 @@ def table(results: RunResults) -> pd.DataFrame:
             "artifact_bytes": cell.artifact.size_bytes if cell.artifact else None,
             "conversion_s": cell.artifact.conversion_s if cell.artifact else None,
             "fallback_nodes": sum(row.fallback for row in cell.placement),
+            "quantized_ops": _quantized(cell, "quantized_ops"), "float_weight_ops": _quantized(cell, "float_ops"),
             "emulated": bool(cell.backend and cell.backend.emulated),
             "reasons": " | ".join(cell.reasons),
         })
     return pd.DataFrame(rows)
+
+
+def _quantized(cell: Cell, count: str) -> int | None:
+    counted = cell.artifact.quantization if cell.artifact else None
+    return counted.get(count) if counted else None
 
 
 SAME_SPEED = 0.10  # p50s within 10% of the fastest count as equally fast
@@ -69,7 +75,8 @@ def recommendations(results: RunResults) -> list[dict]:
     smallest artifact."""
     qualifying: dict[tuple[str, str], list[Cell]] = defaultdict(list)
     for cell in results.cells:
-        if cell.verdict in ("PASS", "WARN") and cell.latency and not any(c.ok is False for c in cell.contract):
+        if cell.verdict in ("PASS", "WARN") and cell.latency and not any(c.ok is False for c in cell.contract) \
+                and not _unquantized(cell):
             qualifying[(cell.host, cell.target)].append(cell)
     rows = []
     for (host, target), cells in sorted(qualifying.items()):
@@ -82,6 +89,12 @@ def recommendations(results: RunResults) -> list[dict]:
                      "size": best.artifact.size_bytes if best.artifact else None, "verdict": best.verdict,
                      "emulated": _emulated(best)})
     return rows
+
+
+def _unquantized(cell: Cell) -> bool:
+    """An "int8" artifact with nothing quantized is never recommended as int8."""
+    counted = cell.artifact.quantization if cell.artifact else None
+    return cell.variant == "int8" and counted is not None and not (counted.get("quantized_ops") or counted.get("quantized_weights"))
 
 
 def _emulated(cell: Cell) -> bool:
@@ -193,6 +206,8 @@ def summary_markdown(results: RunResults) -> str:
     lines = [f"## policy-matrix: `{_md(model['name'])}`", "", f"sha256 `{model['sha256'][:16]}…` · {results.created}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
+    for variant, error in results.variant_errors.items():
+        lines += [f"> **The tool could not make the {variant} variant** (its cells are SKIP): {_md(error)}", ""]
     if results.regressions:
         lines += [f"### ❗ {len(results.regressions)} regressions against the baseline", ""]
         lines += [f"- {_md(str(r))}" for r in results.regressions] + [""]
@@ -211,7 +226,7 @@ def summary_markdown(results: RunResults) -> str:
 def _md_cell(cell: Cell | None) -> str:
     if cell is None:
         return ""
-    icon = {"PASS": "✅", "WARN": "⚠️", "FAIL": "❌", "SKIP": "⏭️"}[cell.verdict]
+    icon = {"PASS": "✅", "WARN": "⚠️", "FAIL": "❌", "SKIP": "⏭️", "CONVERTED": "🔄"}[cell.verdict]
     drift = f" {cell.max_drift:.1e}" if cell.max_drift is not None else ""
     return f"{icon} {cell.verdict}{drift}"
 

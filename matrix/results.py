@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 SCHEMA_VERSION = 1
-VERDICTS = ("PASS", "WARN", "FAIL", "SKIP")
+VERDICTS = ("PASS", "WARN", "FAIL", "SKIP", "CONVERTED")
 
 
 class LatencyStats(BaseModel):
@@ -36,7 +36,7 @@ class OutputParity(BaseModel):
     max_rel: float
     vs_baseline_max_abs: float | None = None  # against ORT CPU fp32, the development runtime
     agreement: float | None = None  # discrete: share of actions equal to the reference
-    flips: int | None = None  # discrete: disagreements where the reference margin exceeds tolerance
+    flips: int | None = None  # discrete: disagreements where the reference margin exceeds the tie margin
     near_ties: int | None = None  # discrete: disagreements on near-tied logits (not counted)
 
 
@@ -65,6 +65,8 @@ class ArtifactInfo(BaseModel):
     conversion_s: float
     op_inventory: dict[str, int] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+    # int8: quantized_ops / float_ops / quantized_weights / float_weights, counted in the artifact itself
+    quantization: dict[str, int] | None = None
 
 
 class CellError(BaseModel):
@@ -90,6 +92,7 @@ class Cell(BaseModel):
     error: CellError | None = None
     tolerance: float | None = None
     duration_s: float = 0.0
+    notes: list[str] = Field(default_factory=list)  # how it was measured (e.g. a time-boxed latency)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -137,6 +140,8 @@ class RunResults(BaseModel):
     lints: list[LintResult]
     cells: list[Cell]
     regressions: list[Regression] = Field(default_factory=list)  # filled when compared with a baseline
+    # variants the tool itself could not make (its problem, reported once; their cells are SKIP)
+    variant_errors: dict[str, str] = Field(default_factory=dict)
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2))

@@ -1,9 +1,17 @@
-"""Tolerances and the verdict of each cell: PASS / WARN / FAIL / SKIP.
+"""Tolerances and the verdict of each cell: PASS / WARN / FAIL / SKIP / CONVERTED.
 
 A tolerance is the largest max_abs drift from the float64 reference a cell may
-show (and, for discrete actions, the reference margin above which a flipped
-action counts). Drift above half the tolerance is a WARN. Defaults depend on
-the precision; `--tolerance` or matrix.toml override them per target/variant.
+show. Drift above half the tolerance is a WARN. Defaults depend on the
+precision; `--tolerance` or matrix.toml override them per target/variant.
+
+Discrete actions are judged by agreement, not drift: a flipped action whose
+reference margin (top-1 minus top-2 logit) is above the tie margin
+(`--tie-margin`) is at least a WARN, and flips that bring agreement below
+`--min-agreement` are a FAIL. Flips on near ties are reported, not counted.
+
+CONVERTED: a conversion-only cell (nothing was predicted on this host).
+An int8 artifact in which nothing is quantized is at least a WARN: it is the
+float model under another name.
 """
 
 from __future__ import annotations
@@ -12,6 +20,10 @@ from .errors import InputError
 
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 2.5e-1}
 WARN_FRACTION = 0.5
+DEFAULT_TIE_MARGIN = 1e-3
+DEFAULT_MIN_AGREEMENT = 0.99
+# Stages after the parity run: their failure keeps the parity and contract measured before.
+LATE_STAGE_WARNS = {"placement"}  # reading placement is the tool's extra step (e.g. a profiler), not inference
 
 
 class Tolerances:
@@ -47,20 +59,29 @@ def _normalise(key: str) -> str:
     return f"*:{key}" if key in DEFAULT_TOLERANCE else f"{key}:*"
 
 
-def decide(cell, tolerance: float) -> tuple[str, list[str]]:
+def decide(cell, tolerance: float, min_agreement: float = DEFAULT_MIN_AGREEMENT) -> tuple[str, list[str]]:
     """The verdict and its reasons, worst first."""
-    if cell.error:
-        return "FAIL", [f"{cell.error.stage}: {cell.error.message}"]
-    if not cell.predicts:
-        return "PASS", ["conversion only: no prediction on this host"]
     failures, warnings = [], []
+    if cell.error:
+        reason = f"{cell.error.stage}: {cell.error.message}"
+        if not cell.parity:  # nothing measured to judge by
+            return "FAIL", [reason]
+        (warnings if cell.error.stage in LATE_STAGE_WARNS else failures).append(f"{reason} (parity and contract measured before)")
+    workarounds = [note for note in (cell.artifact.notes if cell.artifact else []) if note.startswith("workaround:")]
+    if not cell.predicts:
+        return "CONVERTED", ["conversion only: converted, nothing predicted on this host", *workarounds]
+    warnings += _unquantized(cell)
     backend = cell.backend
     if backend and backend.requested != backend.actual:
         failures.append(f"requested {backend.requested} but ran on {backend.actual}. {backend.detail}".strip())
     failures += [f"contract: {c.name}: {c.detail}" for c in cell.contract if c.ok is False]
     for p in cell.parity:
         if p.kind == "discrete" and p.flips:
-            failures.append(f"{p.output}: {p.flips} action flips with a reference margin above {tolerance:g}")
+            flips = f"{p.output}: {p.flips} action flips above the tie margin (agreement {100 * p.agreement:.1f}%)"
+            if p.agreement < min_agreement:
+                failures.append(f"{flips}, below the minimum agreement {100 * min_agreement:g}%")
+            else:
+                warnings.append(flips)
         elif p.kind == "continuous" and p.max_abs > tolerance:
             failures.append(f"{p.output}: drift {p.max_abs:.3g} above tolerance {tolerance:g}")
         elif p.kind == "continuous" and p.max_abs > tolerance * WARN_FRACTION:
@@ -71,5 +92,12 @@ def decide(cell, tolerance: float) -> tuple[str, list[str]]:
         nodes = "1 node" if len(fallback) == 1 else f"{len(fallback)} nodes"
         warnings.append(f"{nodes} fell back to {', '.join(where)}")
     if failures:
-        return "FAIL", failures + warnings
-    return ("WARN", warnings) if warnings else ("PASS", [])
+        return "FAIL", failures + warnings + workarounds
+    return ("WARN", warnings + workarounds) if warnings else ("PASS", workarounds)
+
+
+def _unquantized(cell) -> list[str]:
+    counted = cell.artifact.quantization if cell.artifact else None
+    if cell.variant != "int8" or counted is None or counted.get("quantized_ops") or counted.get("quantized_weights"):
+        return []
+    return [f"int8 artifact has nothing quantized ({counted.get('float_ops', 0)} weight ops stayed float)"]

@@ -2,9 +2,14 @@
 
 Reads CELL_DIR/spec.json, drives one target through prepare -> open ->
 contract runs -> parity run -> latency -> placement, and leaves what it
-measured in CELL_DIR (measurement.json, outputs.npz). It prints one JSON line
-per stage so the parent can show progress. It judges nothing: verdicts are
-the core's job, made from these files. A crash or hang here costs this cell only.
+measured in CELL_DIR (measurement.json, outputs.npz), rewritten after every
+stage: a worker killed in a late stage (a slow latency loop, a runtime that
+crashes in its profiler) leaves the parity and contract it already measured,
+and the stage it was in ("stage" other than "done"). Latency is time-boxed:
+each batch size stops after `latency_budget_s` and says how many calls it
+timed. It prints one JSON line per stage so the parent can show progress. It
+judges nothing: verdicts are the core's job, made from these files. A crash or
+hang here costs this cell only.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 import targets
 from targets.base import CellSkip, PrepareContext
@@ -37,14 +43,22 @@ def main(cell_dir: Path) -> None:
     arrays: dict[str, np.ndarray] = {}
     try:
         _measure(spec, cell_dir, measurement, arrays)
+        measurement["stage"] = "done"
     except CellSkip as skip:
         measurement["skip"] = str(skip)
     except Exception as error:  # the runtime's own words become the cell's FAIL reason
         measurement["error"] = {"stage": measurement["stage"], "message": _one_line(error)}
         measurement["traceback"] = traceback.format_exc(limit=8)
     finally:
-        np.savez(cell_dir / "outputs.npz", **arrays)
-        (cell_dir / "measurement.json").write_text(json.dumps(measurement, default=str))
+        _save(cell_dir, measurement, arrays)
+
+
+def _save(cell_dir: Path, measurement: dict, arrays: dict) -> None:
+    """Write both files whole, then swap them in: a kill mid-write never leaves half a file."""
+    np.savez(cell_dir / "outputs.partial.npz", **arrays)
+    (cell_dir / "measurement.partial.json").write_text(json.dumps(measurement, default=str))
+    (cell_dir / "outputs.partial.npz").replace(cell_dir / "outputs.npz")
+    (cell_dir / "measurement.partial.json").replace(cell_dir / "measurement.json")
 
 
 def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) -> None:
@@ -54,6 +68,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
 
     def enter(name: str) -> None:
         measurement["stage"] = name
+        _save(cell_dir, measurement, arrays)
         stage(name)
 
     enter("prepare")
@@ -74,12 +89,13 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
         "conversion_s": artifact.conversion_s or time.perf_counter() - started,
         "op_inventory": artifact.op_inventory,
         "notes": artifact.notes,
+        "quantization": _quantization(spec.variant, artifact),
     }
     if not target.predicts:
         return
 
     enter("open")
-    first_batch = observations.take(feeds, spec.chunk or 1)
+    first_batch = observations.take(feeds, spec.chunk or 1, spec.whole_inputs)
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads)
     session.run(first_batch)
@@ -95,25 +111,69 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
     enter("contract")
     if spec.symbolic_batch:
         for batch in CONTRACT_BATCHES:
-            for name, value in session.run(observations.take(feeds, batch)).items():
+            for name, value in session.run(observations.take(feeds, batch, spec.whole_inputs)).items():
                 arrays[f"batch{batch}/{name}"] = value
 
     enter("parity")
-    outputs = observations.run_in_batches(session.run, feeds, spec.chunk)
-    repeat = observations.run_in_batches(session.run, feeds, spec.chunk)
+    outputs = observations.run_in_batches(session.run, feeds, spec.chunk, spec.whole_inputs)
+    repeat = observations.run_in_batches(session.run, feeds, spec.chunk, spec.whole_inputs)
     for name, value in outputs.items():
         arrays[f"outputs/{name}"] = value
         arrays[f"repeat/{name}"] = repeat[name]
 
     enter("latency")
-    measurement["latency"] = [
-        latency_stats(batch, session.time(observations.take(feeds, batch), spec.warmup, spec.iters))
-        for batch in spec.batch_sizes
-    ]
+    measurement["latency"] = []
+    for batch in spec.batch_sizes:
+        samples, budget_spent = timed_calls(session, observations.take(feeds, batch, spec.whole_inputs), spec)
+        measurement["latency"].append(latency_stats(batch, samples))
+        if budget_spent:
+            measurement.setdefault("notes", []).append(
+                f"latency at batch {batch}: {len(samples)} of {spec.iters} calls timed within the {spec.latency_budget_s:g} s budget"
+            )
 
     enter("placement")
     measurement["placement"] = [asdict(row) for row in session.placement()]
-    measurement["stage"] = "done"
+
+
+PROBE_CALLS = 3  # timed first to size the warm-up and the rounds that fit the budget
+
+
+def timed_calls(session, feeds, spec: CellSpec) -> tuple[list[int], bool]:
+    """Up to spec.iters timed calls in rounds, and whether spec.latency_budget_s stopped them first.
+
+    The first round (a few calls, no warm-up) estimates one call's cost; the
+    warm-up is then cut to a quarter of the budget. Samples of the probe round
+    are not reported: they ran cold. A target that times fewer calls than asked
+    (a software adapter) has decided for itself: no further rounds."""
+    started = time.perf_counter()
+    probe = session.time(feeds, 0, PROBE_CALLS)
+    per_call_s = max(float(np.median(probe)) / 1e9, 1e-7)
+
+    def calls_that_fit(share: float) -> int:
+        return int((spec.latency_budget_s - (time.perf_counter() - started)) * share / per_call_s)
+
+    warmup = max(0, min(spec.warmup, calls_that_fit(0.25)))
+    samples: list[int] = []
+    while len(samples) < spec.iters:
+        wanted = min(spec.iters - len(samples), calls_that_fit(1.0))
+        if wanted < 1:
+            return samples or probe, True
+        timed = session.time(feeds, warmup, wanted)
+        samples += timed
+        warmup = 0
+        if len(timed) < wanted:
+            break
+    return samples, False
+
+
+def _quantization(variant: str, artifact) -> dict | None:
+    """What an int8 artifact really holds: the target's own count, or the count of its ONNX file."""
+    if variant != "int8":
+        return None
+    counted = getattr(artifact, "quantization", None)
+    if counted is None and artifact.path.suffix == ".onnx" and artifact.path.is_file():
+        counted = variants.quantization(onnx.load(str(artifact.path)))
+    return counted
 
 
 MAX_MESSAGE = 600  # the runtime's words, not its whole log: worker.log keeps the rest

@@ -27,6 +27,10 @@ class CellSkip(Exception):
     """Raised by a target when a cell cannot run on this host (the reason is shown)."""
 
 
+class VariantMissing(CellSkip):
+    """The tool could not make the variant this cell needs: the tool's problem, not the runtime's."""
+
+
 @dataclass
 class PrepareContext:
     """What a target may use to build its artifact for one cell."""
@@ -45,7 +49,7 @@ class PrepareContext:
 
     def onnx_variant(self, variant: str) -> Path:
         if variant in self.variant_errors:
-            raise RuntimeError(f"the {variant} ONNX variant could not be produced: {self.variant_errors[variant]}")
+            raise VariantMissing(f"not run: the tool could not make the {variant} ONNX variant ({self.variant_errors[variant]})")
         return self.onnx_variants[variant]
 
 
@@ -56,6 +60,8 @@ class Artifact:
     op_inventory: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # target-private (e.g. per-batch files)
+    # int8: how many ops/weights the artifact really holds quantized (None: count its ONNX file)
+    quantization: dict[str, int] | None = None
 
     @property
     def size_bytes(self) -> int:

@@ -102,6 +102,7 @@ def artifact_from(path: Path, record: dict, variant: str, cached: bool) -> Artif
     narrowed = [name for name, spec in record["outputs"].items() if spec["dtype"] in ("int64", "uint64")]
     if narrowed:
         notes.append(f"{', '.join(narrowed)}: int32 inside Core ML (no int64 tensors), cast back to int64")
+    notes += [f"workaround: {fix}" for fix in record.get("workarounds", [])]
     if cached:
         notes.append("conversion reused from the cache (time is the original conversion's)")
     return Artifact(path=path, conversion_s=record["conversion_s"], op_inventory=dict(Counter(op["mil_op"] for op in record["ops"])),

@@ -177,6 +177,7 @@ def convert(request: dict) -> dict:
     started = time.perf_counter()
     module = onnx2torch.convert(model).eval()
     traced = torch.jit.trace(module, tuple(torch.from_numpy(example[v.name]) for v in graph_inputs))
+    workarounds = _workarounds_used(traced)
     precision = ct.precision.FLOAT32 if request["variant"] == "fp32" else ct.precision.FLOAT16
     outputs = [ct.TensorType(name=out.name, dtype=_coreml_dtype(out.type.tensor_type.elem_type)) for out in model.graph.output]
     mlmodel = ct.convert(
@@ -206,7 +207,16 @@ def convert(request: dict) -> dict:
         },
         "versions": {"coremltools": ct.__version__, "torch": torch.__version__, "onnx2torch": _version("onnx2torch")},
         "deployment_target": DEPLOYMENT_TARGET,
+        "workarounds": workarounds,
     }
+
+
+def _workarounds_used(traced) -> list[str]:
+    """The tool's own fixes this model needed: a user converting with stock coremltools would fail here."""
+    kinds = {node.kind() for node in traced.inlined_graph.nodes()}
+    if "aten::broadcast_to" in kinds:
+        return ["torch broadcast_to converted as expand (stock coremltools 9 has no broadcast_to and fails on this model)"]
+    return []
 
 
 def _version(package: str) -> str:

@@ -29,7 +29,6 @@ from .web_support import (
     decode_outputs,
     encode_feeds,
     fixed_batch_model,
-    kernels_not_found,
     missing_npm_package,
     model_nodes,
     npm_package_version,
@@ -193,6 +192,9 @@ class HarnessPage:
                 pass
 
 
+NOT_LOGGED = "not logged"  # placement when ORT printed none: neither accelerator nor fallback is claimed
+
+
 class WebSession(Session):
     """One onnxruntime-web session per batch size in a fresh page (WebGL needs fixed shapes)."""
 
@@ -241,13 +243,21 @@ class WebSession(Session):
         return next(iter(self.sessions.values()))["log"] if self.sessions else []
 
     def placement(self) -> list[PlacementRow]:
+        """The one source of truth for where nodes ran; the backend check reads these rows too."""
         nodes = model_nodes(self.artifact.path)
         if self.target.ort_ep is None:  # WebGL is not an ORT EP: a session runs every node or fails
             return [PlacementRow(name, op, self.target.where_label, False) for op, name in nodes]
-        return placement_rows(nodes, placement_from_log(self._first_log()), self.target.ort_ep, self.target.where_label)
+        placed = placement_from_log(self._first_log())
+        if not placed:  # nothing logged: claim no placement rather than assume the accelerator
+            return [PlacementRow(name, op, NOT_LOGGED, False) for op, name in nodes]
+        everything_on = [ep for ep, listed in placed.items() if not listed]  # "All nodes placed on [EP]"
+        if everything_on and everything_on[0] != self.target.ort_ep:
+            return [PlacementRow(name, op, everything_on[0], True) for op, name in nodes]
+        return placement_rows(nodes, placed, self.target.ort_ep, self.target.where_label)
 
     def backend(self) -> BackendInfo:
-        info = self.target.verify_backend(self.probe, self._first_log(), bool(self.sessions))
+        rows = self.placement() if self.sessions else []
+        info = self.target.verify_backend(self.probe, self._first_log(), bool(self.sessions), rows)
         if info.emulated:
             info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
         if self.target.backend == "webgpu" and self.artifact.extra.get("variant") == "fp16" and not self.probe.get("shaderF16"):
@@ -286,7 +296,7 @@ class OrtWebTarget(Target):
     def start_service(self, run_dir: Path) -> RunService | None:
         return ChromiumService(run_dir)
 
-    def verify_backend(self, probe: dict, log: list[str], opened: bool) -> BackendInfo:
+    def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:
         return BackendInfo(requested=self.backend, actual=self.backend if opened else "none",
                            detail="" if opened else probe.get("reason", "no session opened"))
 
@@ -317,7 +327,7 @@ class OrtWebWebgl(OrtWebTarget):
                     "(\"cannot resolve operator 'DynamicQuantizeLinear'\")",
         }.get(variant) or super().variant_skip_reason(variant)
 
-    def verify_backend(self, probe: dict, log: list[str], opened: bool) -> BackendInfo:
+    def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:
         if not probe["present"]:
             return BackendInfo(self.backend, "none", detail=probe["reason"])
         renderer = probe.get("renderer", "")
@@ -332,21 +342,23 @@ class OrtWebWebgpu(OrtWebTarget):
     ort_ep = "JsExecutionProvider"
     where_label = "JsExecutionProvider (WebGPU)"
 
-    def verify_backend(self, probe: dict, log: list[str], opened: bool) -> BackendInfo:
+    def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:
+        """Read from the placement rows, so the backend check and the placement table never disagree."""
         if not probe["present"]:
             return BackendInfo(self.backend, "none", detail=probe["reason"])
         adapter = ", ".join(f"{key}={probe[key]}" for key in ("vendor", "architecture", "description") if probe.get(key))
         emulated = probe["isFallbackAdapter"] or "swiftshader" in adapter.lower()
-        placed = placement_from_log(log)
-        if self.ort_ep in placed:
-            missing = kernels_not_found(log)
+        on_gpu = [row for row in rows if row.where == self.where_label]
+        if on_gpu:
+            fell_back = [row for row in rows if row.fallback]
             detail = f"adapter {adapter}" + ("; isFallbackAdapter" if probe["isFallbackAdapter"] else "")
-            if missing:
-                detail += f"; no WebGPU kernel for {len(missing)} node(s), run on CPU"
+            if fell_back:
+                detail += f"; no WebGPU kernel for {len(fell_back)} node(s), run on CPU"
             return BackendInfo(self.backend, self.backend, emulated=emulated, detail=detail)
-        if placed:  # every node went to the CPU EP: a WebGPU cell that really ran on wasm
+        if rows and all(row.where != NOT_LOGGED for row in rows):  # every node on the CPU EP: it really ran on wasm
+            where = sorted({row.where for row in rows})
             return BackendInfo(self.backend, "wasm", emulated=emulated,
-                               detail=f"ORT placed no node on {self.ort_ep}; all ran on {', '.join(placed)}")
+                               detail=f"ORT placed no node on {self.ort_ep}; all ran on {', '.join(where)}")
         return BackendInfo(self.backend, "unknown", emulated=emulated, detail="ORT logged no node placement")
 
 

@@ -45,7 +45,7 @@ REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
 CONVERT_SCRIPT = Path(__file__).parent / "tflite_convert.py"
 ENV_NAME = "onnx2tf"
 # Bump when the conversion flags in tflite_convert.py change, so cached files are rebuilt.
-RECIPE_REVISION = "1"
+RECIPE_REVISION = "2"  # 2: entries keep the files that were made and say why others are missing
 CONVERT_TIMEOUT_S = 900
 # Calibration samples for full-integer quantization: TF calibrates one sample at a time.
 MAX_CALIBRATION_SAMPLES = 128
@@ -93,16 +93,20 @@ class TfliteTarget(Target):
         model = ctx.onnx_variant("fp32")  # onnx2tf makes its own fp16/int8 files from fp32
         entry, fresh = converted(ctx, model, self.recipe)
         meta = json.loads((entry / "meta.json").read_text())
-        path = entry / f"{variant if self.recipe == 'dynamic' else 'int8-full'}.tflite"
+        file_variant = variant if self.recipe == "dynamic" else "int8-full"
+        if file_variant in meta.get("missing", {}):  # this cell only: its siblings have their files
+            raise RuntimeError(meta["missing"][file_variant])
+        path = entry / f"{file_variant}.tflite"
         onnx_io = onnx_interface(model)
         artifact = Artifact(
             path=path,
             conversion_s=meta["seconds"],
             op_inventory=op_inventory(path.read_bytes()),
+            quantization=quantization(path.read_bytes()) if variant == "int8" else None,
             notes=[f"converted by {meta['converter']}" + ("" if fresh else " (cached)")],
             extra={"layers": original_node_names(meta["layers"], onnx_io["node_order"]), **onnx_io},
         )
-        artifact.notes += variant_notes(variant, self.recipe) + layout_notes(onnx_io, artifact.op_inventory)
+        artifact.notes += variant_notes(variant, self.recipe, artifact.quantization) + layout_notes(onnx_io, artifact.op_inventory)
         artifact.notes += flex_notes(artifact.op_inventory)
         return artifact
 
@@ -183,16 +187,22 @@ def run_converter(ctx: PrepareContext, model: Path, recipe: str, calibration: Fe
 
 
 def store(entry: Path, answer: dict, wanted: tuple[str, ...]) -> None:
-    """Copy the files into the cache atomically: a half-written entry is never seen."""
-    missing = [name for name in wanted if name not in answer["files"]]
-    if missing:
-        raise RuntimeError(f"onnx2tf wrote no {', '.join(missing)} file (its log: {answer.get('log', 'n/a')})")
+    """Copy the files into the cache atomically: a half-written entry is never seen.
+
+    A file the converter could not write is recorded with its reason, so only
+    the cell that needs it fails; with none written, the conversion failed."""
+    made = [name for name in wanted if name in answer["files"]]
+    if not made:
+        raise RuntimeError(f"onnx2tf wrote no {', '.join(wanted)} file (its log: {answer.get('log', 'n/a')})")
     staging = entry.with_name(entry.name + f".tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    for name in wanted:
+    for name in made:
         shutil.copyfile(answer["files"][name], staging / f"{name}.tflite")
     meta = {key: answer[key] for key in ("seconds", "converter", "layers")}
+    meta["missing"] = {
+        name: answer.get("errors", {}).get(name) or f"onnx2tf wrote no {name} file" for name in wanted if name not in made
+    }
     (staging / "meta.json").write_text(json.dumps(meta))
     shutil.rmtree(entry, ignore_errors=True)
     staging.rename(entry)
@@ -243,7 +253,11 @@ def op_inventory(content: bytes) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def variant_notes(variant: str, recipe: str) -> list[str]:
+def variant_notes(variant: str, recipe: str, counted: dict | None = None) -> list[str]:
+    """What the file is, stated from what it holds (`counted`), not from the recipe's name."""
+    if variant == "int8" and counted is not None and not counted["quantized_weights"]:
+        return [f"int8 in name only: the quantizer left all {counted['float_weights']} weight tensors float "
+                "(TF's dynamic-range quantization skips small tensors)"]
     if recipe == "full":
         return [f"full-integer int8 (weights and activations), float32 I/O, calibrated on up to "
                 f"{MAX_CALIBRATION_SAMPLES} observations"]
@@ -252,6 +266,40 @@ def variant_notes(variant: str, recipe: str) -> list[str]:
         "fp16": ["fp16 weights dequantized to float32 at load; compute and I/O in float32"],
         "int8": ["dynamic-range int8: int8 weights, activations quantized per call, float32 I/O"],
     }[variant]
+
+
+WEIGHT_OPS = {"FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D", "BATCH_MATMUL", "TRANSPOSE_CONV", "UNIDIRECTIONAL_SEQUENCE_LSTM"}
+
+
+def quantization(content: bytes) -> dict[str, int]:
+    """Weight ops whose weights are 8-bit, and constant weight tensors (rank >= 2) by type."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    integer = {schema.TensorType.INT8, schema.TensorType.UINT8, schema.TensorType.INT4}
+    names = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    model = schema.Model.GetRootAsModel(content, 0)
+    opcodes = [names.get(max(model.OperatorCodes(i).BuiltinCode(), model.OperatorCodes(i).DeprecatedBuiltinCode()))
+               for i in range(model.OperatorCodesLength())]
+    counted = {"quantized_ops": 0, "float_ops": 0, "quantized_weights": 0, "float_weights": 0}
+    for s in range(model.SubgraphsLength()):
+        subgraph = model.Subgraphs(s)
+        constant = {
+            t for t in range(subgraph.TensorsLength())
+            if _holds_data(model.Buffers(subgraph.Tensors(t).Buffer())) and subgraph.Tensors(t).ShapeLength() >= 2
+        }
+        for t in constant:
+            counted["quantized_weights" if subgraph.Tensors(t).Type() in integer else "float_weights"] += 1
+        for o in range(subgraph.OperatorsLength()):
+            op = subgraph.Operators(o)
+            if opcodes[op.OpcodeIndex()] in WEIGHT_OPS and op.InputsLength() > 1:
+                weight = op.Inputs(1)
+                quantized = weight in constant and subgraph.Tensors(weight).Type() in integer
+                counted["quantized_ops" if quantized else "float_ops"] += 1
+    return counted
+
+
+def _holds_data(buffer) -> bool:
+    return buffer is not None and (buffer.DataLength() > 0 or buffer.Offset() > 1)
 
 
 def flex_notes(inventory: dict[str, int]) -> list[str]:
@@ -286,8 +334,8 @@ class TfliteSession(Session):
             model_path=str(artifact.path), num_threads=threads, experimental_op_resolver_type=resolver
         )
         self.interpreter.allocate_tensors()
-        signature = self.interpreter._get_full_signature_list()["serving_default"]
-        self.inputs = map_signature(signature["inputs"], list(artifact.extra["onnx_inputs"]), None)
+        signature = self.interpreter._get_full_signature_list().get("serving_default") or unsigned(self.interpreter)
+        self.inputs = map_signature(signature["inputs"], list(artifact.extra["onnx_inputs"]), "input_")
         self.outputs = map_signature(signature["outputs"], list(artifact.extra["onnx_outputs"]), "output_")
         self.output_permutations = output_permutations(self.interpreter, self.outputs, artifact.extra["onnx_outputs"])
         self.shapes = {name: self.interpreter.get_tensor(index).shape for name, index in self.inputs.items()}
@@ -365,7 +413,9 @@ class TfliteSession(Session):
         ops = self.interpreter._get_ops_details()
         delegated = delegated_ops(ops)
         builtin_ops = [op["op_name"] for op in ops if op["op_name"] != "DELEGATE" and op["index"] not in delegated]
-        actual = XNNPACK if delegated else BUILTIN
+        # One rule, whether XNNPACK took some ops or none: builtin kernels are LiteRT's own
+        # per-op fallback, shown as fallback placement rows (a WARN), never a wrong backend.
+        actual = self.requested
         detail = f"{len(delegated)} op(s) in XNNPACK, {len(builtin_ops)} on builtin kernels"
         if delegated and builtin_ops:
             detail += f" ({', '.join(sorted(set(builtin_ops)))})"
@@ -382,10 +432,20 @@ def tf_spellings(onnx_name: str) -> list[str]:
     return list(dict.fromkeys([onnx_name, plain, re.sub("^/", "wa/", plain)]))
 
 
+def unsigned(interpreter) -> dict:
+    """A file without a signature (onnx2tf writes none when its SavedModel step fails): its
+    tensors are named Placeholder/Identity, in the model's input and output order."""
+    return {
+        "inputs": {f"input_{i}": d["index"] for i, d in enumerate(interpreter.get_input_details())},
+        "outputs": {f"output_{i}": d["index"] for i, d in enumerate(interpreter.get_output_details())},
+    }
+
+
 def map_signature(signature: dict[str, int], onnx_names: list[str], renamed_prefix: str | None) -> dict[str, int]:
     """ONNX name -> tensor index. Signature keys are the ONNX names as onnx2tf spells them,
     except that TF's full-integer converter renames outputs output_0, output_1, ... in the
-    model's output order: then, and only then, the position decides."""
+    model's output order, and a file without a signature is read in order (`unsigned`):
+    then, and only then, the position decides."""
     found = {name: next((s for s in tf_spellings(name) if s in signature), None) for name in onnx_names}
     if all(found.values()) and len(signature) == len(onnx_names):
         return {name: signature[key] for name, key in found.items()}

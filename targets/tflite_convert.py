@@ -7,7 +7,10 @@ nothing from the project, because the core's packages are not installed here.
 Request: {"onnx", "workdir", "out_dir", "quantize": "dynamic" | "full",
           "keep_nchw": [input names], "calibration": {input name: .npy path}}
 Answer:  {"ok": true, "files": {"fp32"|"fp16"|"int8"|"int8-full": path},
+          "errors": {variant: why its file is missing},
           "seconds": float, "converter": str, "layers": {ONNX node: [Keras layer names]}}
+Each file stands on its own: the int8 post-step failing (no SavedModel to
+quantize from) leaves the float32/float16 files onnx2tf already wrote.
       or {"ok": false, "error": onnx2tf's own words}
 
 onnx2tf prints progress on stdout and TensorFlow logs on stderr; both go to a
@@ -110,7 +113,7 @@ class LayerTrace:
         return [history.layer.name] + [name for t in inbound for name in self._behind(t, seen)]
 
 
-def convert(request: dict, trace: LayerTrace) -> dict:
+def convert(request: dict, trace: LayerTrace) -> tuple[dict, dict]:
     import numpy as np
     import onnx2tf
 
@@ -134,11 +137,16 @@ def convert(request: dict, trace: LayerTrace) -> dict:
         for suffix, name in OUTPUTS.items()
         if (out_dir / f"{stem}_{suffix}.tflite").exists()
     }
+    errors = {}
     if request["quantize"] == "dynamic":
-        files["int8"] = dynamic_range_quantize(out_dir, out_dir / f"{stem}_dynamic_range_quant.tflite")
+        try:
+            files["int8"] = dynamic_range_quantize(out_dir, out_dir / f"{stem}_dynamic_range_quant.tflite")
+        except Exception as exc:  # the float files are already written and stand on their own
+            traceback.print_exc()
+            errors["int8"] = "dynamic-range int8 from onnx2tf's SavedModel failed: " + ANSI.sub("", f"{type(exc).__name__}: {exc}").strip()
     if request["quantize"] == "full" and "int8-full" not in files:
         raise RuntimeError("onnx2tf wrote no integer-quantized model (see its INT8 quantization warning)")
-    return files
+    return files, errors
 
 
 def dynamic_range_quantize(saved_model: Path, target: Path) -> str:
@@ -179,10 +187,11 @@ def main(request_file: str) -> None:
     start = time.perf_counter()
     failure: BaseException | None = None
     files: dict[str, str] = {}
+    errors: dict[str, str] = {}
     trace = LayerTrace()
     with output_to(log_path):
         try:
-            files = convert(request, trace)
+            files, errors = convert(request, trace)
         except BaseException as exc:  # onnx2tf calls sys.exit(1) on unsupported input
             failure = exc
             traceback.print_exc()
@@ -191,7 +200,7 @@ def main(request_file: str) -> None:
         answer = {"ok": False, "error": error_from_log(log_path.read_text(errors="replace"), failure)}
     else:
         answer = {
-            "ok": True, "files": files, "seconds": seconds, "converter": converter_version(), "layers": trace.layers,
+            "ok": True, "files": files, "errors": errors, "seconds": seconds, "converter": converter_version(), "layers": trace.layers,
             "log": str(log_path),
         }
     print(json.dumps(answer))

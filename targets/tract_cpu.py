@@ -36,7 +36,8 @@ class TractSession(Session):
         self.last_inputs: list[np.ndarray] | None = None
 
     def _inputs(self, feeds: Feeds) -> list[np.ndarray]:
-        self.last_inputs = [np.ascontiguousarray(feeds[name]) for name in self.input_names]
+        # asarray, not ascontiguousarray: that one makes a scalar input 1-d
+        self.last_inputs = [np.asarray(feeds[name], order="C") for name in self.input_names]
         return self.last_inputs
 
     def run(self, feeds: Feeds) -> Feeds:
@@ -58,7 +59,12 @@ class TractSession(Session):
     def placement(self) -> list[PlacementRow]:
         if self.last_inputs is None:
             return []
-        profile = json.loads(self.runnable.profile_json(self.last_inputs))
+        try:
+            profile = json.loads(self.runnable.profile_json(self.last_inputs))
+        except BaseException as error:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise RuntimeError(f"tract's profiler failed: {str(error).split('Stack backtrace:')[0].strip()}") from None
         return [
             PlacementRow(node=node["node_name"], op_type=node["op_name"], where=WHERE, fallback=False)
             for node in profile["nodes"]

@@ -1,0 +1,165 @@
+"""Policies built the way real exporters build them, for regression tests of the tool's own steps.
+
+Each builder returns an `onnx.ModelProto` (checked with the full checker) shaped like
+an export seen in the wild: SB3's Min/Max action clip, jax2onnx's Gemm + separate Add,
+a recurrent cell with its hidden state as a second input/output, a side input beside
+`obs`, names that carry markup, a NaN in a weight.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def _model(nodes, inputs, outputs, inits, metadata=None, name="policy") -> onnx.ModelProto:
+    for index, node in enumerate(nodes):  # exporters name their nodes (torch: "/actor/Gemm")
+        node.name = node.name or f"/policy/{node.op_type}_{index}"
+    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tests")
+    model.ir_version = 8
+    helper.set_model_props(model, metadata or {})
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _weights(rng, name: str, fan_in: int, fan_out: int, scale: float = 1.0):
+    weight = (scale * rng.normal(0, 1 / np.sqrt(fan_in), size=(fan_in, fan_out))).astype(np.float32)
+    bias = rng.normal(0, 0.1, size=(fan_out,)).astype(np.float32)
+    return [numpy_helper.from_array(weight, f"{name}_w"), numpy_helper.from_array(bias, f"{name}_b")]
+
+
+def _float(name: str, shape) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def minmax_clip_mlp() -> onnx.ModelProto:
+    """SB3 Pendulum style: Gemm/Tanh MLP, then Min/Max clip of the action to [-2, 2]; no metadata."""
+    rng = np.random.default_rng(3)
+    inits = _weights(rng, "fc0", 3, 64) + _weights(rng, "fc1", 64, 64) + _weights(rng, "head", 64, 1, scale=4.0)
+    inits += [numpy_helper.from_array(np.array([2.0], np.float32), "high"), numpy_helper.from_array(np.array([-2.0], np.float32), "low")]
+    nodes = [
+        helper.make_node("Gemm", ["obs", "fc0_w", "fc0_b"], ["h0"]), helper.make_node("Tanh", ["h0"], ["a0"]),
+        helper.make_node("Gemm", ["a0", "fc1_w", "fc1_b"], ["h1"]), helper.make_node("Tanh", ["h1"], ["a1"]),
+        helper.make_node("Gemm", ["a1", "head_w", "head_b"], ["raw"]),
+        helper.make_node("Min", ["raw", "high"], ["clipped_high"]),
+        helper.make_node("Max", ["clipped_high", "low"], ["action"]),
+    ]
+    return _model(nodes, [_float("obs", ["batch", 3])], [_float("action", ["batch", 1])], inits)
+
+
+def gru_cell() -> onnx.ModelProto:
+    """(obs, h) -> (action, h_next): a GRU-style cell from Gemm/Sigmoid/Tanh/Mul/Add/Sub."""
+    rng = np.random.default_rng(5)
+    obs_n, hidden = 6, 16
+    inits = []
+    for gate in ("z", "r", "n"):
+        inits += _weights(rng, f"x{gate}", obs_n, hidden) + _weights(rng, f"h{gate}", hidden, hidden)
+    inits += _weights(rng, "head", hidden, 2)
+    inits += [numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    nodes = []
+    for gate, act in (("z", "Sigmoid"), ("r", "Sigmoid")):
+        nodes += [
+            helper.make_node("Gemm", ["obs", f"x{gate}_w", f"x{gate}_b"], [f"gx{gate}"]),
+            helper.make_node("Gemm", ["h", f"h{gate}_w", f"h{gate}_b"], [f"gh{gate}"]),
+            helper.make_node("Add", [f"gx{gate}", f"gh{gate}"], [f"s{gate}"]),
+            helper.make_node(act, [f"s{gate}"], [gate]),
+        ]
+    nodes += [
+        helper.make_node("Gemm", ["obs", "xn_w", "xn_b"], ["gxn"]),
+        helper.make_node("Gemm", ["h", "hn_w", "hn_b"], ["ghn"]),
+        helper.make_node("Mul", ["r", "ghn"], ["rghn"]),
+        helper.make_node("Add", ["gxn", "rghn"], ["sn"]),
+        helper.make_node("Tanh", ["sn"], ["n"]),
+        helper.make_node("Sub", ["one", "z"], ["one_minus_z"]),
+        helper.make_node("Mul", ["one_minus_z", "n"], ["keep_new"]),
+        helper.make_node("Mul", ["z", "h"], ["keep_old"]),
+        helper.make_node("Add", ["keep_new", "keep_old"], ["h_next"]),
+        helper.make_node("Gemm", ["h_next", "head_w", "head_b"], ["head"]),
+        helper.make_node("Tanh", ["head"], ["action"]),
+    ]
+    return _model(
+        nodes, [_float("obs", ["batch", obs_n]), _float("h", ["batch", hidden])],
+        [_float("action", ["batch", 2]), _float("h_next", ["batch", hidden])], inits,
+    )
+
+
+def side_input_policy() -> onnx.ModelProto:
+    """obs [batch, 8] beside rng [1]: a second runtime input that is not a batch."""
+    rng = np.random.default_rng(7)
+    inits = _weights(rng, "fc", 8, 2)
+    nodes = [
+        helper.make_node("Gemm", ["obs", "fc_w", "fc_b"], ["mean"]),
+        helper.make_node("Mul", ["rng", "mean"], ["scaled"]),  # [1] broadcasts over [batch, 2]
+        helper.make_node("Tanh", ["scaled"], ["action"]),
+    ]
+    return _model(nodes, [_float("obs", ["batch", 8]), _float("rng", [1])], [_float("action", ["batch", 2])], inits)
+
+
+def gemm_add_mlp() -> onnx.ModelProto:
+    """jax2onnx style: Gemm without a bias, then a separate Add, weights as Constant nodes
+    (not initializers), which ORT's dynamic quantization cannot see: it quantizes nothing."""
+    rng = np.random.default_rng(11)
+    weights = _weights(rng, "fc0", 8, 32) + _weights(rng, "fc1", 32, 4)
+    inits = []
+    nodes = [helper.make_node("Constant", [], [tensor.name], value=tensor) for tensor in weights]
+    nodes += [
+        helper.make_node("Gemm", ["obs", "fc0_w"], ["m0"]), helper.make_node("Add", ["m0", "fc0_b"], ["h0"]),
+        helper.make_node("Relu", ["h0"], ["a0"]),
+        helper.make_node("Gemm", ["a0", "fc1_w"], ["m1"]), helper.make_node("Add", ["m1", "fc1_b"], ["h1"]),
+        helper.make_node("Tanh", ["h1"], ["action"]),
+    ]
+    return _model(nodes, [_float("obs", ["batch", 8])], [_float("action", ["batch", 4])], inits)
+
+
+def close_call_discrete() -> onnx.ModelProto:
+    """A discrete MatMul MLP whose logits sit close together: int8 flips actions with margins above 1e-3."""
+    rng = np.random.default_rng(13)
+    inits = _weights(rng, "fc0", 4, 64)
+    first = rng.normal(0, 1, size=(64, 1))
+    close = np.hstack([first, first + rng.normal(0, 0.1, size=(64, 1))]).astype(np.float32)  # two near-twin actions
+    inits += [numpy_helper.from_array(close, "head_w"), numpy_helper.from_array(np.zeros(2, np.float32), "head_b")]
+    nodes = [
+        helper.make_node("MatMul", ["obs", "fc0_w"], ["m0"]), helper.make_node("Add", ["m0", "fc0_b"], ["h0"]),
+        helper.make_node("Tanh", ["h0"], ["a0"]),
+        helper.make_node("MatMul", ["a0", "head_w"], ["m1"]), helper.make_node("Add", ["m1", "head_b"], ["logits"]),
+        helper.make_node("ArgMax", ["logits"], ["action"], axis=1, keepdims=0),
+    ]
+    action = helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])
+    return _model(nodes, [_float("obs", ["batch", 4])], [action], inits,
+                  {"action_space": "discrete", "action_n": "2"})
+
+
+def markup_names_mlp() -> onnx.ModelProto:
+    """Valid ONNX whose input, tensor and node names carry HTML: onnx2tf writes its float
+    files, but no SavedModel (so no signature, and no int8 from it)."""
+    rng = np.random.default_rng(17)
+    weight, bias = _weights(rng, "fc", 5, 3)
+    weight.name, bias.name = "<b>W</b>", "bias&<i>"
+    obs = "_obs&<i>"
+    nodes = [
+        helper.make_node("Gemm", [obs, weight.name, bias.name], ["<script>h</script>"], name="<img src=x>"),
+        helper.make_node("Tanh", ["<script>h</script>"], ["action"], name="tanh&\"q\""),
+    ]
+    return _model(nodes, [_float(obs, ["batch", 5])], [_float("action", ["batch", 3])], [weight, bias])
+
+
+def nan_initializer_mlp() -> onnx.ModelProto:
+    rng = np.random.default_rng(19)
+    weight, bias = _weights(rng, "W1", 4, 2)
+    values = numpy_helper.to_array(weight).copy()
+    values[0, 0] = np.nan
+    nodes = [helper.make_node("Gemm", ["obs", "W1_w", "W1_b"], ["h"]), helper.make_node("Tanh", ["h"], ["action"])]
+    return _model(nodes, [_float("obs", ["batch", 4])], [_float("action", ["batch", 2])],
+                  [numpy_helper.from_array(values, "W1_w"), bias])
+
+
+def save(model: onnx.ModelProto, folder: Path, name: str) -> Path:
+    path = Path(folder) / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return path

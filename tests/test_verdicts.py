@@ -1,0 +1,319 @@
+"""Verdicts are the runtime's doing: regression tests on policies built the way real exporters build them.
+
+Each test runs the real tool (the CLI as a user runs it, or the function that
+makes the decision) on a policy from tests/policies.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import pytest
+from conftest import load_results, run_cli
+from onnx import TensorProto, helper
+
+import policies
+from matrix import cells, metrics, model, observations, reference, variants
+from matrix.lint import lint
+from matrix.results import ArtifactInfo, Cell, OutputParity
+from matrix.verdict import decide
+from targets.base import Artifact
+from targets.ort_cpu import OrtSession
+
+FAST = ("--iters", "10", "--warmup", "2")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("policies")
+    return lambda name: policies.save(getattr(policies, name)(), folder, name)
+
+
+def _cells(out) -> dict[str, dict]:
+    return {cell["variant"]: cell for cell in load_results(out)["cells"]}
+
+
+# --- variants the tool makes -------------------------------------------------------------------
+
+def test_fp16_of_a_recurrent_cell_keeps_its_interface_and_passes(built, tmp_path):
+    info = model.load(built("gru_cell"))
+    paths, errors = variants.produce_all(info, ["fp16"])
+    assert not errors
+    fp16 = onnx.load(str(paths["fp16"]))
+    variants.validate(info.proto, fp16, "fp16")  # raises if names, shapes or dtypes moved
+    assert {o.name: o.type.tensor_type.elem_type for o in fp16.graph.output} == {"action": 1, "h_next": 1}
+
+    done = run_cli("run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    for cell in _cells(tmp_path).values():
+        assert cell["verdict"] == "PASS", cell["reasons"]
+        state = next(c for c in cell["contract"] if c["name"] == "recurrent state h -> h_next")
+        assert state["ok"] is True, state
+
+
+def test_a_variant_whose_output_became_float16_is_refused_and_restored(built):
+    original = policies.minmax_clip_mlp()
+    changed = onnx.ModelProto()
+    changed.CopyFrom(original)
+    last = changed.graph.node[-1]
+    last.output[0] = "action_fp32"
+    changed.graph.node.append(helper.make_node("Cast", ["action_fp32"], ["action"], to=TensorProto.FLOAT16))
+    changed.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT16
+    with pytest.raises(variants.VariantError, match="changed the model's outputs: action float16"):
+        variants.validate(original, changed, "fp16")
+    variants.validate(original, variants.restore_interface(original, changed), "fp16")
+
+
+def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path):
+    """SB3 Pendulum: onnxconverter-common declares the clipped action float16; the variant must not."""
+    info = model.load(built("minmax_clip_mlp"))
+    paths, errors = variants.produce_all(info, ["fp16"])
+    assert not errors
+    assert onnx.load(str(paths["fp16"])).graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    done = run_cli("run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    cells = _cells(tmp_path)
+    assert cells["fp16"]["verdict"] == "PASS", cells["fp16"]["reasons"]
+    bounds = next(c for c in cells["fp32"]["contract"] if c["name"] == "action bounds")
+    assert bounds["ok"] is True and "[-2, 2] (graph: final Min/Max clip)" in bounds["detail"]
+
+
+def test_int8_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, tmp_path):
+    path = built("gemm_add_mlp")  # weights in Constant nodes: dynamic quantization sees none of them
+    done = run_cli("run", path, "--targets", "ort-cpu,tract", "--precisions", "fp32,int8", *FAST, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    results = load_results(tmp_path)
+    assert list(results["variant_errors"]) == ["int8"] and "quantized nothing" in results["variant_errors"]["int8"]
+    int8 = [cell for cell in results["cells"] if cell["variant"] == "int8"]
+    assert len(int8) == 2 and all(c["verdict"] == "SKIP" and "the tool could not make the int8" in c["reasons"][0] for c in int8)
+    assert (tmp_path / "index.html").read_text().count("The tool could not make the int8 variant") == 1
+    assert "could not make the int8 variant" in (tmp_path / "summary.md").read_text()
+
+
+def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_recommended():
+    from matrix import report
+    from matrix.results import LatencyStats, RunResults
+
+    counted = variants.quantization(policies.minmax_clip_mlp())
+    assert counted == {"quantized_ops": 0, "float_ops": 3, "quantized_weights": 0, "float_weights": 3}
+    stats = [LatencyStats(batch=1, n=10, p50_us=5, p90_us=5, p99_us=5, mean_us=5, std_us=0, min_us=5)]
+    parity = [OutputParity(output="action", kind="continuous", max_abs=1e-7, mean_abs=0, p99_abs=0, max_rel=0)]
+    fp32 = Cell(host="h", target="t", variant="fp32", verdict="PASS", latency=stats, parity=parity,
+                artifact=ArtifactInfo(size_bytes=1000, conversion_s=0))
+    int8 = Cell(host="h", target="t", variant="int8", verdict="PASS", latency=stats, parity=parity,
+                artifact=ArtifactInfo(size_bytes=1000, conversion_s=0, quantization=counted))
+    verdict, reasons = decide(int8, 0.25)
+    assert verdict == "WARN" and "nothing quantized" in reasons[0]
+    int8.verdict = verdict
+    results = RunResults(tool_version="t", created="now", model={}, hosts=[], settings={}, lints=[], cells=[int8, fp32])
+    assert [row["variant"] for row in report.recommendations(results)] == ["fp32"]
+
+
+# --- discrete actions ------------------------------------------------------------------------
+
+def test_int8_flips_above_the_tie_margin_fail_below_min_agreement_and_warn_above(built, tmp_path):
+    path = built("close_call_discrete")
+    done = run_cli("run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", *FAST, "--out", tmp_path / "a")
+    assert done.returncode == 1, done.stderr
+    cell = _cells(tmp_path / "a")["int8"]
+    parity = cell["parity"][0]
+    assert parity["flips"] > 2 and parity["agreement"] < 0.99
+    assert cell["verdict"] == "FAIL" and "below the minimum agreement 99%" in cell["reasons"][0]
+    assert load_results(tmp_path / "a")["settings"]["tie_margin"] == 1e-3
+    assert "flips / " in (tmp_path / "a" / "index.html").read_text()
+
+    done = run_cli("run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", "--min-agreement", "0.5",
+                   *FAST, "--out", tmp_path / "b")
+    assert done.returncode == 0, done.stderr
+    assert _cells(tmp_path / "b")["int8"]["verdict"] == "WARN"
+
+    done = run_cli("run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", "--tie-margin", "100",
+                   *FAST, "--out", tmp_path / "c")
+    parity = _cells(tmp_path / "c")["int8"]["parity"][0]
+    assert done.returncode == 0 and parity["flips"] == 0 and parity["near_ties"] > 2
+
+
+@pytest.mark.parametrize("option", ["--tie-margin=-1", "--min-agreement=1.5"])
+def test_bad_tie_margin_or_agreement_exits_2(built, tmp_path, option):
+    done = run_cli("run", built("close_call_discrete"), option, "--out", tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and option.split("=")[0] in done.stderr
+
+
+# --- inputs, the reference and its audit trail -----------------------------------------------
+
+def test_a_side_input_is_fed_whole_and_not_taken_for_a_batch(built, tmp_path):
+    info = model.load(built("side_input_policy"))
+    assert observations.whole_inputs(info) == ["rng"]
+    lints = {item.id: item for item in lint(info)}
+    assert lints["symbolic-batch"].level == "ok" and "['rng']" in lints["side-inputs"].message
+
+    done = run_cli("run", info.path, "--targets", "ort-cpu", "--precisions", "fp32", *FAST, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert np.load(tmp_path / "observations.npz")["rng"].shape == (1,)
+    saved = np.load(tmp_path / "reference.npz")
+    feeds = observations.read(tmp_path / "observations.npz")
+    expected = np.tanh(feeds["rng"] * (feeds["obs"].astype(np.float64) @ _initializer(info, "fc_w") + _initializer(info, "fc_b")))
+    assert saved["action"].shape == (128, 2) and np.allclose(saved["action"], expected, atol=1e-6)
+    assert _cells(tmp_path)["fp32"]["verdict"] == "PASS"
+
+
+def _initializer(info, name: str) -> np.ndarray:
+    tensor = next(t for t in info.proto.graph.initializer if t.name == name)
+    return onnx.numpy_helper.to_array(tensor).astype(np.float64)
+
+
+def test_chunks_slice_only_the_batched_inputs():
+    feeds = {"a": np.arange(6.0).reshape(6, 1), "shape": np.array([3, 2]), "scalar": np.array(2.0)}
+    seen = []
+
+    def run(chunk):
+        seen.append({k: v.shape for k, v in chunk.items()})
+        return {"y": chunk["a"] * chunk["scalar"]}
+
+    out = observations.run_in_batches(run, feeds, 2, whole=["shape", "scalar"])
+    assert seen == [{"a": (2, 1), "shape": (2,), "scalar": ()}] * 3 and out["y"].ravel().tolist() == [0, 2, 4, 6, 8, 10]
+    only_whole = observations.run_in_batches(lambda f: {"y": f["shape"]}, {"shape": np.array([0, 7])}, 0, whole=["shape"])
+    assert only_whole["y"].tolist() == [0, 7]
+
+
+def test_reference_keeps_an_explicit_cast_to_float16():
+    nodes = [helper.make_node("Cast", ["x"], ["half"], to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["half"], ["action"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 1])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["b", 1])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = onnx.reference.ReferenceEvaluator(reference.to_float64(proto)).run(None, {"x": np.array([[0.1]])})[0]
+    assert out.dtype == np.float64 and out[0, 0] == float(np.float16(0.1)) != 0.1
+
+
+def test_matching_non_finite_values_are_equal_and_others_are_not():
+    ref = np.array([[np.nan, np.inf, -np.inf, 1.0]])
+    same = metrics.parity("y", ref.astype(np.float32), ref, None, None, 1e-3)
+    assert same.max_abs == 0.0
+    wrong = metrics.parity("y", np.array([[np.nan, -np.inf, -np.inf, 1.0]], np.float32), ref, None, None, 1e-3)
+    assert wrong.max_abs == np.inf
+    nan_where_finite = metrics.parity("y", np.array([[np.nan, np.inf, -np.inf, np.nan]], np.float32), ref, None, None, 1e-3)
+    assert nan_where_finite.max_abs == np.inf
+
+
+def test_discrete_parity_of_a_rank_3_argmax():
+    reference_actions = np.zeros((4, 3, 2), np.int64)
+    actual = reference_actions.copy()
+    actual[0, 1, 0] = 1
+    margins = np.full((4, 3, 2), 0.5)
+    result = metrics.parity("a", actual, reference_actions, None, margins, 1e-3)
+    assert result.flips == 1 and result.agreement == pytest.approx(23 / 24)
+
+
+# --- lints and the contract --------------------------------------------------------------------
+
+def test_a_nan_initializer_is_a_lint_error(built):
+    found = {item.id: item for item in lint(model.load(built("nan_initializer_mlp")))}
+    assert found["finite-weights"].level == "error"
+    assert found["finite-weights"].message == "initializer W1_w has 1 non-finite value"
+
+
+def test_recurrent_state_is_detected(built):
+    found = {item.id: item for item in lint(model.load(built("gru_cell")))}
+    assert "h -> h_next" in found["recurrent-state"].message
+
+
+# --- cells and stages --------------------------------------------------------------------------
+
+def test_a_cell_killed_in_its_latency_stage_keeps_parity_and_contract(tmp_path):
+    from matrix.examples import path as example
+
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32",
+                   "--iters", "50000000", "--timeout", "8", "--out", tmp_path)
+    assert done.returncode == 1, done.stderr
+    cell = _cells(tmp_path)["fp32"]
+    assert cell["verdict"] == "FAIL" and cell["error"]["stage"] == "latency"
+    assert cell["parity"] and cell["parity"][0]["max_abs"] < 1e-5
+    assert {c["name"]: c["ok"] for c in cell["contract"]}["batch 1/2/7"] is True
+
+
+def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path):
+    info = model.load(built("gru_cell"))
+    session = OrtSession(Artifact(path=info.path), ["CPUExecutionProvider"], 1)
+    feeds = observations.take(observations.seeded(info, 8, 0), 1)
+    spec = cells.CellSpec(target="ort-cpu", variant="fp32", observations="", onnx_variants={}, iters=10**8,
+                          warmup=10**6, latency_budget_s=0.5)
+    from matrix.worker import timed_calls
+
+    started = time.perf_counter()
+    samples, budget_spent = timed_calls(session, feeds, spec)
+    assert time.perf_counter() - started < 5
+    assert budget_spent and 10 < len(samples) < spec.iters
+    spec.iters, spec.latency_budget_s = 50, 30.0
+    samples, budget_spent = timed_calls(session, feeds, spec)
+    assert not budget_spent and len(samples) == 50
+
+
+def test_a_conversion_only_cell_is_converted_not_passed():
+    cell = Cell(host="h", target="coreml", variant="fp32", verdict="SKIP", predicts=False,
+                artifact=ArtifactInfo(size_bytes=10, conversion_s=1))
+    assert decide(cell, 1e-4)[0] == "CONVERTED"
+
+
+# --- tflite: each variant on its own artifact, int8 counted ------------------------------------
+
+def _tflite_or_skip():
+    import targets
+
+    reason = targets.get("tflite").unavailable_reason()
+    if reason:
+        pytest.skip(f"tflite: {reason}")
+
+
+def test_a_failed_tflite_int8_step_leaves_fp32_and_fp16_standing(built, tmp_path):
+    _tflite_or_skip()
+    done = run_cli("run", built("markup_names_mlp"), "--targets", "tflite", *FAST, "--out", tmp_path)
+    assert done.returncode == 1, done.stderr
+    cells = _cells(tmp_path)
+    assert cells["fp32"]["verdict"] == "PASS" and cells["fp32"]["parity"][0]["max_abs"] < 1e-5, cells["fp32"]["reasons"]
+    assert cells["fp16"]["verdict"] == "PASS", cells["fp16"]["reasons"]
+    assert cells["int8"]["verdict"] == "FAIL" and "SavedModel" in cells["int8"]["reasons"][0]
+
+
+def test_a_tflite_int8_file_with_nothing_quantized_warns_and_is_never_recommended(built, tmp_path):
+    _tflite_or_skip()
+    from matrix import report, results
+
+    done = run_cli("run", built("side_input_policy"), "--targets", "tflite", "--precisions", "fp32,int8", *FAST, "--out", tmp_path)
+    cells = _cells(tmp_path)
+    int8 = cells["int8"]
+    assert int8["artifact"]["quantization"]["quantized_weights"] == 0, int8["artifact"]
+    assert int8["verdict"] == "WARN" and "nothing quantized" in " ".join(int8["reasons"]), int8["reasons"]
+    assert any("int8 in name only" in note for note in int8["artifact"]["notes"])
+    rows = report.recommendations(results.load(tmp_path / "results.json"))
+    assert all(row["variant"] != "int8" for row in rows), (rows, done.stderr)
+
+
+def test_coreml_conversion_only_cell_is_converted_and_notes_the_tools_workaround(built, tmp_path):
+    import targets
+
+    if reason := targets.get("coreml").unavailable_reason():
+        pytest.skip(f"coreml: {reason}")
+    done = run_cli("run", built("minmax_clip_mlp"), "--targets", "coreml", "--precisions", "fp32", "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    cell = _cells(tmp_path)["fp32"]
+    assert cell["verdict"] == "CONVERTED", cell["reasons"]
+    assert any("broadcast_to converted as expand" in reason for reason in cell["reasons"])
+    assert "CONVERTED 1" in done.stderr
+
+
+def test_webgpu_backend_check_reads_the_placement_rows():
+    """One source of truth: nodes the placement table puts on WebGPU mean the backend ran WebGPU."""
+    from targets.base import PlacementRow
+    from targets.ort_web import OrtWebWebgpu
+
+    target = OrtWebWebgpu()
+    probe = {"present": True, "isFallbackAdapter": True, "vendor": "google"}
+    on_gpu = [PlacementRow("conv", "Conv", target.where_label, False), PlacementRow("cast", "Cast", "CPUExecutionProvider", True)]
+    info = target.verify_backend(probe, [], True, on_gpu)
+    assert info.actual == "webgpu" and "no WebGPU kernel for 1 node(s)" in info.detail
+    on_cpu = [PlacementRow("conv", "Conv", "CPUExecutionProvider", True)]
+    assert target.verify_backend(probe, [], True, on_cpu).actual == "wasm"
+    assert target.verify_backend(probe, [], True, []).actual == "unknown"
