@@ -106,7 +106,6 @@ def lock_out(out: Path):
         raise InputError(f"another policy-matrix run is writing to {out} (lock {out / LOCK_FILE}); "
                          "wait for it or choose another --out") from None
     try:
-        (out / LOCK_FILE).write_text(f"{os.getpid()}\n")
         yield
     finally:
         lock.release()
