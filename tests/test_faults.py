@@ -261,3 +261,34 @@ def test_chromium_dies_with_a_killed_runner(tmp_path):
     run.kill()
     run.wait()
     _assert_gone(browsers)
+
+
+def test_watchdog_kills_a_group_whose_runner_is_gone():
+    """The fallback where no parent-death signal exists: a separate watchdog process."""
+    runner = subprocess.Popen(["sleep", "600"])
+    group = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    watchdog = subprocess.Popen([sys.executable, "-m", "matrix.isolation", str(runner.pid), str(group.pid), "inf"])
+    try:
+        assert watchdog.poll() is None and group.poll() is None
+        runner.kill()
+        runner.wait()
+        assert group.wait(timeout=STATE_TIMEOUT_S) == -signal.SIGKILL
+        watchdog.wait(timeout=STATE_TIMEOUT_S)
+    finally:
+        for process in (runner, group, watchdog):
+            if process.poll() is None:
+                process.kill()
+
+
+def test_watchdog_kills_a_group_past_its_timeout():
+    runner = subprocess.Popen(["sleep", "600"])
+    group = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    watchdog = subprocess.Popen([sys.executable, "-m", "matrix.isolation", str(runner.pid), str(group.pid), "1"])
+    try:
+        assert group.wait(timeout=STATE_TIMEOUT_S) == -signal.SIGKILL
+        assert runner.poll() is None  # the runner itself is left alone
+    finally:
+        for process in (runner, group, watchdog):
+            if process.poll() is None:
+                process.kill()
+        runner.wait()
