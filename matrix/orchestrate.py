@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import platform
-import signal
 import sys
 import uuid
 from dataclasses import dataclass, field, replace
@@ -164,7 +163,10 @@ def run_identity(config: RunConfig) -> dict:
     """What a resumed run must share with the run it continues for its cells to belong together."""
     source = {"seed": config.seed, "n_obs": config.n_obs}
     if config.observations:
-        source = {"observations_sha256": hashlib.sha256(Path(config.observations).read_bytes()).hexdigest()}
+        try:
+            source = {"observations_sha256": hashlib.sha256(Path(config.observations).read_bytes()).hexdigest()}
+        except OSError:
+            raise InputError(f"{config.observations}: no such observation file") from None
     return {
         "model_sha256": config.model.sha256,
         "settings": {
