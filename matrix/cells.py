@@ -147,13 +147,20 @@ def _looks_out_of_memory(text: str) -> bool:
     return any(word in text for word in MEMORY_WORDS)
 
 
+def name_out_of_memory(message: str, memory_limit: int | None) -> str:
+    """A runtime's allocation failure under the cap, said as what it is."""
+    if memory_limit and _looks_out_of_memory(message):
+        return f"out of memory (limit {_size(memory_limit)}): {message}"
+    return message
+
+
 def _measurement(cell_dir: Path, ending: Ending) -> dict:
     """What the worker left (possibly partial: it writes as it goes), plus why it stopped when it
     did not finish on its own."""
     measurement = read_json(cell_dir / "measurement.json")
     error = measurement.get("error")
-    if error and ending.memory_limit and _looks_out_of_memory(error.get("message", "")):
-        error["message"] = f"out of memory (limit {_size(ending.memory_limit)}): {error['message']}"
+    if error:
+        error["message"] = name_out_of_memory(error.get("message", ""), ending.memory_limit)
     if ending.returncode == 0 and measurement and not ending.timed_out:
         return measurement
     if error or "skip" in measurement:

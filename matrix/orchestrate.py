@@ -251,7 +251,7 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, console) 
                                dict(os.environ), config.timeout_s, config.memory_limit, lambda stage: None)
     report = cells.read_json(folder / "reference.json")
     if "error" in report or not (folder / "reference.npz").exists():
-        reason = report.get("error") or ending.describe()
+        reason = cells.name_out_of_memory(report["error"], config.memory_limit) if "error" in report else ending.describe()
         raise InputError(f"the float64 reference of {config.model.path.name} could not be computed: {reason}")
     outputs, margins = reference_job.load(folder / "reference.npz")
     if (folder / "baseline.npz").exists():

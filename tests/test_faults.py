@@ -292,3 +292,30 @@ def test_watchdog_kills_a_group_past_its_timeout():
             if process.poll() is None:
                 process.kill()
         runner.wait()
+
+
+def _allocates_at_run_time(folder: Path) -> Path:
+    """A policy that allocates max(obs) * 2^28 floats per call: no declared shape says so,
+    only running it shows (the seeded observations reach 10, so about 10 GB)."""
+    nodes = [
+        helper.make_node("ReduceMax", ["obs"], ["top"], keepdims=0),
+        helper.make_node("Mul", ["top", "scale"], ["count_f"]),
+        helper.make_node("Cast", ["count_f"], ["count"], to=TensorProto.INT64),
+        helper.make_node("Reshape", ["count", "one"], ["shape"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["big"]),
+        helper.make_node("ReduceSum", ["big"], ["total"], keepdims=0),
+        helper.make_node("Add", ["obs", "total"], ["action"]),
+    ]
+    init = [numpy_helper.from_array(np.array(float(1 << 28), np.float32), "scale"),
+            numpy_helper.from_array(np.array([1], np.int64), "one")]
+    graph = helper.make_graph(nodes, "greedy", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["b", 4])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["b", 4])], init)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), folder / "greedy.onnx")
+    return folder / "greedy.onnx"
+
+
+def test_the_reference_runs_under_the_memory_cap(tmp_path):
+    done = run_cli("run", _allocates_at_run_time(tmp_path), "--targets", "ort-cpu", "--memory-limit", "1G",
+                   "--out", tmp_path / "out")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "float64 reference" in done.stderr and "out of memory (limit 1 GiB)" in done.stderr, done.stderr
