@@ -14,12 +14,13 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import contract, metrics
+from . import contract, isolation, metrics
 from .model import ModelInfo
 from .paths import cache_dir
 from .reference import Reference
@@ -57,32 +58,77 @@ class CellOutcome:
     duration_s: float
 
 
-def execute(cell_dir: Path, spec: CellSpec, env: dict[str, str], timeout_s: float, on_stage) -> CellOutcome:
-    """Run the worker; on_stage(name) is called as it reports progress."""
+def execute(
+    cell_dir: Path, spec: CellSpec, env: dict[str, str], timeout_s: float, on_stage, memory_limit: int | None = None
+) -> CellOutcome:
+    """Run the worker; on_stage(name) is called as it reports progress. Files that cannot be
+    written (a full disk) make this cell's FAIL; the run goes on."""
+    try:
+        _prepare_cell_dir(cell_dir, spec)
+    except OSError as error:
+        return CellOutcome({"error": {"stage": "start", "message": f"cannot write the cell's files: {error}"}}, {}, 0.0)
+    command = [sys.executable, "-m", "matrix.worker", str(cell_dir)]
+    ending = run_guarded(command, cell_dir / "worker.log", {**os.environ, **env}, timeout_s, memory_limit, on_stage)
+    return CellOutcome(_measurement(cell_dir, ending), _arrays(cell_dir), ending.duration_s)
+
+
+def _prepare_cell_dir(cell_dir: Path, spec: CellSpec) -> None:
     cell_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("measurement.json", "outputs.npz"):
         (cell_dir / stale).unlink(missing_ok=True)
     (cell_dir / "spec.json").write_text(json.dumps(asdict(spec)))
+
+
+@dataclass
+class Ending:
+    """How a guarded process ended, in the words a cell reports."""
+
+    returncode: int
+    duration_s: float
+    timed_out: bool
+    last_stage: str
+    timeout_s: float
+    memory_limit: int | None
+    log: Path
+
+    def describe(self) -> str:
+        if self.timed_out:
+            return f"timed out after {self.timeout_s:g} s (--timeout)"
+        tail = self._log_tail()
+        if self.memory_limit and _looks_out_of_memory(tail):
+            return f"out of memory (limit {_size(self.memory_limit)}): {tail}"
+        if self.returncode < 0:
+            number = -self.returncode
+            return f"killed by signal {number} ({_signal_name(number)}) after {self.duration_s:.1f} s" + (f": {tail}" if tail else "")
+        return f"worker exited with code {self.returncode}" + (f": {tail}" if tail else "")
+
+    def _log_tail(self) -> str:
+        try:
+            lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        return lines[-1].strip()[:600] if lines else ""
+
+
+def run_guarded(command, log_path: Path, env: dict, timeout_s: float, memory_limit: int | None, on_stage) -> Ending:
+    """Run `command` isolated (own group, memory cap, dies with the runner), follow its stage
+    lines, and kill its whole group on a timeout or when the run itself is interrupted."""
     started = time.perf_counter()
     last_stage = ["start"]
-    with open(cell_dir / "worker.log", "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "matrix.worker", str(cell_dir)],
-            stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **env}, start_new_session=True,
-        )
+    timed_out = False
+    with open(log_path, "w") as log:
+        process = isolation.start(command, memory_limit=memory_limit, timeout_s=timeout_s,
+                                  stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         reader = threading.Thread(target=_follow, args=(process, last_stage, on_stage), daemon=True)
         reader.start()
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            pass
+            timed_out = True
         finally:  # on a timeout, and when the run itself is interrupted: no orphaned runtime
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            isolation.kill_group(process)
         reader.join(timeout=5)
-    duration = time.perf_counter() - started
-    return CellOutcome(_measurement(cell_dir, process.returncode, last_stage[0], timeout_s), _arrays(cell_dir), duration)
+    return Ending(process.returncode, time.perf_counter() - started, timed_out, last_stage[0], timeout_s, memory_limit, log_path)
 
 
 def _follow(process: subprocess.Popen, last_stage: list, on_stage) -> None:
@@ -96,24 +142,65 @@ def _follow(process: subprocess.Popen, last_stage: list, on_stage) -> None:
             on_stage(name)
 
 
-def _measurement(cell_dir: Path, returncode: int, last_stage: str, timeout_s: float) -> dict:
-    path = cell_dir / "measurement.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    if returncode == -signal.SIGKILL:
-        message = f"killed after {timeout_s:g} s (timeout) or out of memory"
-    else:
-        tail = [line for line in (cell_dir / "worker.log").read_text(errors="replace").splitlines() if line.strip()]
-        message = f"worker exited with code {returncode}" + (f": {tail[-1].strip()}" if tail else "")
-    return {"error": {"stage": last_stage, "message": message}}
+MEMORY_WORDS = ("MemoryError", "bad_alloc", "Unable to allocate", "Failed to allocate", "Cannot allocate memory",
+                "out of memory", "std::length_error")
+
+
+def _looks_out_of_memory(text: str) -> bool:
+    return any(word in text for word in MEMORY_WORDS)
+
+
+def name_out_of_memory(message: str, memory_limit: int | None) -> str:
+    """A runtime's allocation failure under the cap, said as what it is."""
+    if memory_limit and _looks_out_of_memory(message):
+        return f"out of memory (limit {_size(memory_limit)}): {message}"
+    return message
+
+
+def _measurement(cell_dir: Path, ending: Ending) -> dict:
+    """What the worker left (possibly partial: it writes as it goes), plus why it stopped when it
+    did not finish on its own."""
+    measurement = read_json(cell_dir / "measurement.json")
+    error = measurement.get("error")
+    if error:
+        error["message"] = name_out_of_memory(error.get("message", ""), ending.memory_limit)
+    if ending.returncode == 0 and measurement and not ending.timed_out:
+        return measurement
+    if error or "skip" in measurement:
+        return measurement
+    stage = measurement.get("stage") if measurement.get("stage") not in (None, "done") else ending.last_stage
+    return {**measurement, "error": {"stage": stage, "message": ending.describe()}}
+
+
+def read_json(path: Path) -> dict:
+    """{} when absent or cut short (a worker killed while writing)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):g} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):g} MiB"
 
 
 def _arrays(cell_dir: Path) -> dict[str, np.ndarray]:
     path = cell_dir / "outputs.npz"
     if not path.exists():
         return {}
-    with np.load(path, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # cut short by a kill or a full disk
+        return {}
 
 
 def judge(

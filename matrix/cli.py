@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import signal
 import sys
-import tomllib
 from pathlib import Path
 
 import click
@@ -14,7 +14,7 @@ from rich.table import Table
 import targets as registry
 from targets.base import VARIANTS
 
-from . import __version__
+from . import __version__, options
 from . import model as model_loader
 from . import results as schema
 from .compare import Thresholds
@@ -23,7 +23,7 @@ from .errors import InputError
 from .lint import lint as lint_model
 from .merge import merge as merge_shards
 from .merge import shard_path as merge_shard_path
-from .orchestrate import RunConfig
+from .orchestrate import RunConfig, Terminated, lock_out, raise_terminated
 from .orchestrate import run as run_matrix
 from .report import write_all
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
@@ -37,9 +37,10 @@ def app() -> None:
 
 
 console = Console(stderr=True)
-FAIL_ON = ("fail", "warn", "never")
+FAIL_ON = ("fail", "warn", "skip", "never")
 FAIL_ON_OPTION = click.option(
-    "--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True, help="Exit 1 when a cell is at least this bad."
+    "--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True,
+    help="Exit 1 when a cell is at least this bad (skip: a FAILed or SKIPped cell)."
 )
 BASELINE_OPTION = click.option(
     "--baseline", type=click.Path(path_type=Path), help="Earlier results.json to flag regressions against (exit 1 if any)."
@@ -97,14 +98,18 @@ def _min_agreement(value: float) -> float:
 def _config_tolerances(path: Path | None) -> dict[str, float]:
     if path is None:
         return {}
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise InputError(f"{path}: cannot read the config ({error})") from None
-    try:
-        return {key: float(value) for key, value in data.get("tolerance", {}).items()}
-    except (TypeError, ValueError):
-        raise InputError(f"{path}: [tolerance] values must be numbers") from None
+    table = options.config_table(options.read_toml(path), "tolerance", path)
+    return {key: options.tolerance_value(value, f"{path}: [tolerance] {key!r}") for key, value in table.items()}
+
+
+def _tolerances(specs: list[str], config: Path | None) -> Tolerances:
+    """Every override is a number >= 0 whose key matches some target or precision."""
+    tolerances = Tolerances.parse(specs, _config_tolerances(config))
+    for key, value in tolerances.overrides.items():
+        where = f"tolerance {key!r}"
+        options.tolerance_value(value, where)
+        options.tolerance_key(key, list(registry.REGISTRY), VARIANTS, where)
+    return tolerances
 
 
 @app.command()
@@ -127,35 +132,73 @@ def _config_tolerances(path: Path | None) -> dict[str, float]:
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
 @click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
+@click.option("--memory-limit", default=None,
+              help="Address space each worker (and the reference) may use, e.g. 4G; beyond it the cell FAILs "
+                   "with 'out of memory'. Default: physical memory, at least 4G.")
+@click.option("--resume", type=click.Path(path_type=Path),
+              help="Report folder of a killed or interrupted run: keep its finished cells, run only the missing ones.")
+@click.option("--require", default="", help="Comma-separated targets that must run (not only SKIP), else exit 1.")
 @FAIL_ON_OPTION
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
 def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, tie_margin,
-        min_agreement, timeout, out, host_label, fail_on, baseline, latency_threshold, drift_factor):
+        min_agreement, timeout, out, host_label, memory_limit, resume, require, fail_on, baseline, latency_threshold,
+        drift_factor):
     """Run the matrix on MODEL and write the report."""
-    info = model_loader.load(model)
+    thresholds = _thresholds(drift_factor, latency_threshold)
+    target_names = _target_names(targets)
+    required = _required(require, target_names)
+    limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
     settings = RunConfig(
-        model=info,
-        targets=_target_names(targets),
+        model=None,
+        targets=target_names,
         precisions=_precisions(precisions),
-        out=out or Path("reports") / model.stem,
+        out=_out_dir(out, resume, model),
         observations=obs,
-        n_obs=n_obs,
-        seed=seed,
+        n_obs=options.at_least(n_obs, 1, "--n-obs"),
+        seed=options.at_least(seed, 0, "--seed"),
         batch_sizes=_ints(batch_sizes, "--batch-sizes"),
-        warmup=warmup,
-        iters=max(1, iters),
-        threads=threads,
-        timeout_s=timeout,
-        tolerances=Tolerances.parse(list(tolerance), _config_tolerances(config)),
+        warmup=options.at_least(warmup, 0, "--warmup"),
+        iters=options.at_least(iters, 1, "--iters"),
+        threads=options.at_least(threads, 1, "--threads"),
+        timeout_s=options.seconds(timeout, "--timeout"),
+        tolerances=_tolerances(list(tolerance), config),
         host_label=host_label,
         tie_margin=_tie_margin(tie_margin),
         min_agreement=_min_agreement(min_agreement),
+        memory_limit=limit,
+        resume=resume is not None,
     )
+    settings.model = model_loader.load(model)
+    model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
+    options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
-    results = run_matrix(settings, console)
-    _finish(results, settings.out, fail_on, baseline_results, Thresholds(drift_factor, latency_threshold))
+    with lock_out(settings.out):
+        results = run_matrix(settings, console)
+        _finish(results, settings.out, fail_on, baseline_results, thresholds, required)
+
+
+def _out_dir(out: Path | None, resume: Path | None, model: Path) -> Path:
+    """--resume DIR continues in DIR; --out, when also given, must name the same folder."""
+    if resume is None:
+        return out or Path("reports") / model.stem
+    if out is not None and out.resolve() != resume.resolve():
+        raise InputError(f"--resume {resume} and --out {out}: a resumed run writes to the folder it resumes")
+    return resume
+
+
+def _required(value: str, target_names: list[str]) -> list[str]:
+    names = _target_names(value) if value else []
+    missing = [name for name in names if name not in target_names]
+    if missing:
+        raise InputError(f"--require {missing[0]}: that target is not in --targets")
+    return names
+
+
+def _thresholds(drift_factor: float, latency_threshold: float) -> Thresholds:
+    return Thresholds(options.non_negative(drift_factor, "--drift-factor"),
+                      options.non_negative(latency_threshold, "--latency-threshold"))
 
 
 @app.command()
@@ -168,7 +211,8 @@ def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters
 def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
     """Merge SHARDS (results.json files or report folders, one per host) into one report."""
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
-    _finish(merge_shards(list(shards)), out, fail_on, baseline_results, Thresholds(drift_factor, latency_threshold))
+    thresholds = _thresholds(drift_factor, latency_threshold)
+    _finish(merge_shards(list(shards)), options.writable_dir(out), fail_on, baseline_results, thresholds)
 
 
 @app.command()
@@ -179,27 +223,33 @@ def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
 def compare(baseline, current, latency_threshold, drift_factor):
     """Regressions of CURRENT against BASELINE, per cell (exit 1 if any)."""
     before, after = schema.load(merge_shard_path(baseline)), schema.load(merge_shard_path(current))
-    found = compare_results(before, after, Thresholds(drift_factor, latency_threshold))
+    found = compare_results(before, after, _thresholds(drift_factor, latency_threshold))
     _print_regressions(found)
     if not found:
         console.print("[green]no regressions[/]")
     sys.exit(1 if found else 0)
 
 
-def _finish(results, out: Path, fail_on: str, baseline, thresholds: Thresholds) -> None:
+def _finish(results, out: Path, fail_on: str, baseline, thresholds: Thresholds, required: list[str] = ()) -> None:
     """Compare with the baseline, write the report, print the tally and exit with the verdict."""
     if baseline is not None:
         results.regressions = compare_results(baseline, results, thresholds)
-    index = write_all(results, out)
+    try:
+        index = write_all(results, out)
+    except OSError as error:  # a full disk: the earlier report stays whole (files are replaced atomically)
+        raise InputError(f"cannot write the report to {out}: {error.strerror or error}") from None
     counts = {v: sum(c.verdict == v for c in results.cells) for v in schema.VERDICTS}
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
     _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
     if "interrupted_after_cells" in results.settings:
-        sys.exit(130)
-    threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "never": ()}[fail_on]
+        sys.exit(143 if results.settings.get("interrupted_by") == "SIGTERM" else 130)
+    threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "skip": ("FAIL", "SKIP"), "never": ()}[fail_on]
     failed = any(c.verdict in threshold for c in results.cells)
-    sys.exit(1 if failed or results.regressions else 0)
+    not_run = [name for name in required if all(c.verdict == "SKIP" for c in results.cells if c.target == name)]
+    for name in not_run:
+        console.print(f"[red]required target {name} did not run[/] (every cell SKIPped)")
+    sys.exit(1 if failed or results.regressions or not_run else 0)
 
 
 def _print_regressions(found) -> None:
@@ -245,13 +295,15 @@ def lint(model: Path) -> None:
 
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
+    signal.signal(signal.SIGTERM, raise_terminated)  # like Ctrl-C: report what finished, leave nothing running
     try:
         code = app.main(standalone_mode=False, prog_name="policy-matrix")
     except (InputError, click.UsageError) as error:
         message = error.format_message() if isinstance(error, click.UsageError) else str(error)
         print(f"policy-matrix: error: {message}", file=sys.stderr)
         sys.exit(2)
-    except click.Abort:
+    except (click.Abort, KeyboardInterrupt) as error:
         print("policy-matrix: interrupted", file=sys.stderr)
-        sys.exit(130)
+        terminated = isinstance(error, Terminated) or isinstance(error.__cause__ or error.__context__, Terminated)
+        sys.exit(143 if terminated else 130)
     sys.exit(code or 0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import InputError
 from .results import Cell, Regression, RunResults
 
 DRIFT_NOISE_FLOOR = 1e-6  # below this, growth is float32 rounding, not a change
@@ -27,6 +28,7 @@ class Thresholds:
 
 
 def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = Thresholds()) -> list[Regression]:
+    _same_model(baseline, current)
     before = {cell.key: cell for cell in baseline.cells}
     found = []
     for cell in current.cells:
@@ -35,6 +37,16 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
             found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind, detail=detail)
                       for kind, detail in _changes(old, cell, thresholds)]
     return found
+
+
+def _same_model(baseline: RunResults, current: RunResults) -> None:
+    """Cells of two different policies share names, not meaning: comparing them would say 'no regressions'."""
+    old, new = baseline.model.get("sha256"), current.model.get("sha256")
+    if old != new:
+        raise InputError(
+            f"the baseline measured {baseline.model.get('name')!r} ({str(old)[:12]}), the current run "
+            f"{current.model.get('name')!r} ({str(new)[:12]}): compare runs of the same model"
+        )
 
 
 def _changes(old: Cell, new: Cell, thresholds: Thresholds):

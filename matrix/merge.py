@@ -1,7 +1,9 @@
 """Shards from several hosts -> one RunResults, the host a column of every table.
 
-Shards must describe the same model (sha256) in the same schema version; each
-host label may appear in one shard only, so no cell is silently overwritten.
+Shards must describe the same model (sha256) in the same schema version. One
+host may have several shards (one CI job per target group on identical runners)
+as long as they hold disjoint cells: a cell in two shards is refused, so no cell
+is silently overwritten.
 """
 
 from __future__ import annotations
@@ -27,17 +29,24 @@ def merge(paths: list[Path]) -> RunResults:
     merged = merged.model_copy(deep=True)
     merged.settings = {**merged.settings, "shards": [str(p) for p, _ in shards]}
     seen = {host.label: first_path for host in merged.hosts}
+    cells = {cell.key: first_path for cell in merged.cells}
     for path, shard in shards[1:]:
         if shard.model["sha256"] != merged.model["sha256"]:
             raise InputError(
                 f"{path} is a run of {shard.model['name']} ({shard.model['sha256'][:12]}), "
                 f"{first_path} of {merged.model['name']} ({merged.model['sha256'][:12]}): shards must share one model"
             )
+        for cell in shard.cells:
+            if cell.key in cells:
+                raise InputError(
+                    f"cell {cell.target} {cell.variant} of host {cell.host!r} is in both {cells[cell.key]} and {path}: "
+                    "shards of one host must hold different cells (or rerun one with --host-label)"
+                )
+            cells[cell.key] = path
         for host in shard.hosts:
-            if host.label in seen:
-                raise InputError(f"host {host.label!r} is in both {seen[host.label]} and {path}: rerun one with --host-label")
-            seen[host.label] = path
-            merged.hosts.append(host)
+            if host.label not in seen:
+                seen[host.label] = path
+                merged.hosts.append(host)
         merged.cells += shard.cells
     merged.regressions = []
     return merged

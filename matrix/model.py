@@ -20,6 +20,10 @@ from .errors import InputError
 
 # Operator domains some target implements; anything else is a custom op no runtime here has.
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
+# Names are shown in every table of the report; past this they are an attack on it, not a name.
+MAX_NAME_CHARS = 1024
+# Largest tensor a model may declare (per sample for batched inputs) unless the caller says otherwise.
+DEFAULT_SIZE_LIMIT_BYTES = 4 << 30
 
 
 @dataclass
@@ -70,14 +74,16 @@ def load(path: Path) -> ModelInfo:
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     proto = _parse(path)
+    _check_names(proto)
     _check_external_data(proto, path.parent)
-    onnx.load_external_data_for_model(proto, str(path.parent))
+    _load_external_data(proto, path.parent)
     _check_domains(proto)
     try:
         onnx.checker.check_model(proto, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise InputError(f"{path}: not a valid ONNX model: {_first_line(error)}") from None
     proto = onnx.shape_inference.infer_shapes(proto)
+    _check_interface(proto)
     return ModelInfo(
         path=path,
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
@@ -114,12 +120,133 @@ def _check_external_data(proto: onnx.ModelProto, folder: Path) -> None:
             raise InputError(f"tensor {tensor.name!r} needs external data file {location!r}, which is missing")
 
 
+def _load_external_data(proto: onnx.ModelProto, folder: Path) -> None:
+    try:
+        onnx.load_external_data_for_model(proto, str(folder))
+    except (OSError, ValueError) as error:  # e.g. an offset/length past the end of the file
+        raise InputError(f"external data of the model cannot be read: {_first_line(error)}") from None
+
+
 def _all_initializers(proto: onnx.ModelProto):
-    yield from proto.graph.initializer
-    for node in proto.graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
+    """Every stored tensor, including those inside If/Loop/Scan bodies and functions."""
+    for graph in _all_graphs(proto):
+        yield from graph.initializer
+        yield from (sparse.values for sparse in graph.sparse_initializer)
+        for node in graph.node:
+            yield from _node_tensors(node)
+    for function in proto.functions:
+        for node in function.node:
+            yield from _node_tensors(node)
+
+
+def _node_tensors(node: onnx.NodeProto):
+    for attribute in node.attribute:
+        if attribute.HasField("t"):
+            yield attribute.t
+        yield from attribute.tensors
+
+
+def _all_graphs(proto: onnx.ModelProto):
+    """The main graph and every subgraph nested in it, at any depth."""
+    pending = [proto.graph]
+    while pending:
+        graph = pending.pop()
+        yield graph
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    pending.append(attribute.g)
+                pending.extend(attribute.graphs)
+
+
+def _check_names(proto: onnx.ModelProto) -> None:
+    for graph in _all_graphs(proto):
+        named = [*graph.node, *graph.input, *graph.output, *graph.initializer, *graph.value_info]
+        for item in named:
+            if len(item.name) > MAX_NAME_CHARS:
+                kind = type(item).__name__.removesuffix("Proto").lower()
+                raise InputError(
+                    f"a {kind} name is {len(item.name)} characters long (limit {MAX_NAME_CHARS}): "
+                    f"refused, it starts {item.name[:40]!r}"
+                )
+
+
+def _check_interface(proto: onnx.ModelProto) -> None:
+    """Only batched numeric tensors can be fed observations and compared; say which one is not."""
+    inputs = _graph_inputs(proto)
+    if not inputs:
+        raise InputError("the model has no inputs: a policy needs an observation input")
+    if not proto.graph.output:
+        raise InputError("the model has no outputs: a policy needs an action output")
+    for value in inputs:
+        _check_numeric_tensor(value, "input")
+        tensor = value.type.tensor_type
+        if not tensor.HasField("shape") or not tensor.shape.dim:
+            raise InputError(f"input {value.name!r} has rank 0 or no declared shape: a policy input needs a batch dimension")
+        if any(d.HasField("dim_value") and d.dim_value <= 0 for d in tensor.shape.dim):
+            raise InputError(f"input {value.name!r} declares a zero-sized dimension {_dims(tensor)}: nothing can be fed")
+    for value in proto.graph.output:
+        _check_numeric_tensor(value, "output")
+
+
+def _check_numeric_tensor(value: onnx.ValueInfoProto, role: str) -> None:
+    kind = value.type.WhichOneof("value")
+    if kind != "tensor_type":
+        kinds = {"sequence_type": "a sequence", "map_type": "a map", "optional_type": "an optional",
+                 "sparse_tensor_type": "a sparse tensor"}
+        raise InputError(f"{role} {value.name!r} is {kinds.get(kind, 'not a tensor')}: policy-matrix handles dense tensors only")
+    elem_type = value.type.tensor_type.elem_type
+    if _numpy_dtype(elem_type) is None:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "undeclared"
+        raise InputError(f"{role} {value.name!r} has element type {name}: policy-matrix handles numeric tensors only")
+
+
+def _numpy_dtype(elem_type: int):
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return dtype if dtype.kind in "biuf" else None
+
+
+def _dims(tensor) -> list:
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim]
+
+
+def check_declared_sizes(info: "ModelInfo", limit_bytes: int, n_obs: int) -> None:
+    """Refuse what cannot fit before anything is allocated: each input per sample, the whole
+    observation set, and every tensor whose size shape inference could fix."""
+    for spec in info.inputs:
+        per_sample = _nbytes(spec.shape[1:], spec.dtype)
+        if per_sample > limit_bytes:
+            raise InputError(f"input {spec.name!r} needs {_size(per_sample)} per sample, above the limit {_size(limit_bytes)}")
+        if per_sample * n_obs > limit_bytes:
+            raise InputError(
+                f"input {spec.name!r} needs {_size(per_sample)} per sample: {n_obs} observations need "
+                f"{_size(per_sample * n_obs)}, above the limit {_size(limit_bytes)} (use fewer with --n-obs, or --memory-limit)"
+            )
+    for graph in _all_graphs(info.proto):
+        for value in [*graph.value_info, *graph.output]:
+            tensor = value.type.tensor_type
+            if value.type.WhichOneof("value") != "tensor_type" or _numpy_dtype(tensor.elem_type) is None:
+                continue
+            size = _nbytes([d.dim_value if d.HasField("dim_value") else 1 for d in tensor.shape.dim], _numpy_dtype(tensor.elem_type))
+            if size > limit_bytes:
+                raise InputError(f"tensor {value.name[:80]!r} is declared {_dims(tensor)}: {_size(size)}, above the limit {_size(limit_bytes)}")
+
+
+def _nbytes(dims: list, dtype) -> int:
+    count = 1
+    for d in dims:
+        count *= d if isinstance(d, int) else 1  # a symbolic dimension counts as 1 per sample
+    return count * np.dtype(dtype).itemsize
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"
 
 
 def _check_domains(proto: onnx.ModelProto) -> None:

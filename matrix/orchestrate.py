@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
+import json
+import os
 import platform
 import sys
+import uuid
 from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from filelock import FileLock, Timeout
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -22,10 +27,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 import targets as registry
 from targets.base import RunService, Target
 
-from . import __version__, cells, observations, reference, variants
+from . import __version__, cells, observations, reference, reference_job, variants
+from .errors import InputError
 from .lint import lint
 from .model import ModelInfo
-from .results import Host, LintResult, RunResults, append_jsonl
+from .options import default_memory_limit
+from .reference import Reference
+from .results import Cell, Host, LintResult, RunResults, append_jsonl
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
 
@@ -47,6 +55,8 @@ class RunConfig:
     host_label: str = ""
     tie_margin: float = DEFAULT_TIE_MARGIN
     min_agreement: float = DEFAULT_MIN_AGREEMENT
+    memory_limit: int = field(default_factory=default_memory_limit)  # bytes of address space per worker
+    resume: bool = False  # keep the finished cells of the run recorded in `out`
 
 
 def host_info(label: str) -> Host:
@@ -76,9 +86,39 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the finished cells are reported, nothing is left running."""
+
+
+def raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+RUN_FILE = "run.json"  # the run id and what a resumed run must match
+LOCK_FILE = ".policy-matrix.lock"
+
+
+@contextlib.contextmanager
+def lock_out(out: Path):
+    """One run per report folder: a second one is told who holds it instead of interleaving."""
+    lock = FileLock(str(out / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise InputError(f"another policy-matrix run is writing to {out} (lock {out / LOCK_FILE}); "
+                         "wait for it or choose another --out") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def run(config: RunConfig, console: Console) -> RunResults:
     config.out.mkdir(parents=True, exist_ok=True)
     model = config.model
+    identity = run_identity(config)
+    run_id, finished = resume_state(config.out, identity) if config.resume else (uuid.uuid4().hex[:12], {})
+    (config.out / RUN_FILE).write_text(json.dumps({"run_id": run_id, **identity}, indent=2))
     feeds = _observation_set(config)
     obs_path = config.out / "observations.npz"
     observations.save(feeds, obs_path)
@@ -88,9 +128,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
     chunk = 0 if symbolic else observations.batch_multiple(model)
 
     console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds, whole)} observations")
-    ref = reference.compute(model, feeds, chunk)
+    ref, base = _isolated_reference(config, obs_path, chunk, console)
     reference.save(ref, config.out / "reference.npz")
-    base = _baseline(model, feeds, chunk, console)
     onnx_variants, variant_errors = variants.produce_all(model, config.precisions)
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
@@ -102,28 +141,137 @@ def run(config: RunConfig, console: Console) -> RunResults:
     )
     results = _empty_results(config, feeds, template)
     results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.precisions}
-    jsonl = config.out / "results.jsonl"
-    jsonl.unlink(missing_ok=True)
+    results.settings["run_id"] = run_id
+    jsonl = Journal(config.out / "results.jsonl", run_id, model.sha256, console)
+    if finished:
+        console.print(f"[bold]resume[/]: keeping {len(finished)} finished cells of run {run_id}")
     services = Services(config.out)
     try:
         with _progress(console) as progress:
             for target_name in config.targets:
                 for variant in config.precisions:
-                    spec = replace(template, target=target_name, variant=variant)
-                    cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress)
-                    append_jsonl(jsonl, cell)
+                    cell = finished.get((target_name, variant))
+                    if cell is None:
+                        spec = replace(template, target=target_name, variant=variant)
+                        cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress)
+                        jsonl.append(cell)
+                    else:
+                        progress.add_task(f"{target_name} {variant}: {cell.verdict} (kept)", total=1, completed=1, start=False)
                     results.cells.append(cell)
-    except KeyboardInterrupt:  # keep what was measured: the report is written from the finished cells
+    except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
         results.settings["interrupted_after_cells"] = len(results.cells)
+        if isinstance(interrupt, Terminated):
+            results.settings["interrupted_by"] = "SIGTERM"
         console.print(f"[yellow]interrupted[/]: writing the report of the {len(results.cells)} finished cells")
     finally:
         services.stop_all()
     return results
 
 
+def run_identity(config: RunConfig) -> dict:
+    """What a resumed run must share with the run it continues for its cells to belong together."""
+    source = {"seed": config.seed, "n_obs": config.n_obs}
+    if config.observations:
+        try:
+            source = {"observations_sha256": hashlib.sha256(Path(config.observations).read_bytes()).hexdigest()}
+        except OSError:
+            raise InputError(f"{config.observations}: no such observation file") from None
+    return {
+        "model_sha256": config.model.sha256,
+        "settings": {
+            **source, "targets": config.targets, "precisions": config.precisions, "batch_sizes": config.batch_sizes,
+            "warmup": config.warmup, "iters": config.iters, "threads": config.threads, "timeout_s": config.timeout_s,
+            "tolerances": config.tolerances.overrides, "host_label": config.host_label, "memory_limit": config.memory_limit,
+        },
+    }
+
+
+def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str], Cell]]:
+    """The run id recorded in `out` and its finished cells, after checking they are comparable."""
+    try:
+        recorded = json.loads((out / RUN_FILE).read_text())
+        run_id = recorded["run_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(f"--resume {out}: no run to resume there ({RUN_FILE} missing or unreadable)") from None
+    if recorded.get("model_sha256") != identity["model_sha256"]:
+        raise InputError(f"--resume {out}: that run measured another model (sha256 {str(recorded.get('model_sha256'))[:12]}…)")
+    before, now = recorded.get("settings", {}), identity["settings"]
+    changed = [key for key in now if before.get(key) != now[key]]
+    if changed:
+        key = changed[0]
+        raise InputError(f"--resume {out}: settings differ from that run ({key}: {before.get(key)!r} then, {now[key]!r} now)")
+    return run_id, Journal.finished(out / "results.jsonl", run_id, identity["model_sha256"])
+
+
+class Journal:
+    """results.jsonl: one line per finished cell, stamped with run id and model hash. Earlier
+    runs' lines are kept (never silently deleted); a full disk costs the journal, not the run."""
+
+    def __init__(self, path: Path, run_id: str, model_sha256: str, console: Console):
+        self.path, self.stamp, self.console = path, {"run_id": run_id, "model_sha256": model_sha256}, console
+        self.broken = False
+        earlier = {line.get("run_id") for line in _json_lines(path)} - {run_id}
+        if earlier:
+            console.print(f"[dim]{path.name} keeps the lines of {len(earlier)} earlier run(s); this run's lines carry run_id {run_id}[/]")
+
+    def append(self, cell: Cell) -> None:
+        try:
+            append_jsonl(self.path, cell, **self.stamp)
+        except OSError as error:
+            if not self.broken:
+                self.console.print(f"[yellow]cannot append to {self.path}[/]: {error}; the report will still hold every cell")
+            self.broken = True
+
+    @staticmethod
+    def finished(path: Path, run_id: str, model_sha256: str) -> dict[tuple[str, str], Cell]:
+        cells = {}
+        for line in _json_lines(path):
+            if line.get("run_id") == run_id and line.get("model_sha256") == model_sha256:
+                with contextlib.suppress(ValueError):
+                    cell = Cell.model_validate(line)
+                    cells[(cell.target, cell.variant)] = cell
+        return cells
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """Parsed lines; a line cut short by a kill is skipped."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    lines = []
+    for raw in text.splitlines():
+        with contextlib.suppress(ValueError):
+            data = json.loads(raw)
+            if isinstance(data, dict):
+                lines.append(data)
+    return lines
+
+
+def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, console) -> tuple[Reference, dict | None]:
+    """The reference and the baseline in a guarded process (see matrix.reference_job)."""
+    folder = config.out / "reference"
+    folder.mkdir(exist_ok=True)
+    for stale in ("reference.npz", "baseline.npz", "reference.json"):
+        (folder / stale).unlink(missing_ok=True)
+    spec = {"model": str(config.model.path.resolve()), "observations": str(obs_path.resolve()), "chunk": chunk}
+    (folder / "reference_spec.json").write_text(json.dumps(spec))
+    ending = cells.run_guarded([sys.executable, "-m", "matrix.reference_job", str(folder)], folder / "reference.log",
+                               dict(os.environ), config.timeout_s, config.memory_limit, lambda stage: None)
+    report = cells.read_json(folder / "reference.json")
+    if "error" in report or not (folder / "reference.npz").exists():
+        reason = cells.name_out_of_memory(report["error"], config.memory_limit) if "error" in report else ending.describe()
+        raise InputError(f"the float64 reference of {config.model.path.name} could not be computed: {reason}")
+    outputs, margins = reference_job.load(folder / "reference.npz")
+    if (folder / "baseline.npz").exists():
+        return Reference(outputs, margins), reference_job.load(folder / "baseline.npz")[0]
+    console.print(f"[yellow]ORT CPU fp32 baseline failed[/]: {report.get('baseline_error') or ending.describe()}")
+    return Reference(outputs, margins), None
+
+
 def _observation_set(config: RunConfig) -> observations.Feeds:
     if config.observations:
-        return observations.load(config.observations, config.model)
+        return observations.load(config.observations, config.model, config.memory_limit)
     return observations.seeded(config.model, config.n_obs, config.seed)
 
 
@@ -146,14 +294,6 @@ def _empty_results(config: RunConfig, feeds, template: cells.CellSpec) -> RunRes
     )
 
 
-def _baseline(model, feeds, chunk, console):
-    try:
-        return reference.baseline(model, feeds, chunk)
-    except Exception as error:  # the matrix still runs; that column stays empty
-        console.print(f"[yellow]ORT CPU fp32 baseline failed[/]: {error}")
-        return None
-
-
 def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress):
     variant = spec.variant
     label = f"{target.name} {variant}"
@@ -173,7 +313,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
         outcome = cells.CellOutcome({"error": {"stage": "service", "message": f"{type(error).__name__}: {error}"}}, {}, 0.0)
     else:
         cell_dir = config.out / "cells" / f"{target.name}-{variant}"
-        outcome = cells.execute(cell_dir, spec, env, config.timeout_s, on_stage)
+        outcome = cells.execute(cell_dir, spec, env, config.timeout_s, on_stage, config.memory_limit)
     cell = cells.judge(
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
         reference=ref, baseline=base, tolerance=config.tolerances.get(target.name, variant),

@@ -29,13 +29,23 @@ plt.rcParams["svg.fonttype"] = "path"  # text as outlines: the SVG carries no li
 
 def write_all(results: RunResults, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    results.save(out / "results.json")
-    table(results).to_csv(out / "results.csv", index=False)
-    (out / "summary.md").write_text(summary_markdown(results))
+    write_atomic(out / "results.json", results.model_dump_json(indent=2))
+    write_atomic(out / "results.csv", table(results).to_csv(index=False))
+    write_atomic(out / "summary.md", summary_markdown(results))
     write_junit(results, out / "junit.xml")
     index = out / "index.html"
-    index.write_text(render_html(results))
+    write_atomic(index, render_html(results))
     return index
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """The whole file or the previous one, never a truncated one (a full disk, a kill)."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def table(results: RunResults) -> pd.DataFrame:
@@ -244,8 +254,12 @@ def write_junit(results: RunResults, path: Path) -> None:
         cells = list(grid["cells"].values())
         suite = ET.SubElement(suites, "testsuite", name=f"policy-matrix {host}", tests=str(len(cells)),
                               failures=str(sum(c.verdict == "FAIL" for c in cells)), skipped=str(sum(c.verdict == "SKIP" for c in cells)))
+        regressions = [r for r in results.regressions if r.host == host]
+        suite.set("tests", str(len(cells) + len(regressions)))
+        suite.set("failures", str(sum(c.verdict == "FAIL" for c in cells) + len(regressions)))
         for cell in cells:
-            case = ET.SubElement(suite, "testcase", classname=f"{host}.{cell.target}", name=cell.variant, time=f"{cell.duration_s:.3f}")
+            case = ET.SubElement(suite, "testcase", classname=f"{host}.{cell.target}", name=f"{cell.target} {cell.variant}",
+                                 time=f"{cell.duration_s:.3f}")
             message = "; ".join(cell.reasons)
             if cell.verdict == "FAIL":
                 ET.SubElement(case, "failure", message=message[:500]).text = message
@@ -253,4 +267,10 @@ def write_junit(results: RunResults, path: Path) -> None:
                 ET.SubElement(case, "skipped", message=message[:500])
             elif message:
                 ET.SubElement(case, "system-out").text = message
-    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+        for regression in regressions:  # a regression fails CI like a FAILed cell, under its own name
+            case = ET.SubElement(suite, "testcase", classname=f"{host}.{regression.target}",
+                                 name=f"{regression.target} {regression.variant} regression: {regression.kind}")
+            ET.SubElement(case, "failure", message=regression.detail[:500]).text = str(regression)
+    buffer = io.BytesIO()
+    ET.ElementTree(suites).write(buffer, encoding="utf-8", xml_declaration=True)
+    write_atomic(path, buffer.getvalue().decode("utf-8"))

@@ -152,18 +152,25 @@ def load(path: Path) -> RunResults:
 
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, ValueError) as error:
         raise InputError(f"{path}: not a results file ({error})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a results file (a JSON {type(data).__name__}, not an object)")
     if data.get("schema_version") != SCHEMA_VERSION:
         raise InputError(
             f"{path}: results schema version {data.get('schema_version')!r}, this policy-matrix reads {SCHEMA_VERSION}"
         )
-    return RunResults.model_validate(data)
+    try:
+        return RunResults.model_validate(data)
+    except ValueError as error:  # pydantic's ValidationError: name the first bad field only
+        raise InputError(f"{path}: not a valid results file ({' '.join(str(error).split())[:300]})") from None
 
 
-def append_jsonl(path: Path, cell: Cell) -> None:
-    """One line per finished cell, flushed at once: partial results survive a killed run."""
+def append_jsonl(path: Path, cell: Cell, **stamp: str) -> None:
+    """One line per finished cell, flushed at once: partial results survive a killed run.
+    `stamp` (run id, model hash) goes first on the line so runs sharing the file stay apart."""
+    line = json.dumps({**stamp, **cell.model_dump(mode="json")}) if stamp else cell.model_dump_json()
     with path.open("a") as stream:
-        stream.write(cell.model_dump_json() + "\n")
+        stream.write(line + "\n")
         stream.flush()
 

@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import ClassVar
 
+from matrix import isolation
+
 from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, RunService, Session, Target
 from .web_support import (
     HarnessServer,
@@ -108,8 +110,9 @@ class ChromiumService(RunService):
         log = open(self.profile / "chromium.log", "wb")  # noqa: SIM115 — lives as long as the process
         command = [chromium_executable(), *flags, f"--user-data-dir={self.profile}",
                    "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank"]
-        # Own process group, so stop() ends the browser's helper processes with it.
-        self.process = subprocess.Popen(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        # Own process group, so stop() ends the browser's helper processes with it; and gone with
+        # the runner even on its kill -9, so no browser outlives the run.
+        self.process = isolation.start_dying_with_parent(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         self.endpoint = self._wait_for_endpoint(startup_timeout_s)
 
     def _wait_for_endpoint(self, timeout_s: float) -> str:

@@ -183,6 +183,12 @@ class HarnessServer:
 
         class Handler(SimpleHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server naming)
+                self._answer(with_body=True)
+
+            def do_HEAD(self):  # noqa: N802 — the base class's HEAD would serve any file, outside the roots too
+                self._answer(with_body=False)
+
+            def _answer(self, with_body: bool) -> None:
                 path = server_self.resolve(self.path.split("?", 1)[0], roots)
                 if path is None:
                     self.send_error(HTTPStatus.NOT_FOUND)
@@ -196,7 +202,8 @@ class HarnessServer:
                 self.send_header("Cross-Origin-Resource-Policy", "same-origin")
                 self.send_header("Cache-Control", "no-store")
                 self.end_headers()
-                self.wfile.write(body)
+                if with_body:
+                    self.wfile.write(body)
 
             def log_message(self, *args):  # keep the run's output clean
                 pass

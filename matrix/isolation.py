@@ -1,0 +1,117 @@
+"""Every model-dependent process runs under the same protection: its own process group,
+a memory cap, a timeout, and death with the runner.
+
+- memory: RLIMIT_AS in the child, so an allocation beyond the cap fails inside
+  that process (MemoryError, std::bad_alloc) instead of growing the runner or
+  waking the host's OOM killer; `resource` is in the standard library, no
+  cgroup setup or privileges needed.
+- death with the runner: on Linux the child asks the kernel for SIGKILL when
+  its parent dies (prctl PR_SET_PDEATHSIG), which holds even on kill -9 of the
+  runner. Elsewhere a small watchdog process kills the child's group when the
+  runner is gone or the timeout has passed, so an orphan never outlives it.
+
+Run as `python -m matrix.isolation RUNNER_PID PGID SECONDS` it is that watchdog.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+WATCHDOG_GRACE_S = 5.0
+
+
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def has_parent_death_signal() -> bool:
+    return _LIBC is not None
+
+
+def _child_setup(memory_limit: int | None, parent_pid: int, death_signal: bool):
+    """Runs in the child between fork and exec: only async-safe, pre-bound calls."""
+
+    def setup() -> None:
+        if memory_limit:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+        if death_signal:
+            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent_pid:  # the parent died before the request took effect
+                os._exit(137)
+
+    return setup
+
+
+def start(command: list[str], *, memory_limit: int | None, timeout_s: float, **popen) -> subprocess.Popen:
+    """Popen in a new session with the memory cap and death-with-parent; on hosts without a
+    parent-death signal, a watchdog enforces the same."""
+    death_signal = has_parent_death_signal()
+    process = subprocess.Popen(
+        command, start_new_session=True, preexec_fn=_child_setup(memory_limit, os.getpid(), death_signal), **popen
+    )
+    if not death_signal:
+        watch(process.pid, timeout_s)
+    return process
+
+
+def start_dying_with_parent(command: list[str], **popen) -> subprocess.Popen:
+    """A long-lived helper (e.g. the run's browser): no memory cap, but gone with the runner."""
+    return start(command, memory_limit=None, timeout_s=float("inf"), **popen)
+
+
+def watch(pgid: int, timeout_s: float) -> subprocess.Popen:
+    """A watchdog for `pgid`, independent of this process (it survives our kill -9)."""
+    limit = "inf" if timeout_s == float("inf") else f"{timeout_s + WATCHDOG_GRACE_S:.1f}"
+    return subprocess.Popen(
+        [sys.executable, "-m", "matrix.isolation", str(os.getpid()), str(pgid), limit],
+        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the process and everything it started in its group; reap it."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watchdog(runner_pid: int, pgid: int, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while _alive(pgid) and _alive(runner_pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+if __name__ == "__main__":
+    _watchdog(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))

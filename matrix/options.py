@@ -1,0 +1,123 @@
+"""Validation of command-line values and matrix.toml: each bad value is one InputError
+that names the option and what it accepts, before any work starts.
+
+Small functions, one per kind of value, so every command (and config loading)
+can reuse them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import tomllib
+from pathlib import Path
+
+from .errors import InputError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def at_least(value: int, minimum: int, option: str) -> int:
+    if value < minimum:
+        raise InputError(f"{option} {value}: must be at least {minimum}")
+    return value
+
+
+def seconds(value: float, option: str) -> float:
+    """A time limit: a finite number above zero."""
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"{option} {value}: must be a number of seconds above 0")
+    return value
+
+
+def non_negative(value: float, option: str) -> float:
+    if math.isnan(value) or value < 0:
+        raise InputError(f"{option} {value}: must be a number >= 0")
+    return value
+
+
+def memory_size(value: str, option: str = "--memory-limit") -> int:
+    """'4G', '512M', '1.5GiB' or plain bytes -> bytes (at least 64 MiB: less cannot even start Python)."""
+    found = _SIZE.match(value)
+    if not found:
+        raise InputError(f"{option} {value!r}: expected a size such as 4G or 512M")
+    size = int(float(found.group(1)) * _SCALE[found.group(2).lower()])
+    if size < 64 << 20:
+        raise InputError(f"{option} {value!r}: must be at least 64M")
+    return size
+
+
+def default_memory_limit() -> int:
+    """Physical memory, at least 4 GiB: a runaway cell fails alone instead of dragging the host into swap."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not every OS reports it
+        physical = 0
+    return max(physical, 4 << 30)
+
+
+def tolerance_value(value: object, where: str) -> float:
+    """A max-abs drift: a real number >= 0 (inf allowed: drift never fails). NaN would make every
+    comparison false, so a FAIL would read as PASS: refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InputError(f"{where}: tolerance {value!r} is not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise InputError(f"{where}: tolerance {value!r} is not a number") from None
+    if math.isnan(number) or number < 0:
+        raise InputError(f"{where}: tolerance {value!r} must be a number >= 0")
+    return number
+
+
+def tolerance_key(key: str, targets: list[str], variants: tuple[str, ...], where: str) -> None:
+    """TARGET:VARIANT, TARGET:*, *:VARIANT, or a bare target/variant: it must match some cell."""
+    target, sep, variant = key.strip().partition(":")
+    if not sep:
+        if target in targets or target in variants:
+            return
+        raise InputError(f"{where}: {key!r} matches no target or precision; known: {', '.join([*targets, *variants])}")
+    if target == "*" and variant == "*":
+        raise InputError(f"{where}: '*:*' matches nothing (lookups try TARGET:VARIANT, TARGET:*, *:VARIANT); "
+                         "set each precision, e.g. '*:fp32'")
+    if target != "*" and target not in targets:
+        raise InputError(f"{where}: {key!r} matches nothing: no target {target!r}; known: {', '.join(targets)}")
+    if variant != "*" and variant not in variants:
+        raise InputError(f"{where}: {key!r} matches nothing: no precision {variant!r}; known: {', '.join(variants)}")
+
+
+def read_toml(path: Path) -> dict:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as error:
+        raise InputError(f"{path}: cannot read the config ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: cannot read the config (not UTF-8: byte {error.start})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise InputError(f"{path}: cannot read the config ({error})") from None
+
+
+def config_table(data: dict, name: str, path: Path) -> dict:
+    """A [name] table of the config; `name = 5` at the top level is a mistake, not a table."""
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: {name!r} must be a table ([{name}] with KEY = VALUE lines), not {type(table).__name__}")
+    return table
+
+
+def writable_dir(path: Path, option: str = "--out") -> Path:
+    """Create the folder if needed and prove it is writable before any measurement is made."""
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{option} {path}: exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise InputError(f"{option} {path}: cannot write there ({error.strerror or error})") from None
+    return path

@@ -1,0 +1,75 @@
+"""The float64 reference and the ORT CPU fp32 baseline, in their own process:
+`python -m matrix.reference_job DIR`.
+
+They evaluate the user's model, so they get the same protection as a cell
+(timeout, memory cap, death with the runner): a model with a Loop of 10^12
+iterations or one that allocates a gigabyte per call ends this process, not
+the run's. Reads DIR/reference_spec.json, writes DIR/reference.npz,
+DIR/baseline.npz (when ORT could run it) and DIR/reference.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from . import model as model_loader
+from . import observations, reference
+
+
+def stage(name: str) -> None:
+    print(json.dumps({"stage": name}), flush=True)
+
+
+def main(folder: Path) -> None:
+    spec = json.loads((folder / "reference_spec.json").read_text())
+    info = model_loader.load(Path(spec["model"]))
+    feeds = observations.read(Path(spec["observations"]))
+    report: dict = {}
+    stage("reference")
+    try:
+        ref = reference.compute(info, feeds, spec["chunk"])
+    except Exception as error:  # the evaluator's own words, for the one line the user sees
+        report["error"] = _one_line(error)
+        traceback.print_exc(limit=8)
+    else:
+        save(folder / "reference.npz", {**_prefixed("outputs", ref.outputs), **_prefixed("margins", ref.margins)})
+        stage("baseline")
+        try:
+            save(folder / "baseline.npz", _prefixed("outputs", reference.baseline(info, feeds, spec["chunk"])))
+        except Exception as error:  # the matrix still runs; that column stays empty
+            report["baseline_error"] = _one_line(error)
+    (folder / "reference.json").write_text(json.dumps(report))
+
+
+def save(path: Path, arrays: dict) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("wb") as stream:
+        np.savez(stream, **arrays)
+    partial.replace(path)
+
+
+def load(path: Path) -> tuple[dict, dict]:
+    """(outputs, margins) of a reference.npz or baseline.npz (which has no margins)."""
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    outputs = {k.removeprefix("outputs/"): v for k, v in arrays.items() if k.startswith("outputs/")}
+    margins = {k.removeprefix("margins/"): v for k, v in arrays.items() if k.startswith("margins/")}
+    return outputs, margins
+
+
+def _prefixed(prefix: str, arrays: dict) -> dict:
+    return {f"{prefix}/{name}": value for name, value in arrays.items()}
+
+
+def _one_line(error: Exception) -> str:
+    text = " ".join(str(error).split())[:600]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

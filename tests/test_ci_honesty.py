@@ -1,0 +1,61 @@
+"""What CI reads must not lie: compare refuses other models, one host's disjoint shards
+merge, overlapping cells do not, and regressions are failed test cases in junit.xml."""
+
+from __future__ import annotations
+
+from xml.etree import ElementTree as ET
+
+import pytest
+from conftest import load_results, run_cli
+
+from matrix import results as schema
+from matrix.examples import path as example
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shard")
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--iters", "5",
+                   "--host-label", "ci-linux", "--out", out)
+    assert done.returncode == 0, done.stderr
+    return schema.load(out / "results.json")
+
+
+def _save(results: schema.RunResults, folder) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    results.save(folder / "results.json")
+    return str(folder)
+
+
+def test_compare_refuses_results_of_another_model(shard, tmp_path):
+    other = shard.model_copy(deep=True)
+    other.model = {**other.model, "sha256": "0" * 64, "name": "other_policy.onnx"}
+    done = run_cli("compare", "--baseline", _save(shard, tmp_path / "a"), "--current", _save(other, tmp_path / "b"))
+    assert done.returncode == 2 and "compare runs of the same model" in done.stderr and "Traceback" not in done.stderr
+    assert "no regressions" not in done.stderr
+
+
+def test_one_hosts_disjoint_shards_merge_and_overlapping_ones_do_not(shard, tmp_path):
+    fp32, fp16 = shard.model_copy(deep=True), shard.model_copy(deep=True)
+    fp32.cells, fp16.cells = shard.cells[:1], shard.cells[1:]
+    done = run_cli("merge", _save(fp32, tmp_path / "a"), _save(fp16, tmp_path / "b"), "--out", tmp_path / "merged")
+    assert done.returncode == 0, done.stderr
+    merged = load_results(tmp_path / "merged")
+    assert [h["label"] for h in merged["hosts"]] == ["ci-linux"]
+    assert [(c["host"], c["variant"]) for c in merged["cells"]] == [("ci-linux", "fp32"), ("ci-linux", "fp16")]
+
+    done = run_cli("merge", tmp_path / "a", _save(shard, tmp_path / "all"), "--out", tmp_path / "overlap")
+    assert done.returncode == 2 and "cell ort-cpu fp32 of host 'ci-linux' is in both" in done.stderr
+
+
+def test_junit_names_cells_and_fails_regressions(shard, tmp_path):
+    worse = shard.model_copy(deep=True)
+    worse.cells[1].verdict, worse.cells[1].reasons = "FAIL", ["injected failure"]
+    done = run_cli("merge", _save(worse, tmp_path / "worse"), "--baseline", _save(shard, tmp_path / "base"),
+                   "--out", tmp_path / "report", "--fail-on", "never")
+    assert done.returncode == 1
+    suite = ET.parse(tmp_path / "report" / "junit.xml").getroot().find("testsuite")
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    assert {"ort-cpu fp32", "ort-cpu fp16", "ort-cpu fp16 regression: verdict"} <= set(cases)
+    assert cases["ort-cpu fp16 regression: verdict"].find("failure") is not None
+    assert suite.get("failures") == "2" and suite.get("tests") == "3"  # the FAILed cell and its regression

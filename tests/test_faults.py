@@ -1,0 +1,321 @@
+"""Injected faults: a killed worker, a killed runner (then --resume), SIGTERM, a killed
+browser's processes, a write error, two runs on one folder, a memory cap, a hanging
+reference. Every wait is for a state (a process, a file, a line), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnx
+import psutil
+import pytest
+from conftest import load_results, run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+from matrix.examples import path as example
+
+MLP = example("continuous_mlp")
+SLOW = ["--iters", "50000000"]  # a timing loop far longer than any test waits
+STATE_TIMEOUT_S = 300  # generous: CI is a busy 2-core machine; a state that never comes fails the test
+
+
+def _start(*args: object, **popen) -> subprocess.Popen:
+    command = [sys.executable, "-m", "matrix", "run", *map(str, args)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _wait_for(condition, what: str, timeout: float = STATE_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"never saw: {what}")
+
+
+def _descendants(pid: int, name: str) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for child in children:
+        try:
+            if name in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _worker_of(run: subprocess.Popen, cell_dir: Path) -> psutil.Process:
+    """The worker process of one cell, once it runs (its command line names the cell folder)."""
+    return _wait_for(lambda: next(iter(_descendants(run.pid, f"matrix.worker {cell_dir}")), None), f"a worker for {cell_dir}")
+
+
+def _jsonl(out: Path) -> list[dict]:
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _assert_gone(processes: list[psutil.Process]) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    assert not alive, f"left running: {alive}"
+
+
+def test_a_killed_worker_costs_its_cell_only(tmp_path):
+    run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *SLOW, "--timeout", "600", "--out", tmp_path)
+    worker = _worker_of(run, tmp_path / "cells" / "ort-cpu-fp32")
+    worker.kill()
+    _worker_of(run, tmp_path / "cells" / "ort-cpu-fp16").kill()
+    _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
+    assert run.returncode == 1, stderr
+    cells = load_results(tmp_path)["cells"]
+    assert [c["verdict"] for c in cells] == ["FAIL", "FAIL"]
+    assert cells[0]["error"]["message"].startswith("killed by signal 9 (SIGKILL) after")
+    assert "timed out" not in cells[0]["error"]["message"]
+
+
+def test_runner_kill_9_takes_its_worker_along_and_resume_finishes_the_matrix(tmp_path):
+    args = ["--targets", "ort-cpu", "--precisions", "fp32,fp16,int8", "--iters", "20", "--batch-sizes", "1",
+            "--host-label", "resume-host"]
+    run = _start(MLP, *args, "--out", tmp_path)
+    _wait_for(lambda: len(_jsonl(tmp_path)) >= 1, "the first finished cell in results.jsonl")
+    workers = _descendants(run.pid, "matrix.worker")
+    run.kill()
+    run.wait()
+    _assert_gone(workers)  # the parent-death signal: no worker outlives its runner
+    kept = _jsonl(tmp_path)
+    assert all(line["run_id"] == kept[0]["run_id"] and line["model_sha256"] for line in kept)
+
+    done = run_cli("run", MLP, *args, "--resume", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"keeping {len(kept)} finished cells" in done.stderr
+    results = load_results(tmp_path)
+    assert [c["variant"] for c in results["cells"]] == ["fp32", "fp16", "int8"]
+    assert all(c["verdict"] == "PASS" for c in results["cells"])
+    for line in kept:  # the kept cells are the measured ones, not re-measured
+        cell = next(c for c in results["cells"] if c["variant"] == line["variant"])
+        assert cell["duration_s"] == line["duration_s"]
+    lines = _jsonl(tmp_path)
+    assert len(lines) == 3 and len({line["run_id"] for line in lines}) == 1
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    assert run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path).returncode == 0
+    done = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path)
+    assert done.returncode == 2 and "settings differ" in done.stderr and "iters" in done.stderr
+    done = run_cli("run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--resume", tmp_path)
+    assert done.returncode == 2 and "another model" in done.stderr
+
+
+def test_a_rerun_keeps_the_previous_runs_lines(tmp_path):
+    for _ in range(2):
+        assert run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path).returncode == 0
+    lines = _jsonl(tmp_path)
+    assert len(lines) == 2 and lines[0]["run_id"] != lines[1]["run_id"]
+    assert len(load_results(tmp_path)["cells"]) == 1
+
+
+@pytest.mark.parametrize("sent, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signalled_run_writes_its_report_and_leaves_nothing_running(tmp_path, sent, code):
+    run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *SLOW, "--out", tmp_path)
+    worker = _worker_of(run, tmp_path / "cells" / "ort-cpu-fp32")
+    run.send_signal(sent)
+    _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
+    assert run.returncode == code, stderr
+    assert "interrupted" in stderr and (tmp_path / "index.html").exists()
+    _assert_gone([worker])
+
+
+def test_a_second_run_on_the_same_folder_is_refused(tmp_path):
+    first = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", *SLOW, "--out", tmp_path)
+    try:
+        _worker_of(first, tmp_path / "cells" / "ort-cpu-fp32")
+        second = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--out", tmp_path)
+        assert second.returncode == 2 and "another policy-matrix run is writing to" in second.stderr, second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=STATE_TIMEOUT_S)
+    assert first.returncode == 143
+
+
+def test_a_cell_whose_files_cannot_be_written_fails_alone(tmp_path):
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "cells" / "ort-cpu-fp16").write_text("a file where the cell's folder should go")
+    done = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--iters", "5", "--out", tmp_path)
+    assert done.returncode == 1, done.stderr
+    fp32, fp16 = load_results(tmp_path)["cells"]
+    assert fp32["verdict"] == "PASS"
+    assert fp16["verdict"] == "FAIL" and "cannot write the cell's files" in fp16["error"]["message"]
+
+
+def _limit_file_size(nbytes: int):
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return limit
+
+
+def test_a_write_error_leaves_the_previous_report_whole(tmp_path):
+    """RLIMIT_FSIZE makes the kernel refuse any file above 32 kB (EFBIG): the cells' files and
+    results.json fit, index.html (~80 kB) does not."""
+    args = [MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path]
+    assert run_cli("run", *args).returncode == 0
+    before = (tmp_path / "index.html").read_bytes()
+    assert len(before) > 32_000
+    run = _start(*args, preexec_fn=_limit_file_size(32_000))
+    _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
+    lines = [line for line in stderr.splitlines() if "error" in line]
+    assert run.returncode == 2 and "Traceback" not in stderr
+    assert len(lines) == 1 and "cannot write the report" in lines[0], stderr
+    assert (tmp_path / "index.html").read_bytes() == before  # not truncated: replaced whole or not at all
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_memory_cap_makes_an_oversized_cell_fail_with_out_of_memory(tmp_path):
+    # batch 40M x 17 floats = 2.7 GB of observations for one timing batch: above a 1.5 GB cap.
+    done = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "1", "--warmup", "0",
+                   "--batch-sizes", "1,40000000", "--memory-limit", "1.5G", "--out", tmp_path)
+    assert done.returncode == 1, done.stderr
+    (cell,) = load_results(tmp_path)["cells"]
+    assert cell["verdict"] == "FAIL" and cell["error"]["message"].startswith("out of memory (limit 1.5 GiB)"), cell["error"]
+
+
+def _endless_loop_model(folder: Path) -> Path:
+    """A valid policy whose Loop runs 10^12 times: only a timeout ends its evaluation."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Identity", ["x_in"], ["x_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, ["b", 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("x_out", TensorProto.FLOAT, ["b", 4])],
+    )
+    init = [numpy_helper.from_array(np.array(10**12, np.int64), "trips"), numpy_helper.from_array(np.array(True), "go")]
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "go", "obs"], ["action"], body=body)], "endless",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["b", 4])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["b", 4])], init,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), folder / "endless.onnx")
+    return folder / "endless.onnx"
+
+
+def test_a_reference_that_never_ends_is_stopped_by_the_timeout(tmp_path):
+    started = time.monotonic()
+    done = run_cli("run", _endless_loop_model(tmp_path), "--targets", "ort-cpu", "--timeout", "5", "--out", tmp_path / "out")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "float64 reference" in done.stderr and "timed out after 5 s" in done.stderr, done.stderr
+    assert time.monotonic() - started < 120  # not the minutes an unguarded evaluation takes
+    assert not _descendants_of_dead_run(tmp_path)
+
+
+def _descendants_of_dead_run(out: Path) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_require_and_fail_on_skip_make_an_all_skip_run_fail(tmp_path):
+    args = [MLP, "--targets", "coreml-cpu", "--precisions", "fp32"]  # Core ML prediction SKIPs off macOS
+    if sys.platform == "darwin":
+        pytest.skip("coreml-cpu runs on macOS")
+    assert run_cli("run", *args, "--out", tmp_path / "a").returncode == 0
+    done = run_cli("run", *args, "--require", "coreml-cpu", "--out", tmp_path / "b")
+    assert done.returncode == 1 and "required target coreml-cpu did not run" in done.stderr
+    assert run_cli("run", *args, "--fail-on", "skip", "--out", tmp_path / "c").returncode == 1
+
+
+def test_harness_server_answers_head_like_get(tmp_path):
+    from targets.web_support import HarnessServer
+
+    server = HarnessServer()
+    try:
+        for path in ("/harness/../../pyproject.toml", "/ort/../package.json", "/harness/%2e%2e/%2e%2e/README.md", "/"):
+            request = urllib.request.Request(f"{server.origin}{path}", method="HEAD")
+            with pytest.raises(urllib.error.HTTPError, match="404"):
+                urllib.request.urlopen(request)
+        request = urllib.request.Request(f"{server.origin}/harness/index.html", method="HEAD")
+        with urllib.request.urlopen(request) as reply:
+            assert reply.status == 200 and int(reply.headers["Content-Length"]) > 0 and reply.read() == b""
+    finally:
+        server.stop()
+
+
+def test_chromium_dies_with_a_killed_runner(tmp_path):
+    from targets import REGISTRY
+
+    if REGISTRY["ort-web-wasm"].unavailable_reason():
+        pytest.skip(REGISTRY["ort-web-wasm"].unavailable_reason())
+    run = _start(MLP, "--targets", "ort-web-wasm", "--precisions", "fp32", *SLOW, "--out", tmp_path)
+    _worker_of(run, tmp_path / "cells" / "ort-web-wasm-fp32")
+    browsers = _wait_for(lambda: _descendants(run.pid, "policy-matrix-chromium-"), "the run's Chromium")
+    run.kill()
+    run.wait()
+    _assert_gone(browsers)
+
+
+def test_watchdog_kills_a_group_whose_runner_is_gone():
+    """The fallback where no parent-death signal exists: a separate watchdog process."""
+    runner = subprocess.Popen(["sleep", "600"])
+    group = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    watchdog = subprocess.Popen([sys.executable, "-m", "matrix.isolation", str(runner.pid), str(group.pid), "inf"])
+    try:
+        assert watchdog.poll() is None and group.poll() is None
+        runner.kill()
+        runner.wait()
+        assert group.wait(timeout=STATE_TIMEOUT_S) == -signal.SIGKILL
+        watchdog.wait(timeout=STATE_TIMEOUT_S)
+    finally:
+        for process in (runner, group, watchdog):
+            if process.poll() is None:
+                process.kill()
+
+
+def test_watchdog_kills_a_group_past_its_timeout():
+    runner = subprocess.Popen(["sleep", "600"])
+    group = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    watchdog = subprocess.Popen([sys.executable, "-m", "matrix.isolation", str(runner.pid), str(group.pid), "1"])
+    try:
+        assert group.wait(timeout=STATE_TIMEOUT_S) == -signal.SIGKILL
+        assert runner.poll() is None  # the runner itself is left alone
+    finally:
+        for process in (runner, group, watchdog):
+            if process.poll() is None:
+                process.kill()
+        runner.wait()
+
+
+def _allocates_at_run_time(folder: Path) -> Path:
+    """A policy that allocates max(obs) * 2^28 floats per call: no declared shape says so,
+    only running it shows (the seeded observations reach 10, so about 10 GB)."""
+    nodes = [
+        helper.make_node("ReduceMax", ["obs"], ["top"], keepdims=0),
+        helper.make_node("Mul", ["top", "scale"], ["count_f"]),
+        helper.make_node("Cast", ["count_f"], ["count"], to=TensorProto.INT64),
+        helper.make_node("Reshape", ["count", "one"], ["shape"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["big"]),
+        helper.make_node("ReduceSum", ["big"], ["total"], keepdims=0),
+        helper.make_node("Add", ["obs", "total"], ["action"]),
+    ]
+    init = [numpy_helper.from_array(np.array(float(1 << 28), np.float32), "scale"),
+            numpy_helper.from_array(np.array([1], np.int64), "one")]
+    graph = helper.make_graph(nodes, "greedy", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["b", 4])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["b", 4])], init)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), folder / "greedy.onnx")
+    return folder / "greedy.onnx"
+
+
+def test_the_reference_runs_under_the_memory_cap(tmp_path):
+    done = run_cli("run", _allocates_at_run_time(tmp_path), "--targets", "ort-cpu", "--memory-limit", "1G",
+                   "--out", tmp_path / "out")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "float64 reference" in done.stderr and "out of memory (limit 1 GiB)" in done.stderr, done.stderr

@@ -1,0 +1,379 @@
+"""Hostile input, table-driven: every malformed model, observation file, option and config
+ends in exit 2 and one line on stderr, never a traceback and never a silent acceptance.
+
+The models are built here with onnx.helper, so each case shows exactly what is hostile.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+from matrix.examples import path as example
+
+OPSET = [helper.make_opsetid("", 18)]
+MLP = example("continuous_mlp")  # input obs [batch, 17]
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=OPSET) -> onnx.ModelProto:
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(initializers)), opset_imports=opset)
+
+
+def _save(folder: Path, model: onnx.ModelProto, name: str = "m.onnx") -> Path:
+    onnx.save(model, folder / name)
+    return folder / name
+
+
+def _float_io(shape, name="obs"):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _identity_model(input_info) -> onnx.ModelProto:
+    tensor = input_info.type.tensor_type
+    shape = [d.dim_value or d.dim_param for d in tensor.shape.dim] if tensor.HasField("shape") else ["b", 4]
+    output_info = helper.make_tensor_value_info("action", tensor.elem_type, shape)
+    return _model([helper.make_node("Identity", [input_info.name], ["action"])], [input_info], [output_info])
+
+
+# --- models ---------------------------------------------------------------------------
+
+
+def no_inputs(folder):
+    value = numpy_helper.from_array(np.ones((1, 2), np.float32))
+    node = helper.make_node("Constant", [], ["action"], value=value)
+    return _save(folder, _model([node], [], [_float_io([1, 2], "action")]))
+
+
+def sequence_input(folder):
+    seq = helper.make_tensor_sequence_value_info("obs", TensorProto.FLOAT, ["b", 4])
+    node = helper.make_node("SequenceLength", ["obs"], ["action"])
+    return _save(folder, _model([node], [seq], [helper.make_tensor_value_info("action", TensorProto.INT64, [])]))
+
+
+def map_input(folder):
+    map_type = helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    obs = helper.make_value_info("obs", map_type)
+    node = helper.make_node("DictVectorizer", ["obs"], ["action"], domain="ai.onnx.ml", int64_vocabulary=[0, 1])
+    opset = [*OPSET, helper.make_opsetid("ai.onnx.ml", 3)]
+    return _save(folder, _model([node], [obs], [_float_io(["b", 2], "action")], opset=opset))
+
+
+def optional_input(folder):
+    optional = helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, ["b", 4]))
+    obs = helper.make_value_info("obs", optional)
+    node = helper.make_node("OptionalHasElement", ["obs"], ["action"])
+    return _save(folder, _model([node], [obs], [helper.make_tensor_value_info("action", TensorProto.BOOL, [])]))
+
+
+def string_input(folder):
+    return _save(folder, _identity_model(helper.make_tensor_value_info("obs", TensorProto.STRING, ["b", 4])))
+
+
+def rank0_input(folder):
+    return _save(folder, _identity_model(_float_io([])))
+
+
+def no_shape_input(folder):
+    return _save(folder, _identity_model(_float_io(None)))
+
+
+def zero_sized_dim(folder):
+    return _save(folder, _identity_model(_float_io(["b", 0])))
+
+
+def huge_node_name(folder):
+    obs = _float_io(["b", 4])
+    node = helper.make_node("Relu", ["obs"], ["action"], name="n" * 10_000_000)
+    return _save(folder, _model([node], [obs], [_float_io(["b", 4], "action")]))
+
+
+def huge_input_name(folder):
+    name = "o" * 2_000_000
+    return _save(folder, _model([helper.make_node("Relu", [name], ["action"])], [_float_io(["b", 4], name)], [_float_io(["b", 4], "action")]))
+
+
+def _declared(shape):
+    def make(folder):
+        return _save(folder, _model([helper.make_node("Relu", ["obs"], ["action"])], [_float_io(shape)], [_float_io(shape, "action")]))
+    return make
+
+
+def constant_of_shape_4tb(folder):
+    shape = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "shape")
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["big"]),
+        helper.make_node("ReduceMax", ["big"], ["top"], keepdims=0),
+        helper.make_node("Add", ["obs", "top"], ["action"]),
+    ]
+    return _save(folder, _model(nodes, [_float_io(["b", 4])], [_float_io(["b", 4], "action")], [shape]))
+
+
+def _external_weight(location: str) -> onnx.TensorProto:
+    weight = numpy_helper.from_array(np.ones(4, np.float32), "w")
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "16")):
+        weight.external_data.add(key=key, value=value)
+    return weight
+
+
+def _if_with_external(location: str):
+    """A model whose external tensor hides in the then-branch of an If."""
+    def make(folder):
+        (folder.parent / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+        branch_out = _float_io([4], "w_out")
+        then_graph = helper.make_graph([helper.make_node("Identity", ["w"], ["w_out"])], "then", [], [branch_out], [_external_weight(location)])
+        zeros = numpy_helper.from_array(np.zeros(4, np.float32), "z")
+        else_graph = helper.make_graph([helper.make_node("Identity", ["z"], ["w_out"])], "else", [], [branch_out], [zeros])
+        cond = numpy_helper.from_array(np.array(True), "cond")
+        nodes = [
+            helper.make_node("If", ["cond"], ["w_branch"], then_branch=then_graph, else_branch=else_graph),
+            helper.make_node("Mul", ["obs", "w_branch"], ["action"]),
+        ]
+        return _save(folder, _model(nodes, [_float_io(["b", 4])], [_float_io(["b", 4], "action")], [cond]))
+    return make
+
+
+def _loop_with_external(location: str):
+    def make(folder):
+        (folder.parent / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+        body = helper.make_graph(
+            [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["acc_in", "w"], ["acc_out"])],
+            "body",
+            [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+             _float_io([4], "acc_in")],
+            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), _float_io([4], "acc_out")],
+            [_external_weight(location)],
+        )
+        init = [numpy_helper.from_array(np.array(2, np.int64), "trips"), numpy_helper.from_array(np.array(True), "go"),
+                numpy_helper.from_array(np.zeros(4, np.float32), "acc0")]
+        nodes = [helper.make_node("Loop", ["trips", "go", "acc0"], ["acc"], body=body),
+                 helper.make_node("Mul", ["obs", "acc"], ["action"])]
+        return _save(folder, _model(nodes, [_float_io(["b", 4])], [_float_io(["b", 4], "action")], init))
+    return make
+
+
+def _symlink_external(folder):
+    (folder.parent / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    os.symlink(folder.parent / "secret.bin", folder / "weights.bin")
+    return _if_with_external("weights.bin")(folder)
+
+
+MODELS = {
+    "no inputs": (no_inputs, "no inputs"),
+    "sequence input": (sequence_input, "sequence"),
+    "map input": (map_input, "map"),
+    "optional input": (optional_input, "optional"),
+    "string input": (string_input, "STRING"),
+    "rank-0 input": (rank0_input, "rank 0"),
+    "input without shape": (no_shape_input, "not a valid ONNX model"),  # the checker already says so
+    "zero-sized dimension": (zero_sized_dim, "zero-sized"),
+    "10 MB node name": (huge_node_name, "characters long"),
+    "2 MB input name": (huge_input_name, "characters long"),
+    "input [b, 1e9]": (_declared(["b", 10**9]), "per sample"),
+    "input [b, 2^40]": (_declared(["b", 1 << 40]), "per sample"),
+    "input [b, 2^20, 2^20]": (_declared(["b", 1 << 20, 1 << 20]), "per sample"),
+    "ConstantOfShape of 4 TB": (constant_of_shape_4tb, "4.4 TB"),
+    "external data '..' inside If": (_if_with_external("../secret.bin"), "outside the model's folder"),
+    "external data absolute inside If": (lambda f: _if_with_external(str(f.parent / "secret.bin"))(f), "outside the model's folder"),
+    "external data '..' inside Loop": (_loop_with_external("../secret.bin"), "outside the model's folder"),
+    "external data via symlink": (_symlink_external, "outside the model's folder"),
+}
+
+
+# --- observation files (for the MLP: obs [batch, 17] float32) -------------------------
+
+
+def _npy(array, name="obs.npy", **kwargs):
+    def make(folder):
+        np.save(folder / name, array, **kwargs)
+        return folder / name
+    return make
+
+
+def pickle_in_npz_unused_key(folder):
+    np.savez(folder / "obs.npz", obs=np.zeros((4, 17), np.float32), junk=np.array([{"a": 1}], dtype=object))
+    return folder / "obs.npz"
+
+
+def header_of_1e11_rows(folder):
+    header = {"descr": "<f4", "fortran_order": False, "shape": (10**11, 17)}
+    with open(folder / "obs.npy", "wb") as stream:
+        np.lib.format.write_array_header_1_0(stream, header)
+        stream.write(np.zeros(17, np.float32).tobytes())
+    return folder / "obs.npy"
+
+
+def broken_zip(folder):
+    (folder / "obs.npz").write_bytes(b"PK\x03\x04" + b"\x00" * 40)
+    return folder / "obs.npz"
+
+
+def text_file(folder):
+    (folder / "obs.npy").write_text("1,2,3\n")
+    return folder / "obs.npy"
+
+
+OBSERVATIONS = {
+    "unicode array": (_npy(np.full((4, 17), "ä")), "unicode"),
+    "byte strings": (_npy(np.full((4, 17), b"x")), "byte strings"),
+    "pickled object array": (_npy(np.array([[{}] * 17] * 2, dtype=object), allow_pickle=True), "pickled"),
+    "pickle under an unused npz key": (pickle_in_npz_unused_key, "pickled"),
+    "zero rows": (_npy(np.zeros((0, 17), np.float32)), "0 observations"),
+    "header declaring 10^11 rows": (header_of_1e11_rows, "header declares"),
+    "complex values": (_npy(np.zeros((4, 17), np.complex64)), "complex"),
+    "structured records": (_npy(np.zeros((4, 17), dtype=[("a", "f4"), ("b", "i4")])), "raw records"),
+    "dates": (_npy(np.zeros((4, 17), "datetime64[s]")), "dates"),
+    "broken zip": (broken_zip, "not a readable"),
+    "text file": (text_file, "not a readable"),
+}
+
+
+# --- options --------------------------------------------------------------------------
+
+OPTIONS = {
+    "--n-obs 0": (["--n-obs", "0"], "--n-obs"),
+    "--n-obs -5": (["--n-obs", "-5"], "--n-obs"),
+    "--n-obs abc": (["--n-obs", "abc"], "--n-obs"),
+    "--threads 0": (["--threads", "0"], "--threads"),
+    "--warmup -1": (["--warmup", "-1"], "--warmup"),
+    "--iters 0": (["--iters", "0"], "--iters"),
+    "--seed -1": (["--seed", "-1"], "--seed"),
+    "--timeout 0": (["--timeout", "0"], "--timeout"),
+    "--timeout nan": (["--timeout", "nan"], "--timeout"),
+    "--timeout -1": (["--timeout", "-1"], "--timeout"),
+    "--timeout inf": (["--timeout", "inf"], "--timeout"),
+    "--batch-sizes 0": (["--batch-sizes", "0"], "--batch-sizes"),
+    "NaN tolerance": (["--tolerance", "ort-cpu:fp32=nan"], ">= 0"),
+    "negative tolerance": (["--tolerance", "ort-cpu:fp32=-1e-3"], ">= 0"),
+    "non-numeric tolerance": (["--tolerance", "ort-cpu:fp32=abc"], "TARGET:VARIANT=VALUE"),
+    "tolerance *:*": (["--tolerance", "*:*=0.1"], "matches nothing"),
+    "tolerance of an unknown target": (["--tolerance", "no-such:fp32=0.1"], "matches nothing"),
+    "tolerance of an unknown precision": (["--tolerance", "ort-cpu:fp8=0.1"], "matches nothing"),
+    "bare unknown tolerance key": (["--tolerance", "fast=0.1"], "matches nothing"),
+    "--memory-limit too small": (["--memory-limit", "12"], "--memory-limit"),
+    "--memory-limit not a size": (["--memory-limit", "lots"], "--memory-limit"),
+    "--require unknown target": (["--require", "no-such"], "unknown target"),
+    "--require a target not selected": (["--targets", "ort-cpu", "--require", "tract"], "--require"),
+    "--drift-factor nan": (["--drift-factor", "nan"], "--drift-factor"),
+    "--latency-threshold -1": (["--latency-threshold", "-1"], "--latency-threshold"),
+    "--fail-on unknown": (["--fail-on", "sometimes"], "--fail-on"),
+}
+
+
+def _out_is_a_file(tmp):
+    (tmp / "file").write_text("x")
+    return ["--out", tmp / "file"], "not a folder"
+
+
+def _out_below_a_file(tmp):
+    (tmp / "file").write_text("x")
+    return ["--out", tmp / "file" / "report"], "cannot write there"
+
+
+def _out_in_proc(tmp):
+    return ["--out", "/proc/policy-matrix-report"], "cannot write there"
+
+
+def _resume_nothing(tmp):
+    (tmp / "empty").mkdir()
+    return ["--resume", tmp / "empty"], "no run to resume"
+
+
+def _resume_other_out(tmp):
+    return ["--resume", tmp / "a", "--out", tmp / "b"], "--resume"
+
+
+def _baseline_not_results(tmp):
+    (tmp / "base.json").write_text("[1, 2]")
+    return ["--baseline", tmp / "base.json"], "not a results file"
+
+
+def _baseline_invalid(tmp):
+    (tmp / "base.json").write_text('{"schema_version": 1, "cells": "many"}')
+    return ["--baseline", tmp / "base.json"], "not a valid results file"
+
+
+PATH_OPTIONS = {
+    "--out is a file": _out_is_a_file,
+    "--out below a file": _out_below_a_file,
+    "--out unwritable": _out_in_proc,
+    "--resume a folder without a run": _resume_nothing,
+    "--resume and another --out": _resume_other_out,
+    "--baseline a JSON list": _baseline_not_results,
+    "--baseline of the wrong shape": _baseline_invalid,
+}
+
+
+# --- matrix.toml ----------------------------------------------------------------------
+
+CONFIGS = {
+    "top-level tolerance = 5": ("tolerance = 5\n", "must be a table"),
+    "non-UTF-8": (b"[tolerance]\n\"fp32\" = 1e-4 # \xff\xfe\n", "not UTF-8"),
+    "NaN value": ('[tolerance]\n"ort-cpu:fp32" = nan\n', ">= 0"),
+    "negative value": ('[tolerance]\n"ort-cpu:fp32" = -0.1\n', ">= 0"),
+    "string value": ('[tolerance]\n"ort-cpu:fp32" = "abc"\n', "not a number"),
+    "boolean value": ('[tolerance]\n"ort-cpu:fp32" = true\n', "not a number"),
+    "list value": ('[tolerance]\n"ort-cpu:fp32" = [1, 2]\n', "not a number"),
+    "*:* key": ('[tolerance]\n"*:*" = 0.1\n', "matches nothing"),
+    "unknown target key": ('[tolerance]\n"no-such" = 0.1\n', "matches nothing"),
+    "broken TOML": ("[tolerance\n", "cannot read the config"),
+}
+
+
+def assert_clean_exit_2(done, expected: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0], done.stderr[-2000:]
+    assert len(lines[0]) < 1000, "one readable line, not a dump"
+
+
+def test_the_table_has_at_least_40_cases():
+    total = len(MODELS) + len(OBSERVATIONS) + len(OPTIONS) + len(PATH_OPTIONS) + len(CONFIGS) + 1  # + missing config
+    assert total >= 40
+
+
+@pytest.mark.parametrize("case", MODELS)
+def test_hostile_model(case, tmp_path):
+    make, expected = MODELS[case]
+    folder = tmp_path / "models"
+    folder.mkdir()
+    assert_clean_exit_2(run_cli("run", make(folder), "--targets", "ort-cpu", "--out", tmp_path / "out"), expected)
+
+
+@pytest.mark.parametrize("case", OBSERVATIONS)
+def test_hostile_observation_file(case, tmp_path):
+    make, expected = OBSERVATIONS[case]
+    done = run_cli("run", MLP, "--targets", "ort-cpu", "--obs", make(tmp_path), "--out", tmp_path / "out")
+    assert_clean_exit_2(done, expected)
+
+
+@pytest.mark.parametrize("case", OPTIONS)
+def test_hostile_option(case, tmp_path):
+    args, expected = OPTIONS[case]
+    assert_clean_exit_2(run_cli("run", MLP, "--out", tmp_path / "out", *args), expected)
+
+
+@pytest.mark.parametrize("case", PATH_OPTIONS)
+def test_hostile_path_option(case, tmp_path):
+    args, expected = PATH_OPTIONS[case](tmp_path)
+    assert_clean_exit_2(run_cli("run", MLP, "--targets", "ort-cpu", *args), expected)
+
+
+@pytest.mark.parametrize("case", CONFIGS)
+def test_hostile_config(case, tmp_path):
+    text, expected = CONFIGS[case]
+    config = tmp_path / "matrix.toml"
+    config.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert_clean_exit_2(run_cli("run", MLP, "--config", config, "--out", tmp_path / "out"), expected)
+
+
+def test_missing_config(tmp_path):
+    assert_clean_exit_2(run_cli("run", MLP, "--config", tmp_path / "nope.toml", "--out", tmp_path / "out"), "cannot read the config")
