@@ -199,7 +199,7 @@ def _environment(report: Reporter, label: str, built: Callable[[], Path | None],
         return
     from matrix.isolated_env import EnvError
 
-    with report.work(f"building the {label} conversion environment ({size}, once)"):
+    with report.work(f"building the {label} conversion environment ({size}; once)"):
         try:
             build()
         except EnvError as error:

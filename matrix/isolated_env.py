@@ -54,8 +54,12 @@ def env_dir(name: str, requirements: Path) -> Path:
 
 
 def _usable(directory: Path) -> bool:
-    """Built to the end, and its interpreter (a link to the base Python) still exists."""
-    return (directory / ".complete").exists() and (directory / "bin" / "python").exists()
+    """Built to the end, and the base Python it runs on (pyvenv.cfg's `home`) still exists."""
+    if not ((directory / ".complete").exists() and (directory / "bin" / "python").exists()):
+        return False
+    config = (directory / "pyvenv.cfg").read_text().splitlines()
+    home = next((line.split("=", 1)[1].strip() for line in config if line.split("=", 1)[0].strip() == "home"), "")
+    return bool(home) and Path(home).is_dir()
 
 
 def env_python(name: str, requirements: Path) -> Path | None:
