@@ -14,7 +14,8 @@ def _patterns(value: str) -> list[str]:
 def _matching(pattern: str, known: list[str], option: str) -> list[str]:
     found = fnmatch.filter(known, pattern)
     if not found:
-        raise InputError(f"{option}: no target matches {pattern!r}; known: {', '.join(known)}")
+        problem = "no target matches" if any(char in pattern for char in "*?[") else "unknown target"
+        raise InputError(f"{option}: {problem} {pattern!r}; known: {', '.join(known)}")
     return found
 
 
