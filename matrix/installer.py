@@ -43,14 +43,15 @@ class Reporter:
         with self.console.status(escape(what)):
             yield
         if self.verbosity >= 0:
-            self.console.print(f"[green]done[/] {escape(what)} ({time.monotonic() - started:.0f} s)", highlight=False)
+            self.console.print(f"[green]done[/] {escape(what)} in {time.monotonic() - started:.0f} s", highlight=False,
+                               soft_wrap=True)
 
     def ok(self, what: str) -> None:
         if self.verbosity > 0:
-            self.console.print(f"[green]ok[/] {escape(what)}", highlight=False)
+            self.console.print(f"[green]ok[/] {escape(what)}", highlight=False, soft_wrap=True)
 
     def warn(self, what: str) -> None:
-        self.console.print(f"[yellow]warning[/] {escape(what)}", highlight=False)
+        self.console.print(f"[yellow]warning[/] {escape(what)}", highlight=False, soft_wrap=True)
 
 
 # --- pip ----------------------------------------------------------------------------
@@ -74,7 +75,7 @@ def unmet(requirements: list[str]) -> list[str]:
 def pip_install(report: Reporter, requirements: list[str], why: str) -> None:
     missing = unmet(requirements)
     if not missing:
-        report.ok(f"{why}: {', '.join(requirements)}")
+        report.ok(f"{', '.join(requirements)} ({why})")
         return
     with report.work(f"pip install {' '.join(missing)} ({why})"):
         done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *missing],
@@ -99,7 +100,7 @@ def extra_requirements(extra: str) -> list[str]:
 
 def core_runtimes(report: Reporter) -> None:
     """tract: an independent ONNX runtime that is a plain pip package."""
-    pip_install(report, extra_requirements("tract"), "the tract target")
+    pip_install(report, extra_requirements("tract"), "runs the tract target")
 
 
 def npm_packages(report: Reporter) -> None:
@@ -143,7 +144,7 @@ def python_playwright(report: Reporter) -> None:
     from targets import web_support
 
     pins = _requirement_lines(web_support.PACKAGED_HARNESS / "requirements.txt")
-    pip_install(report, pins, "Playwright drives Chromium")
+    pip_install(report, pins, "drives Chromium for the ort-web-* targets")
 
 
 def chromium(report: Reporter) -> None:
@@ -170,7 +171,7 @@ def chromium(report: Reporter) -> None:
 
 
 def litert_runtime(report: Reporter) -> None:
-    pip_install(report, extra_requirements("tflite"), "LiteRT runs the .tflite files")
+    pip_install(report, extra_requirements("tflite"), "runs the .tflite files")
 
 
 def onnx2tf_environment(report: Reporter) -> None:
@@ -199,7 +200,7 @@ def _environment(report: Reporter, label: str, built: Callable[[], Path | None],
         return
     from matrix.isolated_env import EnvError
 
-    with report.work(f"building the {label} conversion environment ({size}; once)"):
+    with report.work(f"building the {label} conversion environment once ({size})"):
         try:
             build()
         except EnvError as error:
