@@ -58,6 +58,8 @@ def escape(text: str) -> str:
     from rich.markup import escape as rich_escape
 
     return rich_escape(text)
+
+
 FAIL_ON = ("fail", "warn", "never")
 FAIL_ON_OPTION = click.option(
     "--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True, help="Exit 1 when a cell is at least this bad."
