@@ -224,7 +224,7 @@ def setup(groups: list[str], console: Console, verbosity: int) -> bool:
             try:
                 step(report)
             except (SetupError, OSError) as error:
-                console.print(f"[red]setup {name} failed[/] {escape(str(error))}", highlight=False)
+                print(f"policy-matrix: setup {name} failed: {error}", file=sys.stderr)  # shown even with -q
                 ok = False
     return ok
 
