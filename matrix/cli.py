@@ -1,42 +1,67 @@
-"""The `policy-matrix` command line."""
+"""The `policy-matrix` command line.
+
+Imports of the heavy parts (numpy, onnx, pandas, matplotlib, every target) happen
+inside the commands that use them: `--version`, `--help` and shell completion stay
+about as fast as Python itself.
+"""
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
-import targets as registry
-from targets.base import VARIANTS
 
 from . import __version__, options
-from . import model as model_loader
-from . import results as schema
-from .compare import Thresholds
-from .compare import compare as compare_results
-from .errors import InputError
-from .lint import lint as lint_model
-from .merge import merge as merge_shards
-from .merge import shard_path as merge_shard_path
-from .orchestrate import RunConfig, Terminated, lock_out, raise_terminated
-from .orchestrate import run as run_matrix
-from .report import write_all
-from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
+from . import config as run_config_file
+from .errors import InputError, Terminated, raise_terminated
+from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
+    "Environment: POLICY_MATRIX_CACHE sets where converted artifacts and converter environments are kept "
+    "(default ~/.cache/policy-matrix, or $XDG_CACHE_HOME/policy-matrix)."))
 @click.version_option(__version__, prog_name="policy-matrix")
-def app() -> None:
+@click.option("-q", "--quiet", "quiet", count=True, help="Only errors (no progress, no tally).")
+@click.option("-v", "--verbose", "verbose", count=True, help="More detail (each cell's reason; setup steps already done).")
+def app(quiet: int, verbose: int) -> None:
     """Run one exported policy on every runtime it ships on: parity drift against a
     float64 reference, latency, operator placement and the RL action contract."""
+    global console
+    console = _stderr_console(verbose - quiet)
+    click.get_current_context().meta["verbosity"] = verbose - quiet
 
 
-console = Console(stderr=True)
+def _stderr_console(verbosity: int = 0):
+    from rich.console import Console
+
+    return Console(stderr=True, quiet=verbosity < 0)
+
+
+class _LazyConsole:
+    """The stderr console, made on first use: importing rich costs start-up time `--version` need not pay."""
+
+    def __getattr__(self, name):
+        global console
+        console = _stderr_console()
+        return getattr(console, name)
+
+
+console = _LazyConsole()
+
+
+def _verbosity() -> int:
+    return click.get_current_context().meta.get("verbosity", 0)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
 FAIL_ON = ("fail", "warn", "skip", "never")
 FAIL_ON_OPTION = click.option(
     "--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True,
@@ -67,15 +92,17 @@ def _ints(value: str, option: str) -> list[int]:
     return numbers
 
 
-def _target_names(value: str) -> list[str]:
-    names = list(registry.REGISTRY) if value == "all" else _csv(value)
-    unknown = [name for name in names if name not in registry.REGISTRY]
-    if unknown:
-        raise InputError(f"unknown target {unknown[0]!r}; known: {', '.join(registry.REGISTRY)}")
-    return names
+def _target_names(value: str, skip: str = "") -> list[str]:
+    import targets as registry
+
+    from .selection import select_targets
+
+    return select_targets(value, skip, list(registry.REGISTRY))
 
 
 def _precisions(value: str) -> list[str]:
+    from targets.base import VARIANTS
+
     names = _csv(value)
     unknown = [name for name in names if name not in VARIANTS]
     if unknown or not names:
@@ -95,16 +122,15 @@ def _min_agreement(value: float) -> float:
     return value
 
 
-def _config_tolerances(path: Path | None) -> dict[str, float]:
-    if path is None:
-        return {}
-    table = options.config_table(options.read_toml(path), "tolerance", path)
-    return {key: options.tolerance_value(value, f"{path}: [tolerance] {key!r}") for key, value in table.items()}
+def _tolerances(specs: list[str]):
+    """Every override (command line or the config's [tolerance] table) is a number >= 0 whose key matches some
+    target or precision."""
+    import targets as registry
+    from targets.base import VARIANTS
 
+    from .verdict import Tolerances
 
-def _tolerances(specs: list[str], config: Path | None) -> Tolerances:
-    """Every override is a number >= 0 whose key matches some target or precision."""
-    tolerances = Tolerances.parse(specs, _config_tolerances(config))
+    tolerances = Tolerances.parse(specs, click.get_current_context().meta.get("config_tolerances", {}))
     for key, value in tolerances.overrides.items():
         where = f"tolerance {key!r}"
         options.tolerance_value(value, where)
@@ -112,9 +138,15 @@ def _tolerances(specs: list[str], config: Path | None) -> Tolerances:
     return tolerances
 
 
-@app.command()
+@app.command(epilog="Every option can also be set in matrix.toml (or [tool.policy-matrix] in pyproject.toml) "
+                     "under its own name, e.g. iters = 100, targets = [\"ort-*\"]; the command line wins.")
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--targets", default="all", show_default=True, help="Comma-separated target names, or 'all'.")
+@click.option("--config", type=click.Path(path_type=Path), is_eager=True, expose_value=False,
+              callback=run_config_file.load_into,
+              help="Settings file (default ./matrix.toml, else [tool.policy-matrix] in ./pyproject.toml).")
+@click.option("--targets", default="all", show_default=True,
+              help="Comma-separated target names or globs (ort-web-*), or 'all'.")
+@click.option("--skip", default="", help="Comma-separated target names or globs to leave out.")
 @click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated variants: fp32, fp16, int8.")
 @click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
 @click.option("--n-obs", default=128, show_default=True, help="Size of the seeded observation set when --obs is not given.")
@@ -123,8 +155,8 @@ def _tolerances(specs: list[str], config: Path | None) -> Tolerances:
 @click.option("--warmup", default=20, show_default=True, help="Untimed calls before timing.")
 @click.option("--iters", default=200, show_default=True, help="Timed calls per batch size.")
 @click.option("--threads", default=1, show_default=True, help="Intra-op threads given to each runtime.")
-@click.option("--tolerance", multiple=True, help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards).")
-@click.option("--config", type=click.Path(path_type=Path), help="matrix.toml with a [tolerance] table of the same keys.")
+@click.option("--tolerance", multiple=True,
+              help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards; also a [tolerance] table).")
 @click.option("--tie-margin", default=DEFAULT_TIE_MARGIN, show_default=True,
               help="Discrete actions: a flip counts only where the reference's top-1 minus top-2 logit is above this.")
 @click.option("--min-agreement", default=DEFAULT_MIN_AGREEMENT, show_default=True,
@@ -142,12 +174,18 @@ def _tolerances(specs: list[str], config: Path | None) -> Tolerances:
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
-def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, tie_margin,
+def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, fail_on, baseline, latency_threshold,
         drift_factor):
     """Run the matrix on MODEL and write the report."""
+    from . import model as model_loader
+    from . import results as schema
+    from .merge import shard_path as merge_shard_path
+    from .orchestrate import RunConfig, lock_out
+    from .orchestrate import run as run_matrix
+
     thresholds = _thresholds(drift_factor, latency_threshold)
-    target_names = _target_names(targets)
+    target_names = _target_names(targets, skip)
     required = _required(require, target_names)
     limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
     settings = RunConfig(
@@ -163,7 +201,7 @@ def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters
         iters=options.at_least(iters, 1, "--iters"),
         threads=options.at_least(threads, 1, "--threads"),
         timeout_s=options.seconds(timeout, "--timeout"),
-        tolerances=_tolerances(list(tolerance), config),
+        tolerances=_tolerances(list(tolerance)),
         host_label=host_label,
         tie_margin=_tie_margin(tie_margin),
         min_agreement=_min_agreement(min_agreement),
@@ -196,7 +234,9 @@ def _required(value: str, target_names: list[str]) -> list[str]:
     return names
 
 
-def _thresholds(drift_factor: float, latency_threshold: float) -> Thresholds:
+def _thresholds(drift_factor: float, latency_threshold: float):
+    from .compare import Thresholds
+
     return Thresholds(options.non_negative(drift_factor, "--drift-factor"),
                       options.non_negative(latency_threshold, "--latency-threshold"))
 
@@ -210,6 +250,10 @@ def _thresholds(drift_factor: float, latency_threshold: float) -> Thresholds:
 @DRIFT_FACTOR_OPTION
 def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
     """Merge SHARDS (results.json files or report folders, one per host) into one report."""
+    from . import results as schema
+    from .merge import merge as merge_shards
+    from .merge import shard_path as merge_shard_path
+
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
     thresholds = _thresholds(drift_factor, latency_threshold)
     _finish(merge_shards(list(shards)), options.writable_dir(out), fail_on, baseline_results, thresholds)
@@ -220,18 +264,30 @@ def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
 @click.option("--current", type=click.Path(path_type=Path), required=True, help="Newer results.json (or its folder).")
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
-def compare(baseline, current, latency_threshold, drift_factor):
+@click.option("--json", "as_json", is_flag=True, help="Print the regressions as a JSON list on stdout.")
+def compare(baseline, current, latency_threshold, drift_factor, as_json):
     """Regressions of CURRENT against BASELINE, per cell (exit 1 if any)."""
+    from . import results as schema
+    from .compare import compare as compare_results
+    from .merge import shard_path as merge_shard_path
+
     before, after = schema.load(merge_shard_path(baseline)), schema.load(merge_shard_path(current))
     found = compare_results(before, after, _thresholds(drift_factor, latency_threshold))
-    _print_regressions(found)
-    if not found:
-        console.print("[green]no regressions[/]")
+    if as_json:
+        _print_json([regression.model_dump(mode="json") for regression in found])
+    else:
+        _print_regressions(found)
+        if not found:
+            console.print("[green]no regressions[/]")
     sys.exit(1 if found else 0)
 
 
-def _finish(results, out: Path, fail_on: str, baseline, thresholds: Thresholds, required: list[str] = ()) -> None:
+def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = ()) -> None:
     """Compare with the baseline, write the report, print the tally and exit with the verdict."""
+    from . import results as schema
+    from .compare import compare as compare_results
+    from .report import write_all
+
     if baseline is not None:
         results.regressions = compare_results(baseline, results, thresholds)
     try:
@@ -239,6 +295,9 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds: Thresholds, 
     except OSError as error:  # a full disk: the earlier report stays whole (files are replaced atomically)
         raise InputError(f"cannot write the report to {out}: {error.strerror or error}") from None
     counts = {v: sum(c.verdict == v for c in results.cells) for v in schema.VERDICTS}
+    if _verbosity() > 0:
+        for cell in results.cells:
+            console.print(f"{cell.verdict:4} {cell.target} {cell.variant}: {escape('; '.join(cell.reasons))}", highlight=False)
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
     _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
@@ -258,18 +317,34 @@ def _print_regressions(found) -> None:
 
 
 @app.command("targets")
-def list_targets() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list on stdout (name, runtime, available, reason, summary).")
+def list_targets(as_json: bool) -> None:
     """Every known target, and whether it can run here (or what to do about it)."""
+    import targets as registry
+
+    rows = [{"name": target.name, "runtime": _safe_version(target), "available": reason is None, "reason": reason,
+             "summary": target.summary}
+            for target in registry.REGISTRY.values() for reason in [target.unavailable_reason()]]
+    if as_json:
+        _print_json(rows)
+        return
+    from rich.table import Table
+
     table = Table("target", "runtime", "status", "what it is")
-    for target in registry.REGISTRY.values():
-        reason = target.unavailable_reason()
-        version = _safe_version(target)
-        table.add_row(target.name, version, "[green]available[/]" if not reason else f"[yellow]{reason}[/]", target.summary)
+    for row in rows:  # hints hold brackets ('policy-matrix[tract]') that rich would read as markup
+        status = "[green]available[/]" if row["available"] else f"[yellow]{escape(row['reason'])}[/]"
+        table.add_row(escape(row["name"]), escape(row["runtime"]), status, escape(row["summary"]))
     _stdout().print(table)
 
 
-def _stdout() -> Console:
+def _print_json(data) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def _stdout():
     """Piped output (CI logs, grep) gets a wide fixed width instead of wrapping at 80 columns."""
+    from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
@@ -282,15 +357,38 @@ def _safe_version(target) -> str:
 
 @app.command()
 @click.argument("model", type=click.Path(path_type=Path))
-def lint(model: Path) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the lints as a JSON list on stdout (id, level, message).")
+def lint(model: Path, as_json: bool) -> None:
     """The deployment-readiness lints alone (exit 1 if any is an error)."""
+    from dataclasses import asdict
+
+    from . import model as model_loader
+    from .lint import lint as lint_model
+
     results = lint_model(model_loader.load(model))
+    failed = any(item.level == "error" for item in results)
+    if as_json:
+        _print_json([asdict(item) for item in results])
+        sys.exit(1 if failed else 0)
+    from rich.table import Table
+
     colours = {"ok": "green", "warn": "yellow", "error": "red"}
     table = Table("level", "lint", "finding")
     for item in results:
         table.add_row(f"[{colours[item.level]}]{item.level}[/]", item.id, escape(item.message))
     _stdout().print(table)
-    sys.exit(1 if any(item.level == "error" for item in results) else 0)
+    sys.exit(1 if failed else 0)
+
+
+@app.command()
+@click.argument("groups", nargs=-1, type=click.Choice(["core", "web", "tflite", "coreml", "all"]))
+def setup(groups: tuple[str, ...]) -> None:
+    """Install what the targets of GROUPS need (default: all): core (tract), web (npm packages,
+    Playwright, Chromium), tflite (LiteRT, the onnx2tf environment), coreml (its environment).
+    Only what is missing is installed: a second run does nothing (exit 1 if a step failed)."""
+    from .installer import setup as run_setup
+
+    sys.exit(0 if run_setup(list(groups) or ["all"], console, _verbosity()) else 1)
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 onnx2tf pins old onnx/numpy/protobuf, so it cannot share the core's
 environment. Such a target names a pinned requirements file; the environment
 is built on first use under the cache directory, keyed by that file's content
-hash (editing the pins builds a fresh one), and reused after that. Work crosses
+hash and the interpreter that builds it (editing the pins, or a runner image
+with another Python, builds a fresh one), and reused after that. Work crosses
 the boundary the same way as every cell: files in, JSON out.
 """
 
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import venv
+from dataclasses import dataclass
 from pathlib import Path
 
 from .paths import cache_dir
@@ -26,37 +28,77 @@ class EnvError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class PinnedWheel:
+    """A requirement that must come from one place, installed before the rest.
+
+    PyPI's Linux torch wheel is the CUDA build (several GB of nvidia-* packages);
+    the CPU build lives on PyTorch's own index. A wheel already on this machine
+    (pip's find-links) is used first, so an offline mirror never asks that index.
+    """
+
+    requirement: str  # e.g. "torch==2.13.0+cpu"
+    index_url: str
+
+
 def env_dir(name: str, requirements: Path) -> Path:
-    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]
-    return cache_dir() / "envs" / f"{name}-{digest}"
+    """The environment's folder: one per pin set and building interpreter.
+
+    A venv links to the Python that made it: one cached from another Python (a runner
+    image update, another setup-python version) is dead even though it looks complete.
+    """
+    digest = hashlib.sha256()
+    for part in (requirements.read_bytes(), sys.version.encode(), str(Path(sys._base_executable).resolve()).encode()):
+        digest.update(hashlib.sha256(part).digest())
+    return cache_dir() / "envs" / f"{name}-py{sys.version_info[0]}{sys.version_info[1]}-{digest.hexdigest()[:12]}"
+
+
+def _usable(directory: Path) -> bool:
+    """Built to the end, and the base Python it runs on (pyvenv.cfg's `home`) still exists."""
+    if not ((directory / ".complete").exists() and (directory / "bin" / "python").exists()):
+        return False
+    config = (directory / "pyvenv.cfg").read_text().splitlines()
+    home = next((line.split("=", 1)[1].strip() for line in config if line.split("=", 1)[0].strip() == "home"), "")
+    return bool(home) and Path(home).is_dir()
 
 
 def env_python(name: str, requirements: Path) -> Path | None:
-    """The environment's interpreter if it is already built, else None."""
-    python = env_dir(name, requirements) / "bin" / "python"
-    return python if (env_dir(name, requirements) / ".complete").exists() else None
+    """The environment's interpreter if it is already built and usable, else None."""
+    directory = env_dir(name, requirements)
+    return directory / "bin" / "python" if _usable(directory) else None
 
 
-def ensure_env(name: str, requirements: Path, timeout_s: float = 1800) -> Path:
-    """Build (once, under a lock) and return the interpreter of the named environment."""
+def ensure_env(name: str, requirements: Path, timeout_s: float = 1800, first: tuple[PinnedWheel, ...] = ()) -> Path:
+    """Build (once, under a lock) and return the interpreter of the named environment.
+
+    An environment whose interpreter is gone is rebuilt rather than trusted.
+    """
     directory = env_dir(name, requirements)
     directory.parent.mkdir(parents=True, exist_ok=True)
     with open(directory.parent / f"{directory.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (directory / ".complete").exists():
-            _build(directory, requirements, timeout_s)
+        if not _usable(directory):
+            _build(directory, requirements, timeout_s, first)
     return directory / "bin" / "python"
 
 
-def _build(directory: Path, requirements: Path, timeout_s: float) -> None:
+def _build(directory: Path, requirements: Path, timeout_s: float, first: tuple[PinnedWheel, ...]) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     venv.EnvBuilder(with_pip=True).create(directory)
-    python = directory / "bin" / "python"
-    command = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(requirements)]
+    pip = [str(directory / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    for wheel in first:
+        local = subprocess.run([*pip, "--no-deps", "--no-index", wheel.requirement], capture_output=True, text=True,
+                               timeout=timeout_s)
+        if local.returncode != 0:
+            _pip(directory, [*pip, "--no-deps", "--index-url", wheel.index_url, wheel.requirement], timeout_s)
+    _pip(directory, [*pip, "-r", str(requirements)], timeout_s)
+    (directory / ".complete").write_text(sys.version)
+
+
+def _pip(directory: Path, command: list[str], timeout_s: float) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise EnvError(f"building the {directory.name} environment failed: {_last_line(done.stderr)}")
-    (directory / ".complete").write_text(sys.version)
 
 
 def run_json(python: Path, script: Path, request: dict, timeout_s: float) -> dict:

@@ -28,7 +28,7 @@ import targets as registry
 from targets.base import RunService, Target
 
 from . import __version__, cells, observations, reference, reference_job, variants
-from .errors import InputError
+from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
 from .options import default_memory_limit
@@ -84,14 +84,6 @@ def _cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: the finished cells are reported, nothing is left running."""
-
-
-def raise_terminated(signum, frame) -> None:
-    raise Terminated()
 
 
 RUN_FILE = "run.json"  # the run id and what a resumed run must match

@@ -1,7 +1,8 @@
 """Everything a run leaves for people and machines, made from RunResults alone.
 
 index.html (self-contained: inline CSS and SVG charts, no network), results.json
-(the versioned schema), results.csv (one row per cell), summary.md (a CI job
+(the versioned schema), results.csv (one row per cell), latency.csv (one row
+per cell x batch size), summary.md (a CI job
 summary) and junit.xml (one test case per cell). Every string that came from
 the model is escaped by the template engine's autoescaping.
 """
@@ -31,6 +32,7 @@ def write_all(results: RunResults, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "results.json", results.model_dump_json(indent=2))
     write_atomic(out / "results.csv", table(results).to_csv(index=False))
+    write_atomic(out / "latency.csv", latency_table(results).to_csv(index=False))
     write_atomic(out / "summary.md", summary_markdown(results))
     write_junit(results, out / "junit.xml")
     index = out / "index.html"
@@ -74,6 +76,18 @@ def table(results: RunResults) -> pd.DataFrame:
 def _quantized(cell: Cell, count: str) -> int | None:
     counted = cell.artifact.quantization if cell.artifact else None
     return counted.get(count) if counted else None
+
+
+LATENCY_COLUMNS = ["host", "target", "variant", "verdict", "batch", "n", "p50_us", "p90_us", "p99_us", "mean_us",
+                   "std_us", "min_us", "emulated"]
+
+
+def latency_table(results: RunResults) -> pd.DataFrame:
+    """Long format, one row per cell x batch size: pivot it without knowing which batch sizes ran."""
+    rows = [{"host": cell.host, "target": cell.target, "variant": cell.variant, "verdict": cell.verdict,
+             **stats.model_dump(), "emulated": bool(cell.backend and cell.backend.emulated)}
+            for cell in results.cells for stats in cell.latency]
+    return pd.DataFrame(rows, columns=LATENCY_COLUMNS)
 
 
 SAME_SPEED = 0.10  # p50s within 10% of the fastest count as equally fast

@@ -29,7 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from matrix.isolated_env import ensure_env, run_json
+from matrix.isolated_env import PinnedWheel, ensure_env, env_python, run_json
 
 from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
 
@@ -38,6 +38,8 @@ REQUIREMENTS = HERE / "requirements" / "coreml.txt"
 CONVERT_SCRIPT = HERE / "coreml_convert.py"
 PREDICT_SCRIPT = HERE / "coreml_predict.py"
 ENV_NAME = "coreml"
+# Where the CPU-only torch wheels live (PyPI's Linux wheel is the CUDA build).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 MAX_BATCH = 1024  # upper bound of the flexible batch dimension (RangeDim)
 CONVERT_TIMEOUT_S = 600
 
@@ -54,9 +56,23 @@ def pinned_versions() -> dict[str, str]:
     return dict(pin.split("==", 1) for pin in pins if "==" in pin)
 
 
+def cpu_torch() -> tuple[PinnedWheel, ...]:
+    """On Linux, the CPU build of the pinned torch, installed before the rest of the pins."""
+    if not sys.platform.startswith("linux"):
+        return ()
+    return (PinnedWheel(f"torch=={pinned_versions()['torch']}+cpu", TORCH_CPU_INDEX),)
+
+
 def build_environment() -> Path:
-    """Build the CoreML environment ahead of any cell (`make setup-coreml`); returns its python."""
-    return ensure_env(ENV_NAME, REQUIREMENTS)
+    """Build the CoreML environment ahead of any cell (`policy-matrix setup coreml`); returns its python."""
+    return ensure_env(ENV_NAME, REQUIREMENTS, first=cpu_torch())
+
+
+def environment_missing() -> str | None:
+    """What to run when the CoreML environment is not built yet, else None."""
+    if env_python(ENV_NAME, REQUIREMENTS) is None:
+        return "needs setup: run `policy-matrix setup coreml` (builds its environment once, ~1.1 GB)"
+    return None
 
 
 def conversion_key(onnx_path: Path, variant: str) -> str:
@@ -122,7 +138,8 @@ class CoremlTarget(Target):
         return f"coremltools {pins['coremltools']} (onnx2torch {pins['onnx2torch']}, torch {pins['torch']})"
 
     def unavailable_reason(self) -> str | None:
-        return None  # the environment is built on first use (`make setup-coreml` builds it ahead)
+        # Never build the 1.1 GB environment silently inside the first cell.
+        return environment_missing()
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         path, record, cached = convert(ctx, variant)
@@ -141,7 +158,7 @@ class CoremlPredictTarget(CoremlTarget):
     accelerators: ClassVar[frozenset[str]]  # devices that count as "on the requested accelerator"
 
     def unavailable_reason(self) -> str | None:
-        return None if sys.platform == "darwin" else "CoreML prediction needs macOS"
+        return "CoreML prediction needs macOS" if sys.platform != "darwin" else environment_missing()
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         artifact = super().prepare(ctx, variant)

@@ -59,7 +59,7 @@ def playwright_missing() -> str | None:
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        return "Python package playwright is not installed: run `make setup` (pip install playwright)"
+        return "Python package playwright is not installed: run `policy-matrix setup web`"
     return None
 
 
@@ -94,7 +94,7 @@ def web_unavailable_reason() -> str | None:
     if reason := playwright_missing() or missing_npm_package("onnxruntime-web"):
         return reason
     if chromium_executable() is None:
-        return ("no Chromium found: run `make setup` (installs Debian's chromium as root), "
+        return ("no Chromium found: run `policy-matrix setup web` (installs Debian's chromium as root), "
                 "or `python -m playwright install chromium`")
     return None
 

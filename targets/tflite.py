@@ -82,11 +82,11 @@ class TfliteTarget(Target):
 
     def unavailable_reason(self) -> str | None:
         if litert_version() is None:
-            return "ai-edge-litert is not installed: run `make setup` (or `pip install 'policy-matrix[tflite]'`)"
+            return "ai-edge-litert is not installed: run `policy-matrix setup tflite`"
         if isolated_env.env_python(ENV_NAME, REQUIREMENTS) is None:
             if not sys.platform.startswith("linux"):
                 return "the onnx2tf conversion environment installs on Linux only (its ai-edge-litert==2.1.0 pin has no wheel here)"
-            return "conversion environment not built: run `make setup-tflite` (about 2.6 GB, ~2 min)"
+            return "needs setup: run `policy-matrix setup tflite` (builds the onnx2tf environment once, about 2.6 GB, ~2 min)"
         return None
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
@@ -131,7 +131,7 @@ class TfliteInt8Full(TfliteTarget):
 
 
 def build_environment() -> Path:
-    """Build (once) the onnx2tf environment and return its interpreter: `make setup-tflite`."""
+    """Build (once) the onnx2tf environment and return its interpreter: `policy-matrix setup tflite`."""
     return isolated_env.ensure_env(ENV_NAME, REQUIREMENTS)
 
 

@@ -89,7 +89,7 @@ class TractCpu(Target):
         try:
             import tract  # noqa: F401
         except ImportError:
-            return "the tract package is not installed: pip install 'policy-matrix[tract]' (make setup does)"
+            return "the tract package is not installed: run `policy-matrix setup core` (or pip install 'policy-matrix[tract]')"
         return None
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:

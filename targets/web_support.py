@@ -1,8 +1,10 @@
 """What the browser and node targets share: the harness files, a local server,
 tensors as bytes, and ORT's placement log lines turned into rows.
 
-onnxruntime-web and onnxruntime-node are npm packages installed by `make setup`
-into web_harness/node_modules; nothing is fetched from a CDN.
+onnxruntime-web and onnxruntime-node are npm packages installed by
+`policy-matrix setup web` (which `make setup` runs) into web_harness/node_modules
+of a source checkout, or into a per-user copy of the harness for an installed
+package; nothing is fetched from a CDN.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import base64
 import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import threading
@@ -23,10 +26,46 @@ import onnx
 
 from .base import Feeds, PlacementRow
 
-HARNESS_DIR = Path(__file__).resolve().parent.parent / "web_harness"
+# The harness as shipped: beside targets/ in a checkout and in an installed wheel alike.
+PACKAGED_HARNESS = Path(__file__).resolve().parent.parent / "web_harness"
+# What npm and the runners need; node_modules/ is made by `policy-matrix setup web`.
+HARNESS_FILES = ("package.json", "package-lock.json", "requirements.txt", "page", "node")
+
+
+def harness_digest() -> str:
+    """Content hash of the shipped harness: a per-user copy is keyed by it, so an upgrade gets a fresh one."""
+    digest = hashlib.sha256()
+    for name in HARNESS_FILES:
+        root = PACKAGED_HARNESS / name
+        for path in sorted([root] if root.is_file() else p for p in root.rglob("*") if p.is_file()):
+            digest.update(path.relative_to(PACKAGED_HARNESS).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def install_dir() -> Path:
+    """Where `policy-matrix setup web` runs npm: in place in a writable source checkout, else a per-user copy.
+
+    An installed wheel's files belong to pip (node_modules written among them would
+    outlive `pip uninstall`), and a system-wide install is not writable at all.
+    """
+    checkout = (PACKAGED_HARNESS.parent / "pyproject.toml").exists()
+    if checkout and os.access(PACKAGED_HARNESS, os.W_OK):
+        return PACKAGED_HARNESS
+    from matrix.paths import cache_dir
+
+    return cache_dir() / "web-harness" / harness_digest()
+
+
+def harness_dir() -> Path:
+    """The harness the targets use: the set-up one, else the shipped one (whose targets then say what to run)."""
+    installed = install_dir()
+    return installed if (installed / "node_modules").is_dir() else PACKAGED_HARNESS
+
+
+HARNESS_DIR = harness_dir()
 NODE_MODULES = HARNESS_DIR / "node_modules"
 ORT_WEB_DIST = NODE_MODULES / "onnxruntime-web" / "dist"
-SETUP_HINT = "run `make setup` (npm ci in web_harness/)"
+SETUP_HINT = "run `policy-matrix setup web` (npm ci of the harness's pinned packages)"
 
 
 def npm_package_version(package: str) -> str | None:

@@ -193,7 +193,7 @@ def test_missing_environment_says_how_to_build_it(tmp_path, monkeypatch):
     pins = tmp_path / "onnx2tf.txt"
     pins.write_text(tflite.REQUIREMENTS.read_text() + "# a change that would need a new environment\n")
     monkeypatch.setattr(tflite, "REQUIREMENTS", pins)
-    assert "make setup-tflite" in targets.get("tflite").unavailable_reason()
+    assert "policy-matrix setup tflite" in targets.get("tflite").unavailable_reason()
 
 
 def test_whole_run_through_the_cli(tmp_path):

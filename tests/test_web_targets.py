@@ -1,7 +1,7 @@
 """ort-web-wasm, ort-web-webgl, ort-web-webgpu and ort-node against the real runtimes.
 
 Everything runs for real: headless Chromium (one per test session, as in a run),
-onnxruntime-web from web_harness/node_modules, and node. `make setup` installs them.
+onnxruntime-web from web_harness/node_modules, and node. `make setup` (`policy-matrix setup web`) installs them.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def test_targets_are_registered_available_and_versioned():
         assert "1.30.0" in target.runtime_version()
 
 
-def test_a_missing_npm_package_says_run_make_setup():
-    assert "make setup" in missing_npm_package("onnxruntime-not-a-package")
+def test_a_missing_npm_package_says_run_setup_web():
+    assert "policy-matrix setup web" in missing_npm_package("onnxruntime-not-a-package")
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

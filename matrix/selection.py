@@ -1,0 +1,29 @@
+"""Which targets a run covers: names or shell-style globs (`ort-web-*`), minus `--skip` globs."""
+
+from __future__ import annotations
+
+import fnmatch
+
+from .errors import InputError
+
+
+def _patterns(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _matching(pattern: str, known: list[str], option: str) -> list[str]:
+    found = fnmatch.filter(known, pattern)
+    if not found:
+        problem = "no target matches" if any(char in pattern for char in "*?[") else "unknown target"
+        raise InputError(f"{option}: {problem} {pattern!r}; known: {', '.join(known)}")
+    return found
+
+
+def select_targets(spec: str, skip: str, known: list[str]) -> list[str]:
+    """Targets `spec` names ('all', names, globs; in the order given) that no `skip` glob matches."""
+    wanted = known if spec.strip() == "all" else [n for p in _patterns(spec) for n in _matching(p, known, "--targets")]
+    skipped = {name for pattern in _patterns(skip) for name in _matching(pattern, known, "--skip")}
+    chosen = [name for name in dict.fromkeys(wanted) if name not in skipped]
+    if not chosen:
+        raise InputError(f"--targets {spec!r} --skip {skip!r} leaves no target to run")
+    return chosen

@@ -1,0 +1,33 @@
+"""The CLI starts about as fast as Python with numpy: `--version`/`--help` import nothing heavy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import cli_startup  # noqa: E402
+
+HEAVY = ("numpy", "pandas", "matplotlib", "onnx", "onnxruntime", "pydantic", "jinja2", "targets", "rich")
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_version_and_help_import_nothing_heavy(flag):
+    probe = ("import sys; sys.argv = ['policy-matrix', %r]\n"
+             "from matrix.cli import main\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "import json; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))") % flag
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_startup_within_twice_numpy_import():
+    found = cli_startup.startup(rounds=5)
+    numpy_s = found["python -c 'import numpy'"]
+    assert found["policy-matrix --version"] <= 2 * numpy_s
+    assert found["policy-matrix --help"] <= 2 * numpy_s

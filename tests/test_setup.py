@@ -1,0 +1,115 @@
+"""Setting up, as a new user would: `make setup` twice, and pip's path from a built wheel to a web cell."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from matrix import installer, isolated_env
+from targets import coreml
+
+REPO = Path(__file__).resolve().parent.parent
+# A `make` started inside `make test` would otherwise announce its directories.
+PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+
+
+def test_make_setup_twice_the_second_is_quiet():
+    first = subprocess.run(["make", "setup"], cwd=REPO, capture_output=True, text=True, env=PLAIN_ENV, timeout=3600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "Traceback" not in first.stdout + first.stderr
+    second = subprocess.run(["make", "setup"], cwd=REPO, capture_output=True, text=True, env=PLAIN_ENV, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert (second.stdout + second.stderr).strip() == ""
+
+
+def test_extra_requirements_come_from_the_package_metadata():
+    assert any(line.startswith("tract") for line in installer.extra_requirements("tract"))
+    assert installer.unmet(["click>=1", "click<1", "no-such-package-policy-matrix==1"]) == [
+        "click<1", "no-such-package-policy-matrix==1"]
+
+
+def test_a_converter_environment_is_keyed_by_the_python_that_builds_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path))
+    pins = tmp_path / "pins.txt"
+    pins.write_text("# nothing to install\n")
+    first = isolated_env.env_dir("probe", pins)
+    monkeypatch.setattr(sys, "version", sys.version + " (another build)")
+    assert isolated_env.env_dir("probe", pins) != first
+
+
+def test_an_environment_whose_python_is_gone_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path))
+    pins = tmp_path / "pins.txt"
+    pins.write_text("# nothing to install\n")
+    python = isolated_env.ensure_env("probe", pins)
+    assert isolated_env.env_python("probe", pins) == python
+    config = python.parent.parent / "pyvenv.cfg"  # as a cache restored onto a runner whose Python moved
+    config.write_text("\n".join(f"home = {tmp_path / 'gone'}" if line.startswith("home") else line
+                                for line in config.read_text().splitlines()))
+    assert isolated_env.env_python("probe", pins) is None
+    rebuilt = isolated_env.ensure_env("probe", pins)
+    assert subprocess.run([rebuilt, "-c", "import sys"], timeout=120).returncode == 0
+    assert f"home = {tmp_path / 'gone'}" not in config.read_text()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PyPI's torch is a CUDA build on Linux only")
+def test_coreml_environment_has_cpu_torch_on_linux():
+    python = isolated_env.env_python(coreml.ENV_NAME, coreml.REQUIREMENTS)
+    assert python is not None, "make setup builds it"
+    done = subprocess.run([python, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == [f"{coreml.pinned_versions()['torch']}+cpu", "None"], done.stderr
+
+
+def _wheel(tmp_path: Path) -> Path:
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", tmp_path / "wheels", REPO],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    return next((tmp_path / "wheels").glob("policy_matrix-*.whl"))
+
+
+@pytest.mark.slow
+def test_the_wheel_sets_up_and_runs_a_web_cell_outside_the_source_tree(tmp_path):
+    wheel = _wheel(tmp_path)
+    names = zipfile.ZipFile(wheel).namelist()
+    for shipped in ("web_harness/package.json", "web_harness/package-lock.json", "web_harness/requirements.txt",
+                    "web_harness/page/harness.mjs", "web_harness/node/runner.mjs", "matrix/results.schema.json"):
+        assert shipped in names
+    assert not [name for name in names if "node_modules" in name]
+
+    subprocess.run([sys.executable, "-m", "venv", tmp_path / "venv"], check=True, timeout=300)
+    bin_dir = tmp_path / "venv" / "bin"
+    install = subprocess.run([bin_dir / "python", "-m", "pip", "install", "--quiet", wheel], capture_output=True,
+                             text=True, timeout=1800)
+    assert install.returncode == 0, install.stderr[-3000:]
+    home = tmp_path / "elsewhere"  # not the checkout: nothing may come from the source tree
+    home.mkdir()
+    env = {**PLAIN_ENV, "POLICY_MATRIX_CACHE": str(tmp_path / "cache"), "PYTHONPATH": ""}
+
+    def cli(*args, timeout=1800):
+        return subprocess.run([bin_dir / "policy-matrix", *map(str, args)], cwd=home, capture_output=True, text=True,
+                              env=env, timeout=timeout)
+
+    setup = cli("setup", "web")
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    assert list((tmp_path / "cache" / "web-harness").glob("*/node_modules/onnxruntime-web/package.json"))
+    again = cli("setup", "web")
+    assert again.returncode == 0 and (again.stdout + again.stderr).strip() == "", again.stdout + again.stderr
+
+    rows = {row["name"]: row for row in json.loads(cli("targets", "--json").stdout)}
+    assert rows["ort-web-wasm"]["available"], rows["ort-web-wasm"]["reason"]
+    model = subprocess.run([bin_dir / "python", "-c", "from matrix import examples; print(examples.path('continuous_mlp'))"],
+                           cwd=home, capture_output=True, text=True, env=env, check=True).stdout.strip()
+    assert not Path(model).is_relative_to(REPO)
+    done = cli("run", model, "--targets", "ort-web-wasm", "--precisions", "fp32", "--iters", "10", "--warmup", "2",
+               "--out", home / "report")
+    assert done.returncode == 0, done.stderr
+    cell = json.loads((home / "report" / "results.json").read_text())["cells"][0]
+    assert cell["verdict"] == "PASS", cell["reasons"]
+    assert "onnxruntime-web 1.30.0" in cell["runtime_version"]
