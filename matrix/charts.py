@@ -134,16 +134,18 @@ def _mark(mark: Mark, axis: _LogAxis, y: float) -> list[str]:
     return parts
 
 
-def _shape(shape: str, x: float, y: float, colour: str, hollow: bool, inner: str = "", r: float = 5.0) -> str:
-    paint = f'fill="#fff" stroke="{colour}" stroke-width="2"' if hollow else f'fill="{colour}" stroke="#fff" stroke-width="1"'
+def _shape(shape: str, x: float, y: float, colour: str, hollow: bool, inner: str = "", css: str = "mark") -> str:
+    r = 5.0
+    fill = f'fill="#fff" stroke="{colour}" stroke-width="2"' if hollow else f'fill="{colour}" stroke="#fff" stroke-width="1"'
+    paint = f'class="{css}" {fill}'
     if shape == "square":
-        return f'<rect class="mark" x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r}" height="{2 * r}" {paint}>{inner}</rect>'
+        return f'<rect x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r}" height="{2 * r}" {paint}>{inner}</rect>'
     if shape in ("diamond", "triangle"):
         points = ([(x, y - r - 1), (x + r + 1, y), (x, y + r + 1), (x - r - 1, y)] if shape == "diamond"
                   else [(x, y - r - 1), (x + r + 1, y + r), (x - r - 1, y + r)])
         coordinates = " ".join(f"{px:.1f},{py:.1f}" for px, py in points)
-        return f'<polygon class="mark" points="{coordinates}" {paint}>{inner}</polygon>'
-    return f'<circle class="mark" cx="{x:.1f}" cy="{y:.1f}" r="{r}" {paint}>{inner}</circle>'
+        return f'<polygon points="{coordinates}" {paint}>{inner}</polygon>'
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r}" {paint}>{inner}</circle>'
 
 
 def _legend(items: list[LegendItem]) -> list[str]:
@@ -152,7 +154,7 @@ def _legend(items: list[LegendItem]) -> list[str]:
         if item.shape == "tick":
             parts.append(f'<line x1="{x}" x2="{x}" y1="6" y2="20" stroke="{item.colour}" stroke-width="2"/>')
         else:
-            parts.append(_shape(item.shape, x, 13, item.colour, item.hollow))
+            parts.append(_shape(item.shape, x, 13, item.colour, item.hollow, css="key"))
         parts.append(f'<text x="{x + 10}" y="17" fill="#1d2330">{escape(item.text)}</text>')
-        x += 24 + 7 * len(item.text)
+        x += 32 + 7 * len(item.text)
     return parts

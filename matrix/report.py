@@ -112,7 +112,13 @@ def _placement_matrix(results: RunResults) -> dict:
     ordered = [n for n in results.model.get("node_names", []) if n in where] + sorted(
         n for n in where if n not in set(results.model.get("node_names", []))
     )
-    fallbacks = [(row.node, row.op_type, cell, row) for cell in columns for row in cell.placement if row.fallback]
+    fallbacks = []  # (cell, where it went, [(node, op_type)]): one line per cell and device, however many nodes
+    for cell in columns:
+        by_device: dict[str, list] = defaultdict(list)
+        for row in cell.placement:
+            if row.fallback:
+                by_device[row.where].append((row.node, row.op_type))
+        fallbacks += [(cell, where, nodes) for where, nodes in by_device.items()]
     return {"columns": columns, "rows": [(n, op_types[n], where[n]) for n in ordered], "fallbacks": fallbacks}
 
 
@@ -183,8 +189,8 @@ def latency_chart(results: RunResults) -> str:
         emulated = _emulated(cell)
         marks = [charts.Mark(s.p50_us, _latency_title(label, s, emulated), style[s.batch][1], style[s.batch][0],
                              hollow=emulated, range_to=s.p99_us) for s in cell.latency]
-        notes = (["emulated"] if emulated else []) + [f"noisy b{s.batch}: p99 {s.p99_us / s.p50_us:.0f}× p50"
-                                                        for s in cell.latency if noisy(s)]
+        spiky = ", ".join(f"b{s.batch} {s.p99_us / s.p50_us:.0f}×" for s in cell.latency if noisy(s))
+        notes = (["emulated"] if emulated else []) + ([f"noisy: p99/p50 {spiky}"] if spiky else [])
         rows.append(charts.Row(label, marks, note=" · ".join(notes) if marks else _failed_note(cell),
                                note_colour="#9a6b00" if marks else charts.FAILED_COLOUR, href=f"#{cell_anchor(results, cell)}"))
     legend = [charts.LegendItem(f"batch {b}", style[b][1], style[b][0]) for b in batches]
