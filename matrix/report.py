@@ -187,7 +187,8 @@ def latency_chart(results: RunResults) -> str:
             continue
         label = _label(cell, multi)
         emulated = _emulated(cell)
-        marks = [charts.Mark(s.p50_us, _latency_title(label, s, emulated), style[s.batch][1], style[s.batch][0],
+        step = cell.backend.timer_resolution_us if cell.backend else None
+        marks = [charts.Mark(s.p50_us, _latency_title(label, s, emulated, step), style[s.batch][1], style[s.batch][0],
                              hollow=emulated, range_to=s.p99_us) for s in cell.latency]
         spiky = ", ".join(f"b{s.batch} {s.p99_us / s.p50_us:.0f}×" for s in cell.latency if noisy(s))
         notes = (["emulated"] if emulated else []) + ([f"noisy: p99/p50 {spiky}"] if spiky else [])
@@ -198,9 +199,11 @@ def latency_chart(results: RunResults) -> str:
     return charts.dot_plot(rows, "per call: dot = p50, line on to p99 (log scale)", _duration, legend)
 
 
-def _latency_title(label: str, s: LatencyStats, emulated: bool) -> str:
+def _latency_title(label: str, s: LatencyStats, emulated: bool, timer_step_us: float | None) -> str:
     text = (f"{label}, batch {s.batch}: p50 {s.p50_us:.2f} µs, p90 {s.p90_us:.2f} µs, p99 {s.p99_us:.2f} µs, "
             f"min {s.min_us:.2f} µs, {s.n} calls; {s.p50_us / s.batch:.3f} µs per sample")
+    if timer_step_us:
+        text += f"; timer step {timer_step_us:g} µs"
     return text + ("; emulated adapter: not a real latency" if emulated else "")
 
 

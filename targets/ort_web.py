@@ -248,6 +248,7 @@ class WebSession(Session):
 
     def backend(self) -> BackendInfo:
         info = self.target.verify_backend(self.probe, self._first_log(), bool(self.sessions))
+        info.timer_resolution_us = self.page.versions.get("timerStepUs")
         if info.emulated:
             info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
         if self.target.backend == "webgpu" and self.artifact.extra.get("variant") == "fp16" and not self.probe.get("shaderF16"):

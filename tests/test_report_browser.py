@@ -5,6 +5,7 @@ import pytest
 from conftest import run_cli
 from playwright.sync_api import sync_playwright
 
+from matrix import results as schema
 from matrix.examples import path as example
 
 HOSTILE_NODE = '<img src=x onerror="window.__pwned=1">'
@@ -142,3 +143,15 @@ def test_a_verdict_cell_leads_to_its_details(report_page):
     assert target.evaluate("row => row.closest('table').id") == "details-table"
     box, bar = target.bounding_box(), report_page.locator("#filters").bounding_box()
     assert bar["y"] + bar["height"] <= box["y"] < report_page.viewport_size["height"]  # in view, not under the sticky bar
+
+
+def test_web_latency_shows_the_page_timer_step(report_page, mixed_report):
+    web = [c for c in schema.load(mixed_report.parent / "results.json").cells if c.target.startswith("ort-web") and c.latency]
+    if not web:
+        pytest.skip("no ort-web cell was timed here")
+    # Cross-origin isolated, Chromium's performance.now() steps in 5 us (100 us without isolation).
+    assert all(0 < c.backend.timer_resolution_us <= 5 for c in web)
+    row = report_page.locator("#latency-table tbody tr", has_text=web[0].target).first
+    header = report_page.locator("#latency-table thead th", has_text="timer step")
+    column = header.evaluate("h => Array.from(h.parentElement.children).indexOf(h)")
+    assert float(row.locator("td").nth(column).text_content()) == web[0].backend.timer_resolution_us
