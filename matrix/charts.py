@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from markupsafe import Markup, escape
 
 SHAPES = ("circle", "square", "diamond", "triangle")  # one per batch size, so batches differ without colour
-LABEL_W, NOTE_W, PLOT_W, ROW_H, AXIS_H, LEGEND_H = 250, 190, 520, 22, 34, 26
+LABEL_W, NOTE_W, PLOT_W, ROW_H, AXIS_H, LEGEND_H = 250, 230, 520, 22, 34, 26
 FAILED_COLOUR = "#d64545"
 
 

@@ -190,13 +190,17 @@ def latency_chart(results: RunResults) -> str:
         step = cell.backend.timer_resolution_us if cell.backend else None
         marks = [charts.Mark(s.p50_us, _latency_title(label, s, emulated, step), style[s.batch][1], style[s.batch][0],
                              hollow=emulated, range_to=s.p99_us) for s in cell.latency]
-        spiky = ", ".join(f"b{s.batch} {s.p99_us / s.p50_us:.0f}×" for s in cell.latency if noisy(s))
-        notes = (["emulated"] if emulated else []) + ([f"noisy: p99/p50 {spiky}"] if spiky else [])
+        spiky = ", ".join(f"b{s.batch} p99 {_ratio(s.p99_us / s.p50_us)}" for s in cell.latency if noisy(s))
+        notes = (["emulated"] if emulated else []) + ([f"noisy {spiky}"] if spiky else [])
         rows.append(charts.Row(label, marks, note=" · ".join(notes) if marks else _failed_note(cell),
                                note_colour="#9a6b00" if marks else charts.FAILED_COLOUR, href=f"#{cell_anchor(results, cell)}"))
     legend = [charts.LegendItem(f"batch {b}", style[b][1], style[b][0]) for b in batches]
     legend.append(charts.LegendItem("emulated adapter", "#5f6b7a", hollow=True))
     return charts.dot_plot(rows, "per call: dot = p50, line on to p99 (log scale)", _duration, legend)
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.1f}×" if value < 10 else f"{value:.0f}×"
 
 
 def _latency_title(label: str, s: LatencyStats, emulated: bool, timer_step_us: float | None) -> str:
@@ -212,9 +216,10 @@ def _scientific(value: float) -> str:
 
 
 def _duration(us: float) -> str:
+    """Three significant digits in the unit that suits: 9.54 µs, 156 µs, 8.66 ms."""
     if us >= 1e6:
-        return f"{us / 1e6:g} s"
-    return f"{us / 1e3:g} ms" if us >= 1e3 else f"{us:g} µs"
+        return f"{us / 1e6:.3g} s"
+    return f"{us / 1e3:.3g} ms" if us >= 1e3 else f"{us:.3g} µs"
 
 
 def render_html(results: RunResults) -> str:
@@ -273,6 +278,9 @@ def _md_cell(cell: Cell | None) -> str:
         return ""
     icon = {"PASS": "✅", "WARN": "⚠️", "FAIL": "❌", "SKIP": "⏭️"}[cell.verdict]
     drift = f" drift {cell.max_drift:.1e}" if cell.max_drift is not None else ""
+    agreement = [p.agreement for p in cell.parity if p.agreement is not None]
+    if agreement:
+        drift += f" agree {min(agreement):.1%}"
     latency = f" · p50 {_duration(cell.latency[0].p50_us)}" if cell.latency else ""
     if latency and cell.latency[0].batch != 1:
         latency += f" (batch {cell.latency[0].batch})"
