@@ -155,3 +155,16 @@ def test_web_latency_shows_the_page_timer_step(report_page, mixed_report):
     header = report_page.locator("#latency-table thead th", has_text="timer step")
     column = header.evaluate("h => Array.from(h.parentElement.children).indexOf(h)")
     assert float(row.locator("td").nth(column).text_content()) == web[0].backend.timer_resolution_us
+
+
+def test_fallback_matrix_marks_exactly_the_nodes_that_left_the_device(report_page, mixed_report):
+    cells = [c for c in schema.load(mixed_report.parent / "results.json").cells if c.placement]
+    columns = report_page.locator("table.placement thead th.col")
+    assert columns.count() == len(cells)
+    red = report_page.eval_on_selector_all(
+        "table.placement tbody tr", "rows => rows.flatMap(r => Array.from(r.querySelectorAll('td.dot')).map("
+        "(td, i) => td.querySelector('.fell-back') ? [r.querySelector('td.node').textContent, i] : null).filter(x => x))")
+    expected = [[row.node, column] for column, cell in enumerate(cells) for row in cell.placement if row.fallback]
+    assert sorted(map(tuple, red)) == sorted(map(tuple, expected))
+    width = report_page.locator("table.placement").bounding_box()["width"]
+    assert width < 600 + 30 * len(cells)  # node and op names, then a square per cell (not a device name per cell)
