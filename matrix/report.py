@@ -1,6 +1,7 @@
 """Everything a run leaves for people and machines, made from RunResults alone.
 
-index.html (self-contained: inline CSS and SVG charts, no network), results.json
+index.html (self-contained: inline CSS, SVG charts and one script that its
+Content-Security-Policy admits by hash; no network), results.json
 (the versioned schema), results.csv (one row per cell), summary.md (a CI job
 summary) and junit.xml (one test case per cell). Every string that came from
 the model is escaped by the template engine's autoescaping.
@@ -126,9 +127,9 @@ def _label(cell: Cell, multi_host: bool) -> str:
     return f"{cell.host} · {cell.target} {cell.variant}" if multi_host else f"{cell.target} {cell.variant}"
 
 
-def cell_anchor(results: RunResults, cell: Cell) -> str:
-    """The id of a cell's row in "All reasons": an index, never a string from the model or host."""
-    return f"cell-{results.cells.index(cell)}"
+def cell_anchors(results: RunResults) -> dict[tuple[str, str, str], str]:
+    """Each cell's id in "All reasons": its position, never a string from the model or a host."""
+    return {cell.key: f"cell-{index}" for index, cell in enumerate(results.cells)}
 
 
 # A p99 above this many p50s means interruptions (a busy machine, a collector, the
@@ -154,7 +155,7 @@ def drift_chart(results: RunResults) -> str:
     measured = [c for c in results.cells if c.max_drift is not None]
     if not measured:  # a discrete-only policy: its agreement is in the table
         return ""
-    rows = []
+    rows, anchors = [], cell_anchors(results)
     for cell in results.cells:
         continuous = [p for p in cell.parity if p.kind == "continuous"]
         if not continuous and not (cell.verdict == "FAIL" and cell.predicts and not cell.parity):
@@ -165,7 +166,7 @@ def drift_chart(results: RunResults) -> str:
                              COLOURS[cell.verdict]) for p in continuous]
         rows.append(charts.Row(
             label, marks, tick=cell.tolerance, tick_title=f"{label}: tolerance {tolerance}",
-            note="" if marks else _failed_note(cell), note_colour=charts.FAILED_COLOUR, href=f"#{cell_anchor(results, cell)}"))
+            note="" if marks else _failed_note(cell), note_colour=charts.FAILED_COLOUR, href=f"#{anchors[cell.key]}"))
     legend = [charts.LegendItem(v, COLOURS[v]) for v in ("PASS", "WARN", "FAIL")]
     legend.append(charts.LegendItem("tolerance", shape="tick"))
     return charts.dot_plot(rows, "max |action − float64 reference| (log scale; at the left edge: 0)", _scientific, legend)
@@ -181,7 +182,7 @@ def latency_chart(results: RunResults) -> str:
         return ""
     batches = sorted({s.batch for c in results.cells for s in c.latency})
     style = {b: (charts.SHAPES[i % len(charts.SHAPES)], BATCH_COLOURS[i % len(BATCH_COLOURS)]) for i, b in enumerate(batches)}
-    rows = []
+    rows, anchors = [], cell_anchors(results)
     for cell in results.cells:
         if not cell.latency and not (cell.verdict == "FAIL" and cell.predicts):
             continue
@@ -193,7 +194,7 @@ def latency_chart(results: RunResults) -> str:
         spiky = ", ".join(f"b{s.batch} p99 {_ratio(s.p99_us / s.p50_us)}" for s in cell.latency if noisy(s))
         notes = (["emulated"] if emulated else []) + ([f"noisy {spiky}"] if spiky else [])
         rows.append(charts.Row(label, marks, note=" · ".join(notes) if marks else _failed_note(cell),
-                               note_colour="#9a6b00" if marks else charts.FAILED_COLOUR, href=f"#{cell_anchor(results, cell)}"))
+                               note_colour="#9a6b00" if marks else charts.FAILED_COLOUR, href=f"#{anchors[cell.key]}"))
     legend = [charts.LegendItem(f"batch {b}", style[b][1], style[b][0]) for b in batches]
     legend.append(charts.LegendItem("emulated adapter", "#5f6b7a", hollow=True))
     return charts.dot_plot(rows, "per call: dot = p50, line on to p99 (log scale)", _duration, legend)
@@ -234,7 +235,7 @@ def render_html(results: RunResults) -> str:
         contract_names=list(dict.fromkeys(check.name for c in results.cells for check in c.contract)),
         multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, regressions=results.regressions,
         runtimes=sorted({(c.host, c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
-        anchors={c.key: cell_anchor(results, c) for c in results.cells},
+        anchors=cell_anchors(results),
         fallbacks={c.key: sum(row.fallback for row in c.placement) for c in results.cells},
         batches=sorted({s.batch for c in results.cells for s in c.latency}),
         noisy_ratio=NOISY_P99_OVER_P50, is_noisy=noisy, script=script, script_hash=_csp_hash(script),
@@ -305,7 +306,7 @@ def _md_code(text: str) -> str:
     text = " ".join(str(text).split())
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") or (text.startswith(" ") and text.endswith(" ")) else ""
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
