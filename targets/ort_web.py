@@ -89,7 +89,10 @@ def chromium_executable() -> str | None:
 @functools.cache
 def chromium_version() -> str:
     if endpoint := os.environ.get(BROWSER_ENDPOINT_ENV):
-        return f"{user_browser_version(endpoint)} at --browser-endpoint"
+        try:
+            return f"{user_browser_version(endpoint)} at --browser-endpoint"
+        except (OSError, ValueError):
+            return "no browser answers at --browser-endpoint"
     executable = chromium_executable()
     if executable is None:
         return "no Chromium"
