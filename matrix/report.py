@@ -238,7 +238,7 @@ def render_html(results: RunResults) -> str:
         anchors=cell_anchors(results),
         fallbacks={c.key: sum(row.fallback for row in c.placement) for c in results.cells},
         batches=sorted({s.batch for c in results.cells for s in c.latency}),
-        noisy_ratio=NOISY_P99_OVER_P50, is_noisy=noisy, script=script, script_hash=_csp_hash(script),
+        noisy_ratio=NOISY_P99_OVER_P50, is_noisy=noisy, duration=_duration, script=script, script_hash=_csp_hash(script),
     )
 
 
