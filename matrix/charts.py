@@ -65,7 +65,7 @@ def dot_plot(rows: list[Row], axis_title: str, tick_label, legend: list[LegendIt
     height = LEGEND_H + len(rows) * ROW_H + AXIS_H
     width = LABEL_W + PLOT_W + NOTE_W
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="dotplot" viewBox="0 0 {width} {height}" '
-             f'width="{width}" height="{height}" role="img" font-size="12">']
+             f'width="{width}" height="{height}" role="img" aria-label="{escape(axis_title)}" font-size="12">']
     parts += _legend(legend)
     top = LEGEND_H
     for k in range(low, high + 1):  # one gridline per decade

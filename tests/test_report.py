@@ -123,5 +123,5 @@ def test_chart_text_is_escaped():
     hostile = "<img src=x onerror=alert(1)>"
     svg = str(charts.dot_plot([charts.Row(hostile, [charts.Mark(1e-3, hostile, "#000")], note=hostile, href="#a\"b")],
                               hostile, lambda v: hostile))
-    assert "<img" not in svg and svg.count("&lt;img") == 4 + 2  # label, title, note, axis title + two decade labels
+    assert "<img" not in svg and svg.count("&lt;img") == 5 + 2  # label, title, note, axis title and its aria-label + two decade labels
     assert 'href="#a&#34;b"' in svg
