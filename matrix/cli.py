@@ -8,6 +8,7 @@ about as fast as Python itself.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -138,6 +139,35 @@ def _tolerances(specs: list[str]):
     return tolerances
 
 
+def _use_user_browser(context: click.Context, parameter: click.Parameter, value: str | None) -> None:
+    """--browser-endpoint / --browser-path reach the browser targets (and their cell workers) through the environment."""
+    if not value:
+        return
+    from targets import ort_web  # only when asked: keeps the CLI's start-up free of the browser code
+
+    if parameter.name == "browser_endpoint":
+        try:
+            ort_web.user_browser_version(value)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param=parameter) from None
+        except OSError as error:
+            raise click.BadParameter(f"no DevTools endpoint answers at {value} ({error})", param=parameter) from None
+        os.environ[ort_web.BROWSER_ENDPOINT_ENV] = value
+    else:
+        if not os.access(value, os.X_OK):
+            raise click.BadParameter(f"{value} is not an executable file", param=parameter)
+        os.environ[ort_web.BROWSER_PATH_ENV] = value
+
+
+BROWSER_ENDPOINT_OPTION = click.option(
+    "--browser-endpoint", envvar="POLICY_MATRIX_BROWSER_ENDPOINT", expose_value=False, callback=_use_user_browser,
+    help="Run the ort-web-* targets in a Chrome you started on this machine (e.g. with a real GPU), over DevTools: "
+         "ws://127.0.0.1:PORT/devtools/browser/… or http://127.0.0.1:PORT (start Chrome with --remote-debugging-port=PORT).")
+BROWSER_PATH_OPTION = click.option(
+    "--browser-path", envvar="POLICY_MATRIX_BROWSER_PATH", expose_value=False, callback=_use_user_browser,
+    help="Chrome / Chromium executable the ort-web-* targets launch instead of the one found by setup.")
+
+
 @app.command(epilog="Every option can also be set in matrix.toml (or [tool.policy-matrix] in pyproject.toml) "
                      "under its own name, e.g. iters = 100, targets = [\"ort-*\"]; the command line wins.")
 @click.argument("model", type=click.Path(path_type=Path))
@@ -174,6 +204,8 @@ def _tolerances(specs: list[str]):
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
+@BROWSER_ENDPOINT_OPTION
+@BROWSER_PATH_OPTION
 def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, fail_on, baseline, latency_threshold,
         drift_factor):

@@ -1,6 +1,7 @@
 """Everything a run leaves for people and machines, made from RunResults alone.
 
-index.html (self-contained: inline CSS and SVG charts, no network), results.json
+index.html (self-contained: inline CSS, SVG charts and one script that its
+Content-Security-Policy admits by hash; no network), results.json
 (the versioned schema), results.csv (one row per cell), latency.csv (one row
 per cell x batch size), summary.md (a CI job
 summary) and junit.xml (one test case per cell). Every string that came from
@@ -9,23 +10,23 @@ the model is escaped by the template engine's autoescaping.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
+import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-import matplotlib
+import pandas as pd
+from jinja2 import Environment, PackageLoader, select_autoescape
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
-
-from .results import VERDICTS, Cell, RunResults  # noqa: E402
-from .verdict import DEFAULT_TOLERANCE  # noqa: E402
+from . import charts
+from .results import VERDICTS, Cell, LatencyStats, RunResults
+from .verdict import DEFAULT_TOLERANCE
 
 COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
-plt.rcParams["svg.fonttype"] = "path"  # text as outlines: the SVG carries no live text at all
 
 
 def write_all(results: RunResults, out: Path) -> Path:
@@ -139,7 +140,7 @@ def _verdict_grid(results: RunResults) -> dict[str, dict]:
 
 
 def _placement_matrix(results: RunResults) -> dict:
-    """ONNX nodes (rows) x predicting cells (columns) -> where the node ran."""
+    """ONNX nodes (rows) x predicting cells (columns) -> where the node ran; and every fallback as a line."""
     columns = [c for c in results.cells if c.placement]
     where: dict[str, dict] = defaultdict(dict)
     op_types: dict[str, str] = {}
@@ -150,70 +151,120 @@ def _placement_matrix(results: RunResults) -> dict:
     ordered = [n for n in results.model.get("node_names", []) if n in where] + sorted(
         n for n in where if n not in set(results.model.get("node_names", []))
     )
-    return {"columns": columns, "rows": [(n, op_types[n], where[n]) for n in ordered]}
+    fallbacks = []  # (cell, where it went, [(node, op_type)]): one line per cell and device, however many nodes
+    for cell in columns:
+        by_device: dict[str, list] = defaultdict(list)
+        for row in cell.placement:
+            if row.fallback:
+                by_device[row.where].append((row.node, row.op_type))
+        fallbacks += [(cell, where, nodes) for where, nodes in by_device.items()]
+    return {"columns": columns, "rows": [(n, op_types[n], where[n]) for n in ordered], "fallbacks": fallbacks}
 
 
 def _label(cell: Cell, multi_host: bool) -> str:
     return f"{cell.host} · {cell.target} {cell.variant}" if multi_host else f"{cell.target} {cell.variant}"
 
 
+def cell_anchors(results: RunResults) -> dict[tuple[str, str, str], str]:
+    """Each cell's id in "All reasons": its position, never a string from the model or a host."""
+    return {cell.key: f"cell-{index}" for index, cell in enumerate(results.cells)}
+
+
+# A p99 above this many p50s means interruptions (a busy machine, a collector, the
+# timer's step) dominate the tail: compare such a cell by its p50 only.
+NOISY_P99_OVER_P50 = 3.0
+
+
+def noisy(stats: LatencyStats) -> bool:
+    return stats.p99_us > NOISY_P99_OVER_P50 * stats.p50_us
+
+
+def _failed_note(cell: Cell) -> str:
+    stage = f" at {cell.error.stage}" if cell.error else ""
+    return f"✗ {cell.verdict}{stage}: no numbers"
+
+
 def drift_chart(results: RunResults) -> str:
+    """max |y - reference| per continuous output on a log axis, the tolerance a tick on each row.
+
+    Cells that predicted nothing (failed before any output) keep their row, marked
+    as failed, so a broken runtime cannot vanish from the chart."""
     multi = len(results.hosts) > 1
-    cells = [c for c in results.cells if c.max_drift is not None]
-    if not cells:
+    measured = [c for c in results.cells if c.max_drift is not None]
+    if not measured:  # a discrete-only policy: its agreement is in the table
         return ""
-    height = 0.9 + 0.28 * len(cells)
-    figure, axes = plt.subplots(figsize=(8, height))
-    labels = [_label(c, multi) for c in cells]
-    values = [max(c.max_drift, 1e-12) for c in cells]
-    axes.barh(labels, values, color=[COLOURS[c.verdict] for c in cells])
-    axes.scatter([c.tolerance for c in cells], labels, marker="|", s=160, color="#222", label="tolerance", zorder=3)
-    axes.set_xscale("log")
-    axes.set_xlabel("max |action - float64 reference| (log)")
-    axes.invert_yaxis()
-    axes.legend(loc="lower right", fontsize=8)
-    return _svg(figure)
+    rows, anchors = [], cell_anchors(results)
+    for cell in results.cells:
+        continuous = [p for p in cell.parity if p.kind == "continuous"]
+        if not continuous and not (cell.verdict == "FAIL" and cell.predicts and not cell.parity):
+            continue
+        label = _label(cell, multi)
+        tolerance = f"{cell.tolerance:g}" if cell.tolerance is not None else "none"
+        marks = [charts.Mark(p.max_abs, f"{label} · {p.output}: max |Δ| {p.max_abs:.3e} (tolerance {tolerance}) → {cell.verdict}",
+                             COLOURS[cell.verdict]) for p in continuous]
+        rows.append(charts.Row(
+            label, marks, tick=cell.tolerance, tick_title=f"{label}: tolerance {tolerance}",
+            note="" if marks else _failed_note(cell), note_colour=charts.FAILED_COLOUR, href=f"#{anchors[cell.key]}"))
+    legend = [charts.LegendItem(v, COLOURS[v]) for v in ("PASS", "WARN", "FAIL")]
+    legend.append(charts.LegendItem("tolerance", shape="tick"))
+    return charts.dot_plot(rows, "max |action − float64 reference| (log scale; at the left edge: 0)", _scientific, legend)
+
+
+BATCH_COLOURS = ["#3b6fb6", "#f08a24", "#7a5195", "#2e9e5b"]
 
 
 def latency_chart(results: RunResults) -> str:
+    """p50 per call per batch size (a shape and colour each), a line on to p99; hollow = emulated adapter."""
     multi = len(results.hosts) > 1
-    cells = [c for c in results.cells if c.latency]
-    if not cells:
+    if not any(c.latency for c in results.cells):
         return ""
-    batches = sorted({s.batch for c in cells for s in c.latency})
-    height = 0.9 + 0.28 * len(cells) * len(batches)
-    figure, axes = plt.subplots(figsize=(8, height))
-    bar = 0.8 / len(batches)
-    palette = ["#3b6fb6", "#f08a24", "#7a5195", "#2e9e5b"]
-    for i, batch in enumerate(batches):
-        for j, cell in enumerate(cells):
-            stats = next((s for s in cell.latency if s.batch == batch), None)
-            if stats is None:
-                continue
-            emulated = bool(cell.backend and cell.backend.emulated)
-            axes.barh(j + i * bar, stats.p50_us, height=bar, color=palette[i % len(palette)],
-                      hatch="//" if emulated else None, xerr=[[0], [max(stats.p90_us - stats.p50_us, 0)]],
-                      label=f"batch {batch}" if j == 0 else None, edgecolor="white")
-    axes.set_yticks([j + bar * (len(batches) - 1) / 2 for j in range(len(cells))], [_label(c, multi) for c in cells])
-    axes.set_xscale("log")
-    axes.set_xlabel("p50 per call, µs (log; whisker to p90; hatched = emulated adapter)")
-    axes.invert_yaxis()
-    axes.legend(loc="lower right", fontsize=8)
-    return _svg(figure)
+    batches = sorted({s.batch for c in results.cells for s in c.latency})
+    style = {b: (charts.SHAPES[i % len(charts.SHAPES)], BATCH_COLOURS[i % len(BATCH_COLOURS)]) for i, b in enumerate(batches)}
+    rows, anchors = [], cell_anchors(results)
+    for cell in results.cells:
+        if not cell.latency and not (cell.verdict == "FAIL" and cell.predicts):
+            continue
+        label = _label(cell, multi)
+        emulated = _emulated(cell)
+        step = cell.backend.timer_resolution_us if cell.backend else None
+        marks = [charts.Mark(s.p50_us, _latency_title(label, s, emulated, step), style[s.batch][1], style[s.batch][0],
+                             hollow=emulated, range_to=s.p99_us) for s in cell.latency]
+        spiky = ", ".join(f"b{s.batch} p99 {_ratio(s.p99_us / s.p50_us)}" for s in cell.latency if noisy(s))
+        notes = (["emulated"] if emulated else []) + ([f"noisy {spiky}"] if spiky else [])
+        rows.append(charts.Row(label, marks, note=" · ".join(notes) if marks else _failed_note(cell),
+                               note_colour="#9a6b00" if marks else charts.FAILED_COLOUR, href=f"#{anchors[cell.key]}"))
+    legend = [charts.LegendItem(f"batch {b}", style[b][1], style[b][0]) for b in batches]
+    legend.append(charts.LegendItem("emulated adapter", "#5f6b7a", hollow=True))
+    return charts.dot_plot(rows, "per call: dot = p50, line on to p99 (log scale)", _duration, legend)
 
 
-def _svg(figure) -> str:
-    figure.tight_layout()
-    buffer = io.StringIO()
-    figure.savefig(buffer, format="svg")
-    plt.close(figure)
-    text = buffer.getvalue()
-    return text[text.index("<svg"):]
+def _ratio(value: float) -> str:
+    return f"{value:.1f}×" if value < 10 else f"{value:.0f}×"
+
+
+def _latency_title(label: str, s: LatencyStats, emulated: bool, timer_step_us: float | None) -> str:
+    text = (f"{label}, batch {s.batch}: p50 {s.p50_us:.2f} µs, p90 {s.p90_us:.2f} µs, p99 {s.p99_us:.2f} µs, "
+            f"min {s.min_us:.2f} µs, {s.n} calls; {s.p50_us / s.batch:.3f} µs per sample")
+    if timer_step_us:
+        text += f"; timer step {timer_step_us:g} µs"
+    return text + ("; emulated adapter: not a real latency" if emulated else "")
+
+
+def _scientific(value: float) -> str:
+    return f"1e{round(math.log10(value))}"
+
+
+def _duration(us: float) -> str:
+    """Three significant digits in the unit that suits: 9.54 µs, 156 µs, 8.66 ms."""
+    if us >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    return f"{us / 1e3:.3g} ms" if us >= 1e3 else f"{us:.3g} µs"
 
 
 def render_html(results: RunResults) -> str:
     environment = Environment(loader=PackageLoader("matrix", "templates"), autoescape=select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
+    script = _report_script()
     return template.render(
         results=results, grid=_verdict_grid(results), colours=COLOURS, verdicts=VERDICTS,
         counts={v: sum(c.verdict == v for c in results.cells) for v in VERDICTS},
@@ -222,12 +273,25 @@ def render_html(results: RunResults) -> str:
         contract_names=list(dict.fromkeys(check.name for c in results.cells for check in c.contract)),
         multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, regressions=results.regressions,
         runtimes=sorted({(c.host, c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
+        anchors=cell_anchors(results),
+        fallbacks={c.key: sum(row.fallback for row in c.placement) for c in results.cells},
+        batches=sorted({s.batch for c in results.cells for s in c.latency}),
+        noisy_ratio=NOISY_P99_OVER_P50, is_noisy=noisy, duration=_duration, script=script, script_hash=_csp_hash(script),
     )
+
+
+def _report_script() -> str:
+    return (Path(__file__).parent / "templates" / "report.js").read_text()
+
+
+def _csp_hash(script: str) -> str:
+    """The Content-Security-Policy source that admits exactly this inline script and nothing else."""
+    return "sha256-" + base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
 
 
 def summary_markdown(results: RunResults) -> str:
     model = results.model
-    lines = [f"## policy-matrix: `{_md(model['name'])}`", "", f"sha256 `{model['sha256'][:16]}…` · {results.created}", ""]
+    lines = [f"## policy-matrix: {_md_code(model['name'])}", "", f"sha256 `{model['sha256'][:16]}…` · {_md(results.created)}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
     for variant, error in results.variant_errors.items():
@@ -236,30 +300,54 @@ def summary_markdown(results: RunResults) -> str:
         lines += [f"### ❗ {len(results.regressions)} regressions against the baseline", ""]
         lines += [f"- {_md(str(r))}" for r in results.regressions] + [""]
     for host, grid in _verdict_grid(results).items():
-        lines += [f"### {host}", "", "| target | " + " | ".join(grid["variants"]) + " |", "|---" * (len(grid["variants"]) + 1) + "|"]
+        lines += [f"### {_md(host)}", "", "| target | " + " | ".join(map(_md, grid["variants"])) + " |",
+                  "|---" * (len(grid["variants"]) + 1) + "|"]
         for target in grid["targets"]:
             marks = [_md_cell(grid["cells"].get((target, v))) for v in grid["variants"]]
-            lines.append(f"| {target} | " + " | ".join(marks) + " |")
+            lines.append(f"| {_md(target)} | " + " | ".join(marks) + " |")
         lines.append("")
     problems = [c for c in results.cells if c.verdict in ("FAIL", "WARN")]
     if problems:
-        lines += ["### Why", ""] + [f"- **{c.verdict}** {c.host} {c.target} {c.variant}: {_md(c.reasons[0])}" for c in problems if c.reasons]
+        lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(c.target)} {_md(c.variant)}: {_md(c.reasons[0])}"
+                                    for c in problems if c.reasons]
     return "\n".join(lines) + "\n"
 
 
 def _md_cell(cell: Cell | None) -> str:
+    """Verdict, drift and p50 (smallest timed batch) of one cell, for a Markdown table."""
     if cell is None:
         return ""
     icon = {"PASS": "✅", "WARN": "⚠️", "FAIL": "❌", "SKIP": "⏭️", "CONVERTED": "🔄"}[cell.verdict]
-    drift = f" {cell.max_drift:.1e}" if cell.max_drift is not None else ""
-    return f"{icon} {cell.verdict}{drift}"
+    drift = f" drift {cell.max_drift:.1e}" if cell.max_drift is not None else ""
+    agreement = [p.agreement for p in cell.parity if p.agreement is not None]
+    if agreement:
+        drift += f" agree {min(agreement):.1%}"
+    latency = f" · p50 {_duration(cell.latency[0].p50_us)}" if cell.latency else ""
+    if latency and cell.latency[0].batch != 1:
+        latency += f" (batch {cell.latency[0].batch})"
+    if latency and _emulated(cell):
+        latency += " (emulated)"
+    return f"{icon} {cell.verdict}{drift}{latency}"
 
 
 def _md(text: str) -> str:
-    """Model strings in markdown: neutralise markup and HTML."""
-    for char in "\\`*_[]<>|#":
+    """Untrusted text in Markdown prose: every markup character escaped, line breaks and HTML neutralised."""
+    text = " ".join(str(text).split())
+    for char in "\\`*_[]<>|#~!&":
         text = text.replace(char, f"\\{char}")
     return text
+
+
+def _md_code(text: str) -> str:
+    """Untrusted text as a Markdown code span. Backslash escapes do not work inside code spans
+    (they show literally), so the fence is one backtick longer than the longest run of
+    backticks in the text, padded with a space when the text starts or ends with one (CommonMark 6.1).
+    A code span still ends a table cell at `|`, so this is for prose and headings only."""
+    text = " ".join(str(text).split())
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def write_junit(results: RunResults, path: Path) -> None:

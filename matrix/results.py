@@ -58,6 +58,7 @@ class Backend(BaseModel):
     actual: str
     emulated: bool = False
     detail: str = ""
+    timer_resolution_us: float | None = None  # smallest step of the clock that timed the cell, where coarse
 
 
 class ArtifactInfo(BaseModel):

@@ -84,6 +84,7 @@ class BackendInfo:
     actual: str
     emulated: bool = False  # software adapter: parity is meaningful, latency is not
     detail: str = ""
+    timer_resolution_us: float | None = None  # the latency clock's step where it is coarse (a browser page)
 
     @property
     def matches(self) -> bool:

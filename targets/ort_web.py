@@ -12,6 +12,7 @@ checked, and a software adapter (SwiftShader) is labelled emulated.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import ClassVar
@@ -39,6 +41,10 @@ from .web_support import (
 )
 
 CDP_ENV = "POLICY_MATRIX_CDP_URL"
+# A user's own browser instead of the one policy-matrix starts (`run --browser-endpoint / --browser-path`),
+# e.g. a desktop Chrome with a real GPU: the same harness, its real adapter, its real latency.
+BROWSER_ENDPOINT_ENV = "POLICY_MATRIX_BROWSER_ENDPOINT"  # DevTools endpoint of a running Chrome: ws://… or http://…
+BROWSER_PATH_ENV = "POLICY_MATRIX_BROWSER_PATH"  # a Chrome / Chromium executable to launch
 # A software (SwiftShader) adapter's latency means nothing and a conv policy at
 # batch 64 takes ~0.3 s per call there: time a few calls, not the run's hundreds.
 EMULATED_WARMUP, EMULATED_ITERS = 3, 20
@@ -65,7 +71,9 @@ def playwright_missing() -> str | None:
 
 @functools.cache
 def chromium_executable() -> str | None:
-    """A Playwright-managed Chromium when one is installed, else the system Chromium."""
+    """The user's --browser-path; else a Playwright-managed Chromium when one is installed, else the system Chromium."""
+    if user_path := os.environ.get(BROWSER_PATH_ENV):
+        return user_path
     if playwright_missing() is None:
         from playwright.sync_api import sync_playwright
 
@@ -81,6 +89,11 @@ def chromium_executable() -> str | None:
 
 @functools.cache
 def chromium_version() -> str:
+    if endpoint := os.environ.get(BROWSER_ENDPOINT_ENV):
+        try:
+            return f"{user_browser_version(endpoint)} at --browser-endpoint"
+        except (OSError, ValueError):
+            return "no browser answers at --browser-endpoint"
     executable = chromium_executable()
     if executable is None:
         return "no Chromium"
@@ -93,6 +106,10 @@ def chromium_version() -> str:
 def web_unavailable_reason() -> str | None:
     if reason := playwright_missing() or missing_npm_package("onnxruntime-web"):
         return reason
+    if os.environ.get(BROWSER_ENDPOINT_ENV):
+        return None  # the user's browser: whether it answers is checked when the run starts it
+    if (user_path := os.environ.get(BROWSER_PATH_ENV)) and not os.access(user_path, os.X_OK):
+        return f"--browser-path {user_path}: not an executable file"
     if chromium_executable() is None:
         return ("no Chromium found: run `policy-matrix setup web` (installs Debian's chromium as root), "
                 "or `python -m playwright install chromium`")
@@ -152,6 +169,47 @@ class ChromiumService(RunService):
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
+def devtools_http(endpoint: str) -> str:
+    """http://host:port of a DevTools endpoint given as ws://host:port/devtools/browser/<id> or http://host:port."""
+    parsed = urllib.parse.urlsplit(endpoint)
+    if parsed.scheme not in ("ws", "wss", "http", "https") or not parsed.hostname or parsed.port is None:
+        raise ValueError(f"{endpoint!r} is neither ws://HOST:PORT/devtools/browser/… nor http://HOST:PORT")
+    scheme = "https" if parsed.scheme in ("wss", "https") else "http"
+    return f"{scheme}://{parsed.hostname}:{parsed.port}"
+
+
+def user_browser_version(endpoint: str) -> str:
+    """The "Browser" line of a DevTools endpoint's /json/version, e.g. "Chrome/131.0.6778.85"."""
+    with urllib.request.urlopen(f"{devtools_http(endpoint)}/json/version", timeout=10) as reply:
+        return json.load(reply).get("Browser", "unknown browser")
+
+
+class UserBrowser(RunService):
+    """A browser the user started and still owns: cells connect to it over CDP; the run never stops it.
+
+    The harness is served on 127.0.0.1, so the browser must run on this machine."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+        try:
+            self.version = user_browser_version(endpoint)
+        except (OSError, ValueError) as error:
+            raise RuntimeError(f"--browser-endpoint {endpoint}: no DevTools endpoint answers there ({error})") from None
+
+    def env(self) -> dict[str, str]:
+        return {BROWSER_ENDPOINT_ENV: self.endpoint}
+
+    def alive(self) -> bool:
+        try:
+            user_browser_version(self.endpoint)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def stop(self) -> None:
+        pass  # the user's browser outlives the run
+
+
 # --- one page per cell -----------------------------------------------------------
 
 
@@ -163,7 +221,7 @@ class HarnessPage:
 
         self.playwright = sync_playwright().start()
         try:
-            endpoint = os.environ.get(CDP_ENV)
+            endpoint = os.environ.get(BROWSER_ENDPOINT_ENV) or os.environ.get(CDP_ENV)
             if endpoint:
                 self.browser = self.playwright.chromium.connect_over_cdp(endpoint)
             else:
@@ -261,6 +319,7 @@ class WebSession(Session):
     def backend(self) -> BackendInfo:
         rows = self.placement() if self.sessions else []
         info = self.target.verify_backend(self.probe, self._first_log(), bool(self.sessions), rows)
+        info.timer_resolution_us = self.page.versions.get("timerStepUs")
         if info.emulated:
             info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
         if self.target.backend == "webgpu" and self.artifact.extra.get("variant") == "fp16" and not self.probe.get("shaderF16"):
@@ -297,6 +356,8 @@ class OrtWebTarget(Target):
         return WebSession(self, artifact, threads)
 
     def start_service(self, run_dir: Path) -> RunService | None:
+        if endpoint := os.environ.get(BROWSER_ENDPOINT_ENV):
+            return UserBrowser(endpoint)
         return ChromiumService(run_dir)
 
     def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:

@@ -5,6 +5,7 @@ import pytest
 from conftest import run_cli
 from playwright.sync_api import sync_playwright
 
+from matrix import results as schema
 from matrix.examples import path as example
 
 HOSTILE_NODE = '<img src=x onerror="window.__pwned=1">'
@@ -42,10 +43,11 @@ def test_report_shows_verdict_grid_and_charts(page, hostile_report):
     grid = page.locator("table.grid")
     assert grid.count() == 1
     assert grid.locator(".badge.PASS").count() == 3  # ort-cpu x fp32/fp16/int8
-    for chart in ("#drift-chart svg", "#latency-chart svg"):
+    for chart, marks in (("#drift-chart svg", 3), ("#latency-chart svg", 3 * 2)):  # an output / two batch sizes per cell
         box = page.locator(chart).bounding_box()
         assert box and box["width"] > 200 and box["height"] > 50, chart
-        assert page.locator(f"{chart} path").count() > 10  # bars, axes and outlined text were drawn
+        assert page.locator(f"{chart} .mark").count() == marks, chart
+        assert page.locator(f"{chart} .mark title").first.text_content().count("e") >= 1  # exact numbers on hover
 
 
 def test_model_strings_are_text_never_markup(page, hostile_report):
@@ -62,3 +64,107 @@ def test_report_needs_no_network(page, hostile_report):
     page.on("request", lambda request: requests.append(request.url))
     page.goto(hostile_report.as_uri())
     assert [url for url in requests if not url.startswith("file://")] == []
+
+
+# --- filters, sorting and links (the report's own script, admitted by the page's CSP) ------------
+
+
+@pytest.fixture(scope="module")
+def mixed_report(tmp_path_factory):
+    """Real cells of every kind: PASS (ort-cpu), FAIL (tract's fp16 Gemm), SKIP (ORT's CoreML EP off macOS)
+    and, where Chromium has a WebGPU adapter, fallbacks (onnxruntime-web puts int8 ops on its CPU EP)."""
+    folder = tmp_path_factory.mktemp("mixed")
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu,tract,ort-coreml,ort-web-webgpu",
+                   "--iters", "5", "--warmup", "1", "--out", folder)
+    assert done.returncode in (0, 1), done.stderr
+    return folder / "index.html"
+
+
+@pytest.fixture()
+def report_page(page, mixed_report):
+    errors = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.goto(mixed_report.as_uri())
+    page.wait_for_selector("#filters:not([hidden])")  # the script ran: CSP admitted it
+    yield page
+    assert errors == []  # no CSP refusal, no script error
+
+
+def _visible(page, selector: str, value: str = "e.dataset.verdict") -> list:
+    """`value` of every element matching `selector` that a person can see."""
+    return page.eval_on_selector_all(selector, f"els => els.filter(e => e.checkVisibility({{visibilityProperty: true}}))"
+                                               f".map(e => {value})")
+
+
+def test_hide_skip_hides_every_skip_and_nothing_else(report_page):
+    cells = "table.grid td.cell[data-verdict] .badge"
+    before = _visible(report_page, cells, "e.textContent")
+    assert "SKIP" in before and "PASS" in before
+    report_page.check("#hide-skip")
+    after = _visible(report_page, cells, "e.textContent")
+    assert "SKIP" not in after and sorted(after) == sorted(v for v in before if v != "SKIP")
+    assert "SKIP" not in _visible(report_page, "#details-table tbody tr")
+    assert report_page.locator("table.grid tr", has_text="ort-coreml").is_hidden()  # a row of SKIPs only goes
+    report_page.uncheck("#hide-skip")
+    assert "SKIP" in _visible(report_page, "#details-table tbody tr")
+
+
+def test_only_fail_and_only_fallback(report_page):
+    report_page.check("input[name=show][value=fail]")
+    shown = _visible(report_page, "[data-verdict]")
+    assert shown and set(shown) == {"FAIL"}
+    assert "of" in report_page.locator("#filter-count").text_content()
+    report_page.check("input[name=show][value=fallback]")
+    with_fallback = report_page.locator("[data-fallback='1']")
+    if with_fallback.count() == 0:
+        pytest.skip("no cell fell back here (no WebGPU adapter in this Chromium)")
+    shown = _visible(report_page, "[data-verdict]", "e.dataset.fallback")
+    assert shown and set(shown) == {"1"}
+    node_rows = _visible(report_page, "tr[data-node-fallback]", "e.dataset.nodeFallback")
+    assert node_rows and set(node_rows) == {"1"}
+
+
+def test_tables_sort_by_the_clicked_column(report_page):
+    header = report_page.locator("#parity-table thead th", has_text="max_abs")
+    column = "els => els.map(r => parseFloat(r.children[%d].textContent))" % header.evaluate(
+        "h => Array.from(h.parentElement.children).indexOf(h)")
+    header.click()
+    values = report_page.eval_on_selector_all("#parity-table tbody tr", column)
+    assert values == sorted(values) and values[0] < values[-1]
+    header.click()
+    assert report_page.eval_on_selector_all("#parity-table tbody tr", column) == sorted(values, reverse=True)
+
+
+def test_a_verdict_cell_leads_to_its_details(report_page):
+    failed = report_page.locator("table.grid td.cell[data-verdict=FAIL] a").first
+    failed.click()
+    target = report_page.locator(":target")
+    assert target.get_attribute("data-verdict") == "FAIL"
+    assert target.evaluate("row => row.closest('table').id") == "details-table"
+    box, bar = target.bounding_box(), report_page.locator("#filters").bounding_box()
+    assert bar["y"] + bar["height"] <= box["y"] < report_page.viewport_size["height"]  # in view, not under the sticky bar
+
+
+def test_web_latency_shows_the_page_timer_step(report_page, mixed_report):
+    web = [c for c in schema.load(mixed_report.parent / "results.json").cells if c.target.startswith("ort-web") and c.latency]
+    if not web:
+        pytest.skip("no ort-web cell was timed here")
+    # Cross-origin isolated, Chromium's performance.now() steps in 5 us (100 us without isolation).
+    assert all(0 < c.backend.timer_resolution_us <= 5 for c in web)
+    row = report_page.locator("#latency-table tbody tr", has_text=web[0].target).first
+    header = report_page.locator("#latency-table thead th", has_text="timer step")
+    column = header.evaluate("h => Array.from(h.parentElement.children).indexOf(h)")
+    assert float(row.locator("td").nth(column).text_content()) == web[0].backend.timer_resolution_us
+
+
+def test_fallback_matrix_marks_exactly_the_nodes_that_left_the_device(report_page, mixed_report):
+    cells = [c for c in schema.load(mixed_report.parent / "results.json").cells if c.placement]
+    columns = report_page.locator("table.placement thead th.col")
+    assert columns.count() == len(cells)
+    red = report_page.eval_on_selector_all(
+        "table.placement tbody tr", "rows => rows.flatMap(r => Array.from(r.querySelectorAll('td.dot')).map("
+        "(td, i) => td.querySelector('.fell-back') ? [r.querySelector('td.node').textContent, i] : null).filter(x => x))")
+    expected = [[row.node, column] for column, cell in enumerate(cells) for row in cell.placement if row.fallback]
+    assert sorted(map(tuple, red)) == sorted(map(tuple, expected))
+    width = report_page.locator("table.placement").bounding_box()["width"]
+    assert width < 600 + 30 * len(cells)  # node and op names, then a square per cell (not a device name per cell)
