@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import contract, metrics
+from . import contract, metrics, rollouts
 from .model import ModelInfo
 from .paths import cache_dir
 from .reference import Reference
 from .results import ArtifactInfo, Backend, Cell, CellError, LatencyStats, Placement
 from .verdict import decide
 
-STAGES = ("prepare", "open", "contract", "parity", "latency", "placement")
+STAGES = ("prepare", "open", "contract", "parity", "rollout", "latency", "placement")
 
 
 @dataclass
@@ -45,6 +45,7 @@ class CellSpec:
     warmup: int = 20
     iters: int = 200
     threads: int = 1
+    rollout: dict | None = None  # rollouts.RolloutPlan as a dict: drive episodes with this cell's session
 
 
 @dataclass
@@ -85,12 +86,13 @@ def execute(cell_dir: Path, spec: CellSpec, env: dict[str, str], timeout_s: floa
 def _follow(process: subprocess.Popen, last_stage: list, on_stage) -> None:
     for line in process.stdout:
         try:
-            name = json.loads(line).get("stage")
+            message = json.loads(line)
+            name = message.get("stage")
         except (ValueError, AttributeError):
             continue  # a runtime printing to stdout is not a protocol message
         if name:
             last_stage[0] = name
-            on_stage(name)
+            on_stage(f"{name} ({message['progress']})" if "progress" in message else name)
 
 
 def _measurement(cell_dir: Path, returncode: int, last_stage: str, timeout_s: float) -> dict:
@@ -116,6 +118,8 @@ def _arrays(cell_dir: Path) -> dict[str, np.ndarray]:
 def judge(
     outcome: CellOutcome, *, host: str, target: str, variant: str, predicts: bool, model: ModelInfo,
     reference: Reference, baseline: dict[str, np.ndarray] | None, tolerance: float,
+    reference_rollout: rollouts.ReferenceRollout | None = None, rollout_plan: rollouts.RolloutPlan | None = None,
+    return_tolerance: rollouts.ReturnTolerance | None = None,
 ) -> Cell:
     m = outcome.measurement
     cell = Cell(
@@ -135,7 +139,9 @@ def judge(
     if predicts and cell.error is None:
         cell.parity = _parity(outcome.arrays, reference, baseline, tolerance)
         cell.contract = contract.check(model, outcome.arrays, reference.outputs)
+        cell.rollout = rollouts.summarise(m.get("rollout"), outcome.arrays, reference_rollout, rollout_plan)
     cell.verdict, cell.reasons = decide(cell, tolerance)
+    cell.verdict, cell.reasons = rollouts.with_behaviour(cell.verdict, cell.reasons, cell.rollout, return_tolerance)
     return cell
 
 

@@ -17,6 +17,7 @@ from targets.base import VARIANTS
 from . import __version__
 from . import model as model_loader
 from . import results as schema
+from . import rollouts
 from .compare import Thresholds
 from .compare import compare as compare_results
 from .errors import InputError
@@ -101,7 +102,8 @@ def _config_tolerances(path: Path | None) -> dict[str, float]:
 @click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated variants: fp32, fp16, int8.")
 @click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
 @click.option("--n-obs", default=128, show_default=True, help="Size of the seeded observation set when --obs is not given.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the generated observation set.")
+@click.option("--seed", default=0, show_default=True,
+              help="Seed of the generated observation set, and of the first episode (episode i resets with seed+i).")
 @click.option("--batch-sizes", default="1,64", show_default=True, help="Batch sizes to time.")
 @click.option("--warmup", default=20, show_default=True, help="Untimed calls before timing.")
 @click.option("--iters", default=200, show_default=True, help="Timed calls per batch size.")
@@ -111,14 +113,28 @@ def _config_tolerances(path: Path | None) -> dict[str, float]:
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
 @click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
+@click.option("--env", default=None,
+              help="Gymnasium id (e.g. CartPole-v1) or module:Class: every predicting cell drives episodes with its runtime in the loop.")
+@click.option("--episodes", default=None, type=int, help="Episodes per cell with --env.  [default: 10]")
+@click.option("--env-kwargs", default=None, help="JSON object of keyword arguments for the environment.")
+@click.option("--clip-actions/--no-clip-actions", default=None,
+              help="Clip continuous actions to the action space before stepping (reported per cell).  [default: no]")
+@click.option("--return-tolerance", default=None,
+              help="Largest mean-return distance from the reference: 0.05 or 5% (relative, default 0.05) or abs:10.")
+@click.option("--trajectory", type=click.Path(path_type=Path),
+              help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it.")
 @FAIL_ON_OPTION
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
 def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, timeout, out,
-        host_label, fail_on, baseline, latency_threshold, drift_factor):
+        host_label, env, episodes, env_kwargs, clip_actions, return_tolerance, trajectory, fail_on, baseline,
+        latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
     info = model_loader.load(model)
+    rollout_options = {"env": env, "episodes": episodes, "env_kwargs": env_kwargs, "clip_actions": clip_actions,
+                       "return_tolerance": return_tolerance, "trajectory": trajectory}
+    rollout_plan, return_tol = _rollout_settings(info, seed, rollout_options, _config_rollout(config))
     settings = RunConfig(
         model=info,
         targets=_target_names(targets),
@@ -134,10 +150,48 @@ def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters
         timeout_s=timeout,
         tolerances=Tolerances.parse(list(tolerance), _config_tolerances(config)),
         host_label=host_label,
+        rollout=rollout_plan,
+        return_tolerance=return_tol,
     )
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     results = run_matrix(settings, console)
     _finish(results, settings.out, fail_on, baseline_results, Thresholds(drift_factor, latency_threshold))
+
+
+ROLLOUT_KEYS = ("env", "episodes", "env_kwargs", "clip_actions", "return_tolerance", "trajectory")
+
+
+def _config_rollout(path: Path | None) -> dict:
+    """matrix.toml's [rollout] table: the same settings as the options, which win over it."""
+    if path is None:
+        return {}
+    try:
+        table = tomllib.loads(path.read_text()).get("rollout", {})
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise InputError(f"{path}: cannot read the config ({error})") from None
+    if not isinstance(table, dict) or set(table) - set(ROLLOUT_KEYS):
+        raise InputError(f"{path}: [rollout] takes the keys {', '.join(ROLLOUT_KEYS)}")
+    return table
+
+
+def _rollout_settings(info, seed: int, options: dict, from_config: dict):
+    """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
+    chosen = from_config | {key: value for key, value in options.items() if value is not None}
+    return_tolerance = rollouts.ReturnTolerance.parse(str(chosen.get("return_tolerance", rollouts.DEFAULT_RETURN_TOLERANCE)))
+    env, trajectory = chosen.get("env"), chosen.get("trajectory")
+    if env and trajectory:
+        raise InputError("--env and --trajectory exclude each other: closed loop with an env, or open loop along a recording")
+    if not env and not trajectory:
+        return None, return_tolerance
+    env_kwargs = chosen.get("env_kwargs", {})
+    plan = rollouts.plan_for(
+        info, env=env or "", episodes=int(chosen.get("episodes", 10)), seed=seed,
+        env_kwargs=env_kwargs if isinstance(env_kwargs, dict) else rollouts.parse_env_kwargs(env_kwargs),
+        clip_actions=bool(chosen.get("clip_actions", False)),
+        trajectory=str(Path(trajectory).resolve()) if trajectory else "",
+    )
+    rollouts.check(plan)
+    return plan, return_tolerance
 
 
 @app.command()

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 import targets as registry
 from targets.base import RunService, Target
 
-from . import __version__, cells, observations, reference, variants
+from . import __version__, cells, observations, reference, rollouts, variants
 from .lint import lint
 from .model import ModelInfo
 from .results import Host, LintResult, RunResults, append_jsonl
@@ -44,6 +44,8 @@ class RunConfig:
     timeout_s: float = 600.0
     tolerances: Tolerances = field(default_factory=Tolerances)
     host_label: str = ""
+    rollout: rollouts.RolloutPlan | None = None  # --env / --trajectory: behaviour in the loop
+    return_tolerance: rollouts.ReturnTolerance = field(default_factory=rollouts.ReturnTolerance)
 
 
 def host_info(label: str) -> Host:
@@ -85,14 +87,18 @@ def run(config: RunConfig, console: Console) -> RunResults:
     console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds)} observations")
     ref = reference.compute(model, feeds, chunk)
     base = _baseline(model, feeds, chunk, console)
+    ref_rollout = _reference_rollout(config, console)
     onnx_variants, variant_errors = variants.produce_all(model, config.precisions)
     template = cells.CellSpec(
         target="", variant="", observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
         batch_sizes=config.batch_sizes if symbolic else [chunk], symbolic_batch=symbolic, chunk=chunk,
         warmup=config.warmup, iters=config.iters, threads=config.threads,
+        rollout=config.rollout.as_dict() if config.rollout else None,
     )
     results = _empty_results(config, feeds, template)
+    if config.rollout:
+        results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe()}
     jsonl = config.out / "results.jsonl"
     jsonl.unlink(missing_ok=True)
     services = Services(config.out)
@@ -101,7 +107,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
             for target_name in config.targets:
                 for variant in config.precisions:
                     spec = replace(template, target=target_name, variant=variant)
-                    cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress)
+                    cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress,
+                                     ref_rollout)
                     append_jsonl(jsonl, cell)
                     results.cells.append(cell)
     except KeyboardInterrupt:  # keep what was measured: the report is written from the finished cells
@@ -135,6 +142,16 @@ def _empty_results(config: RunConfig, feeds, template: cells.CellSpec) -> RunRes
     )
 
 
+def _reference_rollout(config: RunConfig, console: Console) -> rollouts.ReferenceRollout | None:
+    """The float64 reference drives the same episodes: the behavioural ground truth."""
+    plan = config.rollout
+    if plan is None:
+        return None
+    what = f"replay of {Path(plan.trajectory).name}" if plan.open_loop else f"{plan.episodes} episodes of {plan.env}"
+    console.print(f"[bold]reference rollout[/]: float64 policy, {what}", highlight=False)
+    return rollouts.reference_rollout(config.model, plan)
+
+
 def _baseline(model, feeds, chunk, console):
     try:
         return reference.baseline(model, feeds, chunk)
@@ -143,7 +160,7 @@ def _baseline(model, feeds, chunk, console):
         return None
 
 
-def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress):
+def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress, ref_rollout=None):
     variant = spec.variant
     label = f"{target.name} {variant}"
     reason = target.unavailable_reason() or target.variant_skip_reason(variant)
@@ -153,8 +170,9 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
     task = progress.add_task(label, total=len(cells.STAGES))
 
     def on_stage(name: str) -> None:
-        if name in cells.STAGES:
-            progress.update(task, completed=cells.STAGES.index(name), description=f"{label}: {name}")
+        stage_name = name.split(" (")[0]  # "rollout (3/10 episodes)": progress within a stage
+        if stage_name in cells.STAGES:
+            progress.update(task, completed=cells.STAGES.index(stage_name), description=f"{label}: {name}")
 
     try:
         env = services.env_for(target)
@@ -166,6 +184,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
     cell = cells.judge(
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
         reference=ref, baseline=base, tolerance=config.tolerances.get(target.name, variant),
+        reference_rollout=ref_rollout, rollout_plan=config.rollout, return_tolerance=config.return_tolerance,
     )
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim"}[cell.verdict]
     progress.update(task, completed=len(cells.STAGES), description=f"{label}: [{colour}]{cell.verdict}[/]")

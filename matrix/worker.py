@@ -21,14 +21,14 @@ import numpy as np
 import targets
 from targets.base import CellSkip, PrepareContext
 
-from . import observations, variants
+from . import observations, rollouts, variants
 from .cells import CellSpec
 from .contract import CONTRACT_BATCHES
 from .metrics import latency_stats
 
 
-def stage(name: str) -> None:
-    print(json.dumps({"stage": name}), flush=True)
+def stage(name: str, progress: str = "") -> None:
+    print(json.dumps({"stage": name, **({"progress": progress} if progress else {})}), flush=True)
 
 
 def main(cell_dir: Path) -> None:
@@ -105,6 +105,10 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
         arrays[f"outputs/{name}"] = value
         arrays[f"repeat/{name}"] = repeat[name]
 
+    if spec.rollout:
+        enter("rollout")
+        _rollout(session, rollouts.RolloutPlan.from_dict(spec.rollout), measurement, arrays)
+
     enter("latency")
     measurement["latency"] = [
         latency_stats(batch, session.time(observations.take(feeds, batch), spec.warmup, spec.iters))
@@ -114,6 +118,13 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
     enter("placement")
     measurement["placement"] = [asdict(row) for row in session.placement()]
     measurement["stage"] = "done"
+
+
+def _rollout(session, plan, measurement, arrays) -> None:
+    """This runtime in the loop: one action per step at batch 1, the environment beside it."""
+    measured, episode_arrays = rollouts.drive(session.run, plan, lambda progress: stage("rollout", progress))
+    measurement["rollout"] = measured
+    arrays.update(episode_arrays)
 
 
 MAX_MESSAGE = 600  # the runtime's words, not its whole log: worker.log keeps the rest
