@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
+from . import report_behaviour  # noqa: E402
 from .results import VERDICTS, Cell, RunResults  # noqa: E402
 from .verdict import DEFAULT_TOLERANCE  # noqa: E402
 
@@ -56,6 +57,7 @@ def table(results: RunResults) -> pd.DataFrame:
             "fallback_nodes": sum(row.fallback for row in cell.placement),
             "emulated": bool(cell.backend and cell.backend.emulated),
             "reasons": " | ".join(cell.reasons),
+            **report_behaviour.csv_columns(cell),
         })
     return pd.DataFrame(rows)
 
@@ -185,7 +187,13 @@ def render_html(results: RunResults) -> str:
         contract_names=list(dict.fromkeys(check.name for c in results.cells for check in c.contract)),
         multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, regressions=results.regressions,
         runtimes=sorted({(c.host, c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
+        behaviour=_behaviour_context(results),
     )
+
+
+def _behaviour_context(results: RunResults) -> dict:
+    return {"cells": report_behaviour.behaviour_cells(results), "svg": report_behaviour.returns_chart(results),
+            "divergence": report_behaviour.divergence_summary, "grid_note": report_behaviour.grid_note}
 
 
 def summary_markdown(results: RunResults) -> str:
