@@ -213,9 +213,9 @@ def to_feed(observation, plan: RolloutPlan) -> np.ndarray:
     return np.asarray(observation).astype(plan.obs_dtype).reshape([1, *plan.obs_shape])
 
 
-def to_env_action(output: np.ndarray, space, clip: bool) -> tuple[np.ndarray | int, bool]:
+def to_env_action(output: np.ndarray, space, clip: bool, kind: str = "") -> tuple[np.ndarray | int, bool]:
     """The policy's output as the action space expects it, and whether clipping changed it."""
-    kind = _action_kind(space)
+    kind = kind or _action_kind(space)
     values = np.asarray(output)
     if kind == "discrete":
         if values.size != 1:
@@ -258,19 +258,19 @@ def run_episode(step: Step, env, plan: RolloutPlan, seed: int) -> Episode:
     observation, _ = env.reset(seed=seed)
     state = initial_state(plan)
     seen, actions, rewards, clipped_steps = [], [], [], 0
+    kind = _action_kind(env.action_space)  # once: the loop's own cost is part of every step
     done = False
     while not done:
         outputs = step({plan.obs_input: to_feed(observation, plan), **state})
         state = {s.input: outputs[s.output] for s in plan.states}
-        action, clipped = to_env_action(outputs[plan.action_output], env.action_space, plan.clip_actions)
+        action, clipped = to_env_action(outputs[plan.action_output], env.action_space, plan.clip_actions, kind)
         seen.append(np.asarray(observation, dtype=np.float64))
         actions.append(np.asarray(action, dtype=np.float64))
         observation, reward, terminated, truncated, _ = env.step(action)
         rewards.append(float(reward))
         clipped_steps += clipped
         done = terminated or truncated
-    discrete = _action_kind(env.action_space) != "continuous"
-    return Episode(seed, np.stack(seen), np.stack(actions), np.asarray(rewards), clipped_steps, discrete)
+    return Episode(seed, np.stack(seen), np.stack(actions), np.asarray(rewards), clipped_steps, kind != "continuous")
 
 
 def run_episodes(step: Step, plan: RolloutPlan, on_episode: Callable[[int], None] = lambda done: None) -> list[Episode]:
