@@ -182,6 +182,9 @@ def _rollout_settings(info, seed: int, options: dict, from_config: dict):
     if env and trajectory:
         raise InputError("--env and --trajectory exclude each other: closed loop with an env, or open loop along a recording")
     if not env and not trajectory:
+        given = sorted(key for key in ("episodes", "env_kwargs", "clip_actions") if chosen.get(key) is not None)
+        if given:
+            raise InputError(f"--{given[0].replace('_', '-')} needs --env (an environment to drive)")
         return None, return_tolerance
     env_kwargs = chosen.get("env_kwargs", {})
     plan = rollouts.plan_for(

@@ -210,6 +210,7 @@ def summary_markdown(results: RunResults) -> str:
             marks = [_md_cell(grid["cells"].get((target, v))) for v in grid["variants"]]
             lines.append(f"| {target} | " + " | ".join(marks) + " |")
         lines.append("")
+    lines += report_behaviour.summary_lines(results)
     problems = [c for c in results.cells if c.verdict in ("FAIL", "WARN")]
     if problems:
         lines += ["### Why", ""] + [f"- **{c.verdict}** {c.host} {c.target} {c.variant}: {_md(c.reasons[0])}" for c in problems if c.reasons]

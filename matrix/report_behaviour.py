@@ -64,3 +64,20 @@ def csv_columns(cell: Cell) -> dict:
         return {}
     return {"mean_return": rollout.mean_return, "reference_mean_return": rollout.reference_mean_return,
             "return_delta_rel": rollout.return_delta_rel, "episodes_diverged": sum(e.divergence_step is not None for e in rollout.episodes)}
+
+
+def summary_lines(results: RunResults) -> list[str]:
+    """summary.md's Behaviour table (a CI job summary): one row per cell that drove episodes."""
+    cells = [c for c in behaviour_cells(results) if c.rollout.mode == "closed-loop"]
+    if not cells:
+        return []
+    from .report import _md
+
+    env = _md(cells[0].rollout.env)
+    lines = [f"### Behaviour ({env}, reference mean return {cells[0].rollout.reference_mean_return:.4g})", "",
+             "| host | target | variant | mean return | Δ rel | diverged at step |", "|---|---|---|---|---|---|"]
+    for cell in cells:
+        r = cell.rollout
+        lines.append(f"| {cell.host} | {cell.target} | {cell.variant} | {r.mean_return:.4g} | {r.return_delta_rel:+.2%} "
+                     f"| {divergence_summary(cell)} |")
+    return lines + [""]

@@ -185,6 +185,8 @@ def check(plan: RolloutPlan) -> None:
     except TypeError as error:
         raise InputError(f"--env {plan.env!r} does not take these --env-kwargs: {error}") from None
     try:
+        if env.observation_space.shape is None:
+            raise InputError(f"--env {plan.env!r}: observation space {env.observation_space} is not supported (Box, Discrete)")
         obs_size = int(np.prod(env.observation_space.shape or (1,)))
         if obs_size != int(np.prod(plan.obs_shape)):
             raise InputError(

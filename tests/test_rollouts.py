@@ -18,8 +18,8 @@ import rollout_policies as policies
 from conftest import load_results, run_cli
 
 import targets
+from matrix import cells, rollouts
 from matrix import model as model_loader
-from matrix import rollouts
 from matrix.errors import InputError
 from matrix.results import Rollout
 
@@ -175,6 +175,20 @@ def test_cli_drives_cartpole_on_ort_cpu_and_reports_behaviour(policy_dir, tmp_pa
     assert 'id="behaviour"' in html and 'id="behaviour-chart"' in html and "never, never, never" in html
 
 
+def test_matrix_toml_rollout_table_and_progress_per_episode(policy_dir, tmp_path):
+    (tmp_path / "matrix.toml").write_text('[rollout]\nenv = "CartPole-v1"\nepisodes = 2\nreturn_tolerance = "1%"\n')
+    data = _run(policy_dir / "cartpole.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
+                "--config", tmp_path / "matrix.toml")
+    assert data["settings"]["rollout"]["episodes"] == 2 and data["settings"]["rollout"]["return_tolerance"].startswith("0.01")
+    assert len(data["cells"][0]["rollout"]["episodes"]) == 2
+    assert "### Behaviour (CartPole-v1" in (tmp_path / "out" / "summary.md").read_text()
+    assert "episodes_diverged" in (tmp_path / "out" / "results.csv").read_text()
+    spec = json.loads((tmp_path / "out" / "cells" / "ort-cpu-fp32" / "spec.json").read_text())
+    seen = []
+    cells.execute(tmp_path / "again", cells.CellSpec(**spec), {}, 600, seen.append)
+    assert seen.index("rollout (1/2 episodes)") < seen.index("rollout (2/2 episodes)") < seen.index("latency")
+
+
 def test_two_runs_drive_the_same_episodes(policy_dir, tmp_path):
     args = ("--targets", "ort-cpu", "--precisions", "fp32", "--env", "Pendulum-v1", "--episodes", "2", "--seed", "7")
     first = _run(policy_dir / "pendulum.onnx", tmp_path / "a", *args)["cells"][0]["rollout"]["episodes"]
@@ -229,6 +243,7 @@ def test_open_loop_replay_reports_drift_per_step(policy_dir, tmp_path):
     (("--env", "no_such_module:Env"), "cannot import"),
     (("--env", "CartPole-v1", "--trajectory", "obs.npy"), "exclude each other"),
     (("--env", "CartPole-v1", "--return-tolerance", "lots"), "--return-tolerance"),
+    (("--episodes", "3"), "--episodes needs --env"),
 ])
 def test_bad_rollout_input_is_one_line_and_exit_2(policy_dir, args, words):
     done = run_cli("run", policy_dir / "cartpole.onnx", "--targets", "ort-cpu", *args)
