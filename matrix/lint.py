@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .model import ModelInfo
+from .rollouts import state_pair_names
 
 FORBIDDEN_INPUTS = {"key", "rng", "params", "train_state", "deterministic", "training", "mutable"}
 RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -30,6 +31,7 @@ def lint(model: ModelInfo) -> list[Lint]:
         _random_ops(model),
         _dropout(model),
         _action_space_declared(model),
+        _recurrent_state(model),
     ]
 
 
@@ -83,3 +85,11 @@ def _action_space_declared(model: ModelInfo) -> Lint:
         "action-space", "warn",
         "no action_space in the model metadata: bounds are inferred (discrete if the action is an integer)",
     )
+
+
+def _recurrent_state(model: ModelInfo) -> Lint:
+    pairs = state_pair_names(model)
+    if not pairs:
+        return Lint("recurrent-state", "ok", "no recurrent state pairs: each step depends on its observation only")
+    named = ", ".join(f"{i} -> {o}" for i, o in pairs)
+    return Lint("recurrent-state", "ok", f"recurrent state {named}: rollouts carry it across steps, starting from zeros")

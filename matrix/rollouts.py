@@ -93,7 +93,8 @@ class RolloutPlan:
 
 # --- the plan: which input is the observation, which output the action, which pairs are state ---
 
-def state_pairs(model: ModelInfo) -> list[StatePair]:
+def state_pair_names(model: ModelInfo) -> list[tuple[str, str]]:
+    """(input, output) pairs that make a policy recurrent: named X_in/X_out, X/X_out or X/X_next, same shape."""
     outputs = {spec.name: spec for spec in model.outputs}
     pairs = []
     for spec in model.inputs:
@@ -103,9 +104,14 @@ def state_pairs(model: ModelInfo) -> list[StatePair]:
             name = spec.name[: len(spec.name) - len(in_suffix)] + out_suffix if in_suffix else spec.name + out_suffix
             partner = outputs.get(name)
             if partner is not None and partner.shape[1:] == spec.shape[1:]:
-                pairs.append(StatePair(spec.name, name, _fixed_dims(spec), spec.dtype))
+                pairs.append((spec.name, name))
                 break
     return pairs
+
+
+def state_pairs(model: ModelInfo) -> list[StatePair]:
+    specs = {spec.name: spec for spec in model.inputs}
+    return [StatePair(name, output, _fixed_dims(specs[name]), specs[name].dtype) for name, output in state_pair_names(model)]
 
 
 def plan_for(model: ModelInfo, **settings) -> RolloutPlan:
@@ -341,9 +347,13 @@ class ReferenceRollout:
 def reference_rollout(model: ModelInfo, plan: RolloutPlan) -> ReferenceRollout:
     """What the float64 reference does in the same episodes: the behavioural ground truth."""
     step = reference_step(model)
-    if plan.open_loop:
-        return ReferenceRollout(actions=replay(step, plan))
-    return ReferenceRollout(episodes=run_episodes(step, plan))
+    try:
+        if plan.open_loop:
+            return ReferenceRollout(actions=replay(step, plan))
+        return ReferenceRollout(episodes=run_episodes(step, plan))
+    except (ValueError, TypeError, AssertionError) as error:  # the env refused the policy's own actions
+        what = "the trajectory" if plan.open_loop else f"--env {plan.env!r}"
+        raise InputError(f"the float64 reference policy cannot drive {what}: {' '.join(str(error).split())[:300]}") from None
 
 
 # --- worker <-> core: episodes as plain arrays ---------------------------------------------------

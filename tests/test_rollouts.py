@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import rollout_policies as policies
@@ -21,6 +22,7 @@ import targets
 from matrix import cells, rollouts
 from matrix import model as model_loader
 from matrix.errors import InputError
+from matrix.lint import lint
 from matrix.results import Rollout
 
 FAST = ("--iters", "5", "--warmup", "1", "--batch-sizes", "1")
@@ -107,6 +109,8 @@ def test_plan_finds_the_recurrent_state_pair(policy_dir):
     assert the_plan.obs_input == "obs" and the_plan.action_output == "action"
     assert [(s.input, s.output, s.shape) for s in the_plan.states] == [("h_in", "h_out", [1])]
     assert plan(policy_dir / "cartpole.onnx", "CartPole-v1").states == []
+    lints = {item.id: item.message for item in lint(model_loader.load(policy_dir / "recurrent.onnx"))}
+    assert "h_in -> h_out" in lints["recurrent-state"]
 
 
 # --- the loop on real environments -----------------------------------------------------------------
@@ -234,6 +238,16 @@ def test_open_loop_replay_reports_drift_per_step(policy_dir, tmp_path):
     fp32, int8 = (c["rollout"] for c in data["cells"])
     assert fp32["mode"] == "open-loop" and len(fp32["step_drift"]) == 50
     assert fp32["max_step_drift"] < 1e-5 < int8["max_step_drift"]
+    assert "Open loop" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_cli_carries_recurrent_state_through_the_worker(policy_dir, tmp_path):
+    data = _run(policy_dir / "recurrent.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32",
+                "--env", "CartPole-v1", "--episodes", "2")
+    cell = data["cells"][0]
+    assert data["settings"]["rollout"]["states"] == ["h_in"]
+    assert cell["rollout"]["action_agreement"] == 1.0 and cell["rollout"]["return_delta"] == 0.0
+    assert cell["verdict"] != "FAIL", cell["reasons"]
 
 
 @pytest.mark.parametrize("args, words", [
@@ -270,3 +284,20 @@ def test_a_users_own_env_class_with_kwargs(policy_dir, tmp_path, monkeypatch):
     data = _run(policy_dir / "cartpole.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
                 "--env", "my_envs:ShortCartPole", "--env-kwargs", json.dumps({"limit": 40}), "--episodes", "2")
     assert [e["length"] for e in data["cells"][0]["rollout"]["episodes"]] == [40, 40]
+
+
+def test_a_policy_whose_actions_do_not_fit_the_env_is_bad_input(tmp_path):
+    """Two floats per step for CartPole's one integer: the reference already cannot drive it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    bounds = [numpy_helper.from_array(np.array([v], np.int64), n) for n, v in (("start", 0), ("end", 2), ("axis", 1))]
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["obs", "start", "end", "axis"], ["action"])], "two_floats",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])], bounds,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "two_floats.onnx")
+    done = run_cli("run", tmp_path / "two_floats.onnx", "--targets", "ort-cpu", "--env", "CartPole-v1", "--out", tmp_path / "out")
+    assert done.returncode == 2 and "one integer per step" in done.stderr and "Traceback" not in done.stderr
