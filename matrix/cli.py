@@ -187,8 +187,11 @@ def _rollout_settings(info, seed: int, options: dict, from_config: dict):
             raise InputError(f"--{given[0].replace('_', '-')} needs --env (an environment to drive)")
         return None, return_tolerance
     env_kwargs = chosen.get("env_kwargs", {})
+    episodes = chosen.get("episodes", 10)
+    if not isinstance(episodes, int):
+        raise InputError(f"episodes {episodes!r}: expected a whole number")
     plan = rollouts.plan_for(
-        info, env=env or "", episodes=int(chosen.get("episodes", 10)), seed=seed,
+        info, env=env or "", episodes=episodes, seed=seed,
         env_kwargs=env_kwargs if isinstance(env_kwargs, dict) else rollouts.parse_env_kwargs(env_kwargs),
         clip_actions=bool(chosen.get("clip_actions", False)),
         trajectory=str(Path(trajectory).resolve()) if trajectory else "",
