@@ -19,9 +19,11 @@ a rollout is asked for (the `rl` extra).
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -128,6 +130,8 @@ def plan_for(model: ModelInfo, **settings) -> RolloutPlan:
             raise InputError(f"rollouts run at batch 1, but input {spec.name!r} has a fixed batch of {spec.shape[0]}")
     state_outputs = {s.output for s in states}
     actions = [spec.name for spec in model.outputs if spec.name not in state_outputs]
+    if not actions:
+        raise InputError("rollouts need an action output besides recurrent state outputs")
     action = "action" if "action" in actions else actions[0]
     return RolloutPlan(obs_input=obs.name, obs_shape=_fixed_dims(obs), obs_dtype=obs.dtype, action_output=action,
                        states=states, **settings)
@@ -141,8 +145,6 @@ def _fixed_dims(spec: TensorSpec) -> list[int]:
 
 
 def parse_env_kwargs(text: str) -> dict:
-    import json
-
     try:
         value = json.loads(text or "{}")
     except json.JSONDecodeError as error:
@@ -377,8 +379,6 @@ def episodes_from(arrays: dict[str, np.ndarray], measured: dict) -> list[Episode
 
 def drive(step: Step, plan: RolloutPlan, on_progress: Callable[[str], None]) -> tuple[dict, dict[str, np.ndarray]]:
     """The worker's half: run the episodes (or the replay) with this step function."""
-    import time
-
     started = time.perf_counter()
     if plan.open_loop:
         actions = replay(step, plan)
