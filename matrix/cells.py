@@ -20,15 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import contract, isolation, metrics
+from . import contract, isolation, metrics, rollouts
 from .model import ModelInfo
 from .paths import cache_dir
 from .reference import Reference
 from .results import ArtifactInfo, Backend, Cell, CellError, LatencyStats, Placement
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, decide
 
-STAGES = ("prepare", "open", "contract", "parity", "latency", "placement")
-STAGES_AFTER_PARITY = ("latency", "placement")
+STAGES = ("prepare", "open", "contract", "parity", "rollout", "latency", "placement")
+STAGES_AFTER_PARITY = ("rollout", "latency", "placement")
 
 
 @dataclass
@@ -49,6 +49,7 @@ class CellSpec:
     threads: int = 1
     whole_inputs: list[str] = field(default_factory=list)  # inputs fed whole to every call, never sliced
     latency_budget_s: float = 30.0  # per batch size: timing stops here and says how many calls it timed
+    rollout: dict | None = None  # rollouts.RolloutPlan as a dict: drive episodes with this cell's session
 
 
 @dataclass
@@ -134,12 +135,13 @@ def run_guarded(command, log_path: Path, env: dict, timeout_s: float, memory_lim
 def _follow(process: subprocess.Popen, last_stage: list, on_stage) -> None:
     for line in process.stdout:
         try:
-            name = json.loads(line).get("stage")
+            message = json.loads(line)
+            name = message.get("stage")
         except (ValueError, AttributeError):
             continue  # a runtime printing to stdout is not a protocol message
         if name:
             last_stage[0] = name
-            on_stage(name)
+            on_stage(f"{name} ({message['progress']})" if "progress" in message else name)
 
 
 MEMORY_WORDS = ("MemoryError", "bad_alloc", "Unable to allocate", "Failed to allocate", "Cannot allocate memory",
@@ -207,6 +209,8 @@ def judge(
     outcome: CellOutcome, *, host: str, target: str, variant: str, predicts: bool, model: ModelInfo,
     reference: Reference, baseline: dict[str, np.ndarray] | None, tolerance: float,
     tie_margin: float = DEFAULT_TIE_MARGIN, min_agreement: float = DEFAULT_MIN_AGREEMENT,
+    reference_rollout: rollouts.ReferenceRollout | None = None, rollout_plan: rollouts.RolloutPlan | None = None,
+    return_tolerance: rollouts.ReturnTolerance | None = None,
 ) -> Cell:
     m = _unfinished(outcome.measurement, outcome.duration_s)
     cell = Cell(
@@ -226,7 +230,9 @@ def judge(
     if predicts and _measured_parity(cell.error, outcome.arrays):
         cell.parity = _parity(outcome.arrays, reference, baseline, tie_margin)
         cell.contract = contract.check(model, outcome.arrays, reference.outputs)
+        cell.rollout = rollouts.summarise(m.get("rollout"), outcome.arrays, reference_rollout, rollout_plan)
     cell.verdict, cell.reasons = decide(cell, tolerance, min_agreement)
+    cell.verdict, cell.reasons = rollouts.with_behaviour(cell.verdict, cell.reasons, cell.rollout, return_tolerance)
     return cell
 
 

@@ -180,7 +180,8 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated variants: fp32, fp16, int8.")
 @click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
 @click.option("--n-obs", default=128, show_default=True, help="Size of the seeded observation set when --obs is not given.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the generated observation set.")
+@click.option("--seed", default=0, show_default=True,
+              help="Seed of the generated observation set, and of the first episode (episode i resets with seed+i).")
 @click.option("--batch-sizes", default="1,64", show_default=True, help="Batch sizes to time.")
 @click.option("--warmup", default=20, show_default=True, help="Untimed calls before timing.")
 @click.option("--iters", default=200, show_default=True, help="Timed calls per batch size.")
@@ -200,6 +201,16 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--resume", type=click.Path(path_type=Path),
               help="Report folder of a killed or interrupted run: keep its finished cells, run only the missing ones.")
 @click.option("--require", default="", help="Comma-separated targets that must run (not only SKIP), else exit 1.")
+@click.option("--env", default=None,
+              help="Gymnasium id (e.g. CartPole-v1) or module:Class: every predicting cell drives episodes with its runtime in the loop.")
+@click.option("--episodes", default=None, type=int, help="Episodes per cell with --env.  [default: 10]")
+@click.option("--env-kwargs", default=None, help="JSON object of keyword arguments for the environment.")
+@click.option("--clip-actions/--no-clip-actions", default=None,
+              help="Clip continuous actions to the action space before stepping (reported per cell).  [default: no]")
+@click.option("--return-tolerance", default=None,
+              help="Largest mean-return distance from the reference: 0.05 or 5% (relative, default 0.05) or abs:10.")
+@click.option("--trajectory", type=click.Path(path_type=Path),
+              help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it.")
 @FAIL_ON_OPTION
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
@@ -207,8 +218,8 @@ BROWSER_PATH_OPTION = click.option(
 @BROWSER_ENDPOINT_OPTION
 @BROWSER_PATH_OPTION
 def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
-        min_agreement, timeout, out, host_label, memory_limit, resume, require, fail_on, baseline, latency_threshold,
-        drift_factor):
+        min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
+        return_tolerance, trajectory, fail_on, baseline, latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
     from . import model as model_loader
     from . import results as schema
@@ -242,6 +253,9 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
     )
     settings.model = model_loader.load(model)
     model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
+    rollout_options = {"env": env, "episodes": episodes, "env_kwargs": env_kwargs, "clip_actions": clip_actions,
+                       "return_tolerance": return_tolerance, "trajectory": trajectory}
+    settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options)
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     with lock_out(settings.out):
@@ -271,6 +285,31 @@ def _thresholds(drift_factor: float, latency_threshold: float):
 
     return Thresholds(options.non_negative(drift_factor, "--drift-factor"),
                       options.non_negative(latency_threshold, "--latency-threshold"))
+
+
+def _rollout_settings(info, seed: int, given: dict):
+    """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
+    from . import rollouts
+
+    chosen = {key: value for key, value in given.items() if value is not None}
+    return_tolerance = rollouts.ReturnTolerance.parse(str(chosen.get("return_tolerance", rollouts.DEFAULT_RETURN_TOLERANCE)))
+    env, trajectory = chosen.get("env"), chosen.get("trajectory")
+    if env and trajectory:
+        raise InputError("--env and --trajectory exclude each other: closed loop with an env, or open loop along a recording")
+    if not env and not trajectory:
+        given = sorted(key for key in ("episodes", "env_kwargs", "clip_actions") if chosen.get(key) is not None)
+        if given:
+            raise InputError(f"--{given[0].replace('_', '-')} needs --env (an environment to drive)")
+        return None, return_tolerance
+    env_kwargs = chosen.get("env_kwargs", "{}")
+    episodes = options.at_least(chosen.get("episodes", 10), 1, "--episodes")
+    plan = rollouts.plan_for(
+        info, env=env or "", episodes=episodes, seed=seed, env_kwargs=rollouts.parse_env_kwargs(env_kwargs),
+        clip_actions=bool(chosen.get("clip_actions", False)),
+        trajectory=str(Path(trajectory).resolve()) if trajectory else "",
+    )
+    rollouts.check(plan)
+    return plan, return_tolerance
 
 
 @app.command()

@@ -19,6 +19,7 @@ out = "reports/nightly"              # relative paths are relative to this file
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -73,6 +74,8 @@ def default_map(command: click.Command, path: Path, table: dict) -> dict:
 def _as_option_value(value, param: click.Option, base: Path):
     if isinstance(value, list):
         value = ",".join(str(item) for item in value)
+    if isinstance(value, dict):  # a table given to a JSON option (env-kwargs)
+        value = json.dumps(value)
     if isinstance(param.type, click.Path) and isinstance(value, str) and not Path(value).is_absolute():
         value = str(base / value)
     return value

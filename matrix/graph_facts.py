@@ -28,7 +28,8 @@ def state_pairs(model: ModelInfo) -> list[tuple[str, str]]:
     pairs = []
     outputs = list(model.outputs)
     for spec in model.inputs[1:]:
-        same = [o for o in outputs if o.dtype == spec.dtype and o.shape == spec.shape and o.name != "action"]
+        # The batch dimension may carry another symbol on each side (exporters name them apart).
+        same = [o for o in outputs if o.dtype == spec.dtype and o.shape[1:] == spec.shape[1:] and o.name != "action"]
         named = [o for o in same if STATE_NAME.search(o.name) or o.name.startswith(spec.name)]
         if same and (STATE_NAME.search(spec.name) or named):
             match = (named or same)[0]

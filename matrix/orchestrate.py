@@ -27,7 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 import targets as registry
 from targets.base import RunService, Target
 
-from . import __version__, cells, observations, reference, reference_job, variants
+from . import __version__, cells, observations, reference, reference_job, rollouts, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -57,6 +57,8 @@ class RunConfig:
     min_agreement: float = DEFAULT_MIN_AGREEMENT
     memory_limit: int = field(default_factory=default_memory_limit)  # bytes of address space per worker
     resume: bool = False  # keep the finished cells of the run recorded in `out`
+    rollout: rollouts.RolloutPlan | None = None  # --env / --trajectory: behaviour in the loop
+    return_tolerance: rollouts.ReturnTolerance = field(default_factory=rollouts.ReturnTolerance)
 
 
 def host_info(label: str) -> Host:
@@ -122,6 +124,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds, whole)} observations")
     ref, base = _isolated_reference(config, obs_path, chunk, console)
     reference.save(ref, config.out / "reference.npz")
+    ref_rollout = _reference_rollout(config, console)
     onnx_variants, variant_errors = variants.produce_all(model, config.precisions)
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
@@ -130,9 +133,12 @@ def run(config: RunConfig, console: Console) -> RunResults:
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
         batch_sizes=config.batch_sizes if symbolic else [chunk or 1], symbolic_batch=symbolic, chunk=chunk,
         warmup=config.warmup, iters=config.iters, threads=config.threads, whole_inputs=whole,
+        rollout=config.rollout.as_dict() if config.rollout else None,
     )
     results = _empty_results(config, feeds, template)
     results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.precisions}
+    if config.rollout:
+        results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe()}
     results.settings["run_id"] = run_id
     jsonl = Journal(config.out / "results.jsonl", run_id, model.sha256, console)
     if finished:
@@ -145,7 +151,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
                     cell = finished.get((target_name, variant))
                     if cell is None:
                         spec = replace(template, target=target_name, variant=variant)
-                        cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress)
+                        cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress,
+                                             ref_rollout)
                         jsonl.append(cell)
                     else:
                         progress.add_task(f"{target_name} {variant}: {cell.verdict} (kept)", total=1, completed=1, start=False)
@@ -286,7 +293,17 @@ def _empty_results(config: RunConfig, feeds, template: cells.CellSpec) -> RunRes
     )
 
 
-def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress):
+def _reference_rollout(config: RunConfig, console: Console) -> rollouts.ReferenceRollout | None:
+    """The float64 reference drives the same episodes: the behavioural ground truth."""
+    plan = config.rollout
+    if plan is None:
+        return None
+    what = f"replay of {Path(plan.trajectory).name}" if plan.open_loop else f"{plan.episodes} episodes of {plan.env}"
+    console.print(f"[bold]reference rollout[/]: float64 policy, {what}", highlight=False)
+    return rollouts.reference_rollout(config.model, plan)
+
+
+def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress, ref_rollout=None):
     variant = spec.variant
     label = f"{target.name} {variant}"
     reason = target.unavailable_reason() or target.variant_skip_reason(variant)
@@ -296,8 +313,9 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
     task = progress.add_task(label, total=len(cells.STAGES))
 
     def on_stage(name: str) -> None:
-        if name in cells.STAGES:
-            progress.update(task, completed=cells.STAGES.index(name), description=f"{label}: {name}")
+        stage_name = name.split(" (")[0]  # "rollout (3/10 episodes)": progress within a stage
+        if stage_name in cells.STAGES:
+            progress.update(task, completed=cells.STAGES.index(stage_name), description=f"{label}: {name}")
 
     try:
         env = services.env_for(target)
@@ -310,6 +328,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
         reference=ref, baseline=base, tolerance=config.tolerances.get(target.name, variant),
         tie_margin=config.tie_margin, min_agreement=config.min_agreement,
+        reference_rollout=ref_rollout, rollout_plan=config.rollout, return_tolerance=config.return_tolerance,
     )
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "CONVERTED": "blue"}[cell.verdict]
     progress.update(task, completed=len(cells.STAGES), description=f"{label}: [{colour}]{cell.verdict}[/]")

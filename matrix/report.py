@@ -26,6 +26,7 @@ from . import charts
 from .results import VERDICTS, Cell, LatencyStats, RunResults
 from .verdict import DEFAULT_TOLERANCE
 
+from . import report_behaviour
 COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
 
 
@@ -70,6 +71,7 @@ def table(results: RunResults) -> pd.DataFrame:
             "quantized_ops": _quantized(cell, "quantized_ops"), "float_weight_ops": _quantized(cell, "float_ops"),
             "emulated": bool(cell.backend and cell.backend.emulated),
             "reasons": " | ".join(cell.reasons),
+            **report_behaviour.csv_columns(cell),
         })
     return pd.DataFrame(rows)
 
@@ -277,7 +279,13 @@ def render_html(results: RunResults) -> str:
         fallbacks={c.key: sum(row.fallback for row in c.placement) for c in results.cells},
         batches=sorted({s.batch for c in results.cells for s in c.latency}),
         noisy_ratio=NOISY_P99_OVER_P50, is_noisy=noisy, duration=_duration, script=script, script_hash=_csp_hash(script),
+        behaviour=_behaviour_context(results),
     )
+
+
+def _behaviour_context(results: RunResults) -> dict:
+    return {"cells": report_behaviour.behaviour_cells(results), "svg": report_behaviour.returns_chart(results),
+            "divergence": report_behaviour.divergence_summary, "grid_note": report_behaviour.grid_note}
 
 
 def _report_script() -> str:
@@ -306,6 +314,7 @@ def summary_markdown(results: RunResults) -> str:
             marks = [_md_cell(grid["cells"].get((target, v))) for v in grid["variants"]]
             lines.append(f"| {_md(target)} | " + " | ".join(marks) + " |")
         lines.append("")
+    lines += report_behaviour.summary_lines(results)
     problems = [c for c in results.cells if c.verdict in ("FAIL", "WARN")]
     if problems:
         lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(c.target)} {_md(c.variant)}: {_md(c.reasons[0])}"

@@ -75,6 +75,45 @@ class CellError(BaseModel):
     message: str
 
 
+class EpisodeOutcome(BaseModel):
+    seed: int  # the episode reset with env.reset(seed=seed)
+    episode_return: float
+    length: int
+    reference_return: float
+    reference_length: int
+    divergence_step: int | None = None  # first step whose observation left the reference's (None: never)
+    action_agreement: float | None = None  # share of common steps whose action equals the reference's
+    clipped_steps: int = 0
+
+
+class Rollout(BaseModel):
+    """Behaviour in the loop (`--env` closed loop, or `--trajectory` open loop).
+
+    Optional and additive: readers that predate it ignore the field, so the
+    schema version stays; `rollout_version` versions this record itself.
+    """
+
+    rollout_version: int = 1
+    mode: str  # "closed-loop" | "open-loop"
+    env: str = ""
+    episodes: list[EpisodeOutcome] = Field(default_factory=list)
+    mean_return: float | None = None
+    std_return: float | None = None
+    reference_mean_return: float | None = None
+    reference_std_return: float | None = None
+    return_delta: float | None = None  # mean return minus the reference's
+    return_delta_rel: float | None = None  # divided by max(|reference mean return|, 1)
+    length_delta: float | None = None  # mean episode length minus the reference's
+    action_agreement: float | None = None
+    divergence_epsilon: float | None = None
+    clip_actions: bool = False
+    clipped_steps: int = 0
+    steps: int = 0
+    step_us: float | None = None  # wall time per step: runtime + environment + harness
+    step_drift: list[float] = Field(default_factory=list)  # open loop: max |action - reference| per recorded step
+    max_step_drift: float | None = None
+
+
 class Cell(BaseModel):
     host: str
     target: str
@@ -94,6 +133,7 @@ class Cell(BaseModel):
     tolerance: float | None = None
     duration_s: float = 0.0
     notes: list[str] = Field(default_factory=list)  # how it was measured (e.g. a time-boxed latency)
+    rollout: Rollout | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -27,14 +27,14 @@ import onnx
 import targets
 from targets.base import CellSkip, PrepareContext
 
-from . import observations, variants
+from . import observations, rollouts, variants
 from .cells import CellSpec
 from .contract import CONTRACT_BATCHES
 from .metrics import latency_stats
 
 
-def stage(name: str) -> None:
-    print(json.dumps({"stage": name}), flush=True)
+def stage(name: str, progress: str = "") -> None:
+    print(json.dumps({"stage": name, **({"progress": progress} if progress else {})}), flush=True)
 
 
 def main(cell_dir: Path) -> None:
@@ -121,6 +121,10 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
         arrays[f"outputs/{name}"] = value
         arrays[f"repeat/{name}"] = repeat[name]
 
+    if spec.rollout:
+        enter("rollout")
+        _rollout(session, rollouts.RolloutPlan.from_dict(spec.rollout), measurement, arrays)
+
     enter("latency")
     measurement["latency"] = []
     for batch in spec.batch_sizes:
@@ -174,6 +178,13 @@ def _quantization(variant: str, artifact) -> dict | None:
     if counted is None and artifact.path.suffix == ".onnx" and artifact.path.is_file():
         counted = variants.quantization(onnx.load(str(artifact.path)))
     return counted
+
+
+def _rollout(session, plan, measurement, arrays) -> None:
+    """This runtime in the loop: one action per step at batch 1, the environment beside it."""
+    measured, episode_arrays = rollouts.drive(session.run, plan, lambda progress: stage("rollout", progress))
+    measurement["rollout"] = measured
+    arrays.update(episode_arrays)
 
 
 MAX_MESSAGE = 600  # the runtime's words, not its whole log: worker.log keeps the rest

@@ -1,0 +1,504 @@
+"""Behaviour in the loop: episodes driven by one runtime, compared with the float64 reference's.
+
+Single-step drift is not what an RL user ships on: a policy that drifts 0.15 per
+step can score the same return, one that drifts 0.04 can flip the actions that
+matter. Here a `step(feeds) -> outputs` callable (a cell's own session at batch 1,
+or the float64 reference) drives a Gymnasium environment; episode i resets with
+seed + i (Stable-Baselines3's evaluation convention), so every cell and host
+sees the same initial states. A recurrent policy (an input/output state pair)
+carries its state from step to step, starting from zeros.
+
+Without an environment, a recorded observation sequence is replayed open loop
+(`--trajectory`) and the drift of each step's action is reported along it.
+
+The environment runs beside the session (in the cell's worker); the comparison
+with the reference runs in the core. Gymnasium is imported only here, only when
+a rollout is asked for (the `rl` extra).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import graph_facts
+from .errors import InputError
+from .model import ModelInfo, TensorSpec
+
+Feeds = dict[str, np.ndarray]
+Step = Callable[[Feeds], Feeds]
+
+# A trajectory has left the reference's at the first step whose observation differs
+# from the reference's by more than this (max abs over the observation's elements).
+DIVERGENCE_EPSILON = 1e-3
+# Continuous actions "agree" when no element differs by more than this.
+ACTION_EPSILON = 1e-3
+# Relative return deltas divide by max(|reference mean return|, this): returns near 0 stay meaningful.
+RETURN_FLOOR = 1.0
+DEFAULT_RETURN_TOLERANCE = 0.05
+WARN_FRACTION = 0.5
+
+
+@dataclass
+class StatePair:
+    input: str
+    output: str
+    shape: list[int]  # without the batch dimension
+    dtype: str
+
+
+@dataclass
+class RolloutPlan:
+    """What a worker needs to drive episodes; travels in the cell's spec.json."""
+
+    obs_input: str
+    obs_shape: list[int]  # without the batch dimension
+    obs_dtype: str
+    action_output: str
+    env: str = ""
+    env_kwargs: dict = field(default_factory=dict)
+    episodes: int = 10
+    seed: int = 0
+    clip_actions: bool = False
+    states: list[StatePair] = field(default_factory=list)
+    trajectory: str = ""  # .npy of recorded observations, replayed open loop instead of an env
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RolloutPlan":
+        return cls(**{**data, "states": [StatePair(**s) for s in data.get("states", [])]})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.trajectory)
+
+    def describe(self) -> dict:
+        """The run's settings entry: what a reader needs to reproduce the episodes."""
+        if self.open_loop:
+            return {"mode": "open-loop", "trajectory": Path(self.trajectory).name, "states": [s.input for s in self.states]}
+        return {"mode": "closed-loop", "env": self.env, "env_kwargs": self.env_kwargs, "episodes": self.episodes,
+                "seeds": f"{self.seed}..{self.seed + self.episodes - 1}", "clip_actions": self.clip_actions,
+                "states": [s.input for s in self.states], "divergence_epsilon": DIVERGENCE_EPSILON}
+
+
+# --- the plan: which input is the observation, which output the action, which pairs are state ---
+
+def state_pairs(model: ModelInfo) -> list[StatePair]:
+    specs = {spec.name: spec for spec in model.inputs}
+    return [StatePair(name, output, _fixed_dims(specs[name]), specs[name].dtype) for name, output in graph_facts.state_pairs(model)]
+
+
+def plan_for(model: ModelInfo, **settings) -> RolloutPlan:
+    """The rollout plan for this model; InputError when it cannot take one observation at a time."""
+    states = state_pairs(model)
+    state_inputs = {s.input for s in states}
+    obs_candidates = [spec for spec in model.inputs if spec.name not in state_inputs]
+    if len(obs_candidates) != 1:
+        names = [spec.name for spec in obs_candidates]
+        raise InputError(f"rollouts need one observation input besides recurrent state pairs, found {names}")
+    obs = obs_candidates[0]
+    for spec in model.inputs:
+        if spec.shape and isinstance(spec.shape[0], int) and spec.shape[0] != 1:
+            raise InputError(f"rollouts run at batch 1, but input {spec.name!r} has a fixed batch of {spec.shape[0]}")
+    state_outputs = {s.output for s in states}
+    actions = [spec.name for spec in model.outputs if spec.name not in state_outputs]
+    if not actions:
+        raise InputError("rollouts need an action output besides recurrent state outputs")
+    action = "action" if "action" in actions else actions[0]
+    return RolloutPlan(obs_input=obs.name, obs_shape=_fixed_dims(obs), obs_dtype=obs.dtype, action_output=action,
+                       states=states, **settings)
+
+
+def _fixed_dims(spec: TensorSpec) -> list[int]:
+    dims = spec.shape[1:]
+    if not all(isinstance(d, int) for d in dims):
+        raise InputError(f"rollouts need fixed non-batch dimensions, but {spec.name!r} has shape {spec.shape}")
+    return list(dims)
+
+
+def parse_env_kwargs(text: str) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError as error:
+        raise InputError(f"--env-kwargs {text!r}: not JSON ({error.msg})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"--env-kwargs {text!r}: expected a JSON object, e.g. '{{\"g\": 9.81}}'")
+    return value
+
+
+# --- environments -------------------------------------------------------------------------------
+
+def make_env(env: str, kwargs: dict):
+    """A Gymnasium id, or `module:Class` for a user's own environment class."""
+    try:
+        import gymnasium as gym
+    except ImportError:
+        raise InputError("--env needs Gymnasium: pip install 'policy-matrix[rl]' (make setup installs it)") from None
+    module_name, sep, attribute = env.partition(":")
+    if sep and attribute.isidentifier():
+        if os.getcwd() not in sys.path:  # a user's env module beside them, as `python -m` would find it
+            sys.path.append(os.getcwd())
+        try:
+            env_class = getattr(importlib.import_module(module_name), attribute, None)
+        except ImportError as error:
+            raise InputError(f"--env {env!r}: cannot import {module_name!r} ({error})") from None
+        if not isinstance(env_class, type):
+            raise InputError(f"--env {env!r}: {module_name} has no class {attribute!r}")
+        return env_class(**kwargs)
+    try:
+        return gym.make(env, **kwargs)
+    except gym.error.Error as error:
+        raise InputError(f"--env {env!r}: {error}") from None
+
+
+def check(plan: RolloutPlan) -> None:
+    """Fail early, with one line, when the environment and the model do not fit together."""
+    if plan.open_loop:
+        recorded = load_trajectory(Path(plan.trajectory), plan)
+        if not len(recorded):
+            raise InputError(f"{plan.trajectory}: the trajectory holds no observations")
+        return
+    if plan.episodes < 1:
+        raise InputError("--episodes must be at least 1")
+    try:
+        env = make_env(plan.env, plan.env_kwargs)
+    except TypeError as error:
+        raise InputError(f"--env {plan.env!r} does not take these --env-kwargs: {error}") from None
+    try:
+        if env.observation_space.shape is None:
+            raise InputError(f"--env {plan.env!r}: observation space {env.observation_space} is not supported (Box, Discrete)")
+        obs_size = int(np.prod(env.observation_space.shape or (1,)))
+        if obs_size != int(np.prod(plan.obs_shape)):
+            raise InputError(
+                f"--env {plan.env!r}: observations have shape {env.observation_space.shape}, "
+                f"the model's {plan.obs_input!r} expects {plan.obs_shape}"
+            )
+        _action_kind(env.action_space)
+    finally:
+        env.close()
+
+
+def _action_kind(space) -> str:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        return "discrete"
+    if isinstance(space, spaces.MultiDiscrete):
+        return "multi-discrete"
+    if isinstance(space, spaces.Box):
+        return "continuous"
+    raise InputError(f"action space {space} is not supported (Box, Discrete, MultiDiscrete)")
+
+
+def to_feed(observation, plan: RolloutPlan) -> np.ndarray:
+    """Box -> the model's dtype and declared shape at batch 1; Discrete -> its integer."""
+    return np.asarray(observation).astype(plan.obs_dtype).reshape([1, *plan.obs_shape])
+
+
+def to_env_action(output: np.ndarray, space, clip: bool, kind: str = "") -> tuple[np.ndarray | int, bool]:
+    """The policy's output as the action space expects it, and whether clipping changed it."""
+    kind = kind or _action_kind(space)
+    values = np.asarray(output)
+    if kind == "discrete":
+        if values.size != 1:
+            raise ValueError(f"a Discrete action space needs one integer per step, the policy gave shape {values.shape}")
+        return int(values.reshape(-1)[0]), False
+    if kind == "multi-discrete":
+        return values.astype(np.int64).reshape(space.shape), False
+    action = values.astype(space.dtype).reshape(space.shape)
+    if not clip:
+        return action, False
+    clipped = np.clip(action, space.low, space.high)
+    return clipped, not np.array_equal(clipped, action)
+
+
+# --- driving episodes --------------------------------------------------------------------------
+
+@dataclass
+class Episode:
+    seed: int
+    observations: np.ndarray  # [T, ...] the observations the policy acted on (as the env gave them)
+    actions: np.ndarray  # [T, ...] the actions the env received
+    rewards: np.ndarray  # [T]
+    clipped_steps: int = 0
+    discrete: bool = False
+
+    @property
+    def episode_return(self) -> float:
+        return float(np.sum(self.rewards, dtype=np.float64))
+
+    @property
+    def length(self) -> int:
+        return len(self.rewards)
+
+
+def initial_state(plan: RolloutPlan) -> Feeds:
+    return {s.input: np.zeros([1, *s.shape], dtype=s.dtype) for s in plan.states}
+
+
+def run_episode(step: Step, env, plan: RolloutPlan, seed: int) -> Episode:
+    observation, _ = env.reset(seed=seed)
+    state = initial_state(plan)
+    seen, actions, rewards, clipped_steps = [], [], [], 0
+    kind = _action_kind(env.action_space)  # once: the loop's own cost is part of every step
+    done = False
+    while not done:
+        outputs = step({plan.obs_input: to_feed(observation, plan), **state})
+        state = {s.input: outputs[s.output] for s in plan.states}
+        action, clipped = to_env_action(outputs[plan.action_output], env.action_space, plan.clip_actions, kind)
+        seen.append(np.asarray(observation, dtype=np.float64))
+        actions.append(np.asarray(action, dtype=np.float64))
+        observation, reward, terminated, truncated, _ = env.step(action)
+        rewards.append(float(reward))
+        clipped_steps += clipped
+        done = terminated or truncated
+    return Episode(seed, np.stack(seen), np.stack(actions), np.asarray(rewards), clipped_steps, kind != "continuous")
+
+
+def run_episodes(step: Step, plan: RolloutPlan, on_episode: Callable[[int], None] = lambda done: None) -> list[Episode]:
+    env = make_env(plan.env, plan.env_kwargs)
+    try:
+        episodes = []
+        for i in range(plan.episodes):
+            episodes.append(run_episode(step, env, plan, plan.seed + i))
+            on_episode(i + 1)
+        return episodes
+    finally:
+        env.close()
+
+
+def load_trajectory(path: Path, plan: RolloutPlan) -> np.ndarray:
+    """Recorded observations [T, *obs_shape] (or [T, 1, *obs_shape]) in the model's dtype."""
+    if not path.is_file():
+        raise InputError(f"{path}: no such trajectory file")
+    try:
+        recorded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise InputError(f"{path}: not a .npy file ({error})") from None
+    if not isinstance(recorded, np.ndarray) or recorded.ndim < 1:
+        raise InputError(f"{path}: expected one array of observations [T, *obs_shape]")
+    per_step = int(np.prod(recorded.shape[1:], dtype=np.int64))
+    if per_step != int(np.prod(plan.obs_shape)):
+        raise InputError(f"{path}: observations of shape {list(recorded.shape[1:])}, the model expects {plan.obs_shape}")
+    return recorded.reshape([len(recorded), *plan.obs_shape]).astype(plan.obs_dtype)
+
+
+def replay(step: Step, plan: RolloutPlan) -> np.ndarray:
+    """Open loop: each recorded observation in order, state carried; the action of each step."""
+    state = initial_state(plan)
+    actions = []
+    for observation in load_trajectory(Path(plan.trajectory), plan):
+        outputs = step({plan.obs_input: observation[None], **state})
+        state = {s.input: outputs[s.output] for s in plan.states}
+        actions.append(np.asarray(outputs[plan.action_output], dtype=np.float64)[0])
+    return np.stack(actions)
+
+
+# --- the float64 reference in the loop -----------------------------------------------------------
+
+def reference_step(model: ModelInfo) -> Step:
+    """The float64 reference as a step function (float inputs widened, the graph evaluated exactly)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from .reference import to_float64
+
+    evaluator = ReferenceEvaluator(to_float64(model.proto))
+    names = [spec.name for spec in model.outputs]
+
+    def step(feeds: Feeds) -> Feeds:
+        wide = {name: value.astype(np.float64) if value.dtype.kind == "f" else value for name, value in feeds.items()}
+        return dict(zip(names, evaluator.run(names, wide)))
+
+    return step
+
+
+@dataclass
+class ReferenceRollout:
+    episodes: list[Episode] = field(default_factory=list)
+    actions: np.ndarray | None = None  # open loop: the reference's action per recorded step
+
+
+def reference_rollout(model: ModelInfo, plan: RolloutPlan) -> ReferenceRollout:
+    """What the float64 reference does in the same episodes: the behavioural ground truth."""
+    step = reference_step(model)
+    try:
+        if plan.open_loop:
+            return ReferenceRollout(actions=replay(step, plan))
+        return ReferenceRollout(episodes=run_episodes(step, plan))
+    except (ValueError, TypeError, AssertionError) as error:  # the env refused the policy's own actions
+        what = "the trajectory" if plan.open_loop else f"--env {plan.env!r}"
+        raise InputError(f"the float64 reference policy cannot drive {what}: {' '.join(str(error).split())[:300]}") from None
+
+
+# --- worker <-> core: episodes as plain arrays ---------------------------------------------------
+
+def episode_arrays(episodes: list[Episode]) -> dict[str, np.ndarray]:
+    arrays = {}
+    for i, episode in enumerate(episodes):
+        arrays[f"rollout/{i}/observations"] = episode.observations
+        arrays[f"rollout/{i}/actions"] = episode.actions
+        arrays[f"rollout/{i}/rewards"] = episode.rewards
+    return arrays
+
+
+def episodes_from(arrays: dict[str, np.ndarray], measured: dict) -> list[Episode]:
+    return [
+        Episode(seed, arrays[f"rollout/{i}/observations"], arrays[f"rollout/{i}/actions"], arrays[f"rollout/{i}/rewards"],
+                measured["clipped_steps"][i], measured["discrete"])
+        for i, seed in enumerate(measured["seeds"])
+    ]
+
+
+def drive(step: Step, plan: RolloutPlan, on_progress: Callable[[str], None]) -> tuple[dict, dict[str, np.ndarray]]:
+    """The worker's half: run the episodes (or the replay) with this step function."""
+    started = time.perf_counter()
+    if plan.open_loop:
+        actions = replay(step, plan)
+        return {"steps": len(actions), "seconds": time.perf_counter() - started}, {"rollout/replay_actions": actions}
+    episodes = run_episodes(step, plan, lambda done: on_progress(f"{done}/{plan.episodes} episodes"))
+    measured = {
+        "seeds": [e.seed for e in episodes], "clipped_steps": [e.clipped_steps for e in episodes],
+        "discrete": episodes[0].discrete,
+        "steps": sum(e.length for e in episodes), "seconds": time.perf_counter() - started,
+    }
+    return measured, episode_arrays(episodes)
+
+
+# --- comparison with the reference ---------------------------------------------------------------
+
+def divergence_step(observations: np.ndarray, reference: np.ndarray, epsilon: float = DIVERGENCE_EPSILON) -> int | None:
+    """First step whose observation is farther than epsilon from the reference's; where no
+    observation differs but one episode ended earlier, the step where it ended; None if never."""
+    common = min(len(observations), len(reference))
+    distance = np.abs(observations[:common] - reference[:common]).reshape(common, -1).max(axis=1, initial=0.0)
+    beyond = np.flatnonzero(distance > epsilon)
+    if beyond.size:
+        return int(beyond[0])
+    return None if len(observations) == len(reference) else common
+
+
+def action_agreement(actions: np.ndarray, reference: np.ndarray, discrete: bool) -> float | None:
+    """Share of the common steps whose action equals the reference's (within ACTION_EPSILON if continuous)."""
+    common = min(len(actions), len(reference))
+    if common == 0:
+        return None
+    difference = np.abs(actions[:common] - reference[:common]).reshape(common, -1).max(axis=1)
+    return float(np.mean(difference <= (0.0 if discrete else ACTION_EPSILON)))
+
+
+def step_drift(actions: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Open loop: per recorded step, the largest |action - reference action|."""
+    return np.abs(actions - reference).reshape(len(actions), -1).max(axis=1)
+
+
+def relative_delta(value: float, reference: float) -> float:
+    return (value - reference) / max(abs(reference), RETURN_FLOOR)
+
+
+@dataclass
+class ReturnTolerance:
+    """How far a cell's mean return may be from the reference's: relative (default) or absolute."""
+
+    value: float = DEFAULT_RETURN_TOLERANCE
+    relative: bool = True
+
+    @classmethod
+    def parse(cls, text: str) -> "ReturnTolerance":
+        """`0.05` or `5%` (relative to |reference mean return|), `abs:10` (in return units)."""
+        body = text.strip()
+        relative = not body.startswith("abs:")
+        body = body.removeprefix("abs:")
+        scale = 100.0 if body.endswith("%") else 1.0
+        try:
+            value = float(body.removesuffix("%")) / scale
+        except ValueError:
+            raise InputError(f"--return-tolerance {text!r}: expected e.g. 0.05, 5% or abs:10") from None
+        if not math.isfinite(value) or value < 0:
+            raise InputError(f"--return-tolerance {text!r}: must be a non-negative number")
+        return cls(value, relative)
+
+    def describe(self) -> str:
+        if self.relative:
+            return f"{self.value:.3g} of |reference mean return| (floor {RETURN_FLOOR:g})"
+        return f"{self.value:g} return units"
+
+
+# --- the core's half: the record and the verdict rule ------------------------------------------
+
+def summarise(measured: dict | None, arrays: dict[str, np.ndarray], reference: ReferenceRollout | None, plan: RolloutPlan | None):
+    """The cell's Rollout record, from what its worker drove and what the reference drove."""
+    from .results import Rollout
+
+    if measured is None or reference is None or plan is None:
+        return None
+    step_us = measured["seconds"] / max(measured["steps"], 1) * 1e6
+    if plan.open_loop:
+        drift = step_drift(arrays["rollout/replay_actions"], reference.actions)
+        return Rollout(mode="open-loop", steps=measured["steps"], step_us=step_us, step_drift=drift.tolist(),
+                       max_step_drift=float(drift.max(initial=0.0)))
+    episodes = episodes_from(arrays, measured)
+    outcomes = [_outcome(cell, ref) for cell, ref in zip(episodes, reference.episodes)]
+    returns = np.array([o.episode_return for o in outcomes])
+    reference_returns = np.array([o.reference_return for o in outcomes])
+    agreements = [o.action_agreement for o in outcomes if o.action_agreement is not None]
+    return Rollout(
+        mode="closed-loop", env=plan.env, episodes=outcomes,
+        mean_return=float(returns.mean()), std_return=float(returns.std()),
+        reference_mean_return=float(reference_returns.mean()), reference_std_return=float(reference_returns.std()),
+        return_delta=float(returns.mean() - reference_returns.mean()),
+        return_delta_rel=relative_delta(float(returns.mean()), float(reference_returns.mean())),
+        length_delta=float(np.mean([o.length - o.reference_length for o in outcomes])),
+        action_agreement=float(np.mean(agreements)) if agreements else None,
+        divergence_epsilon=DIVERGENCE_EPSILON, clip_actions=plan.clip_actions,
+        clipped_steps=sum(o.clipped_steps for o in outcomes), steps=measured["steps"], step_us=step_us,
+    )
+
+
+def _outcome(cell: Episode, reference: Episode):
+    from .results import EpisodeOutcome
+
+    return EpisodeOutcome(
+        seed=cell.seed, episode_return=cell.episode_return, length=cell.length,
+        reference_return=reference.episode_return, reference_length=reference.length,
+        divergence_step=divergence_step(cell.observations, reference.observations),
+        action_agreement=action_agreement(cell.actions, reference.actions, cell.discrete),
+        clipped_steps=cell.clipped_steps,
+    )
+
+
+def behaviour_findings(rollout, tolerance: ReturnTolerance) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of the behaviour rule: the mean return's distance from the reference's."""
+    if rollout is None or rollout.mode != "closed-loop":
+        return [], []
+    delta = abs(rollout.return_delta_rel if tolerance.relative else rollout.return_delta)
+    shown = f"{rollout.return_delta_rel:+.2%}" if tolerance.relative else f"{rollout.return_delta:+.4g}"
+    what = (f"mean return {rollout.mean_return:.4g} vs reference {rollout.reference_mean_return:.4g} "
+            f"({shown}, tolerance {tolerance.describe()})")
+    if delta > tolerance.value:
+        return [f"behaviour: {what}"], []
+    if delta > tolerance.value * WARN_FRACTION:
+        return [], [f"behaviour: {what}, above half the tolerance"]
+    return [], []
+
+
+def with_behaviour(verdict: str, reasons: list[str], rollout, tolerance: ReturnTolerance | None) -> tuple[str, list[str]]:
+    """The cell's verdict with the behaviour rule beside drift: a FAIL outranks a WARN outranks a PASS."""
+    if tolerance is None or verdict == "SKIP":
+        return verdict, reasons
+    failures, warnings = behaviour_findings(rollout, tolerance)
+    if failures:
+        return "FAIL", failures + reasons
+    if warnings and verdict == "PASS":
+        return "WARN", warnings
+    return verdict, reasons + warnings

@@ -1,0 +1,303 @@
+"""Behaviour in the loop, on real Gymnasium environments with hand-written policies (nothing trained).
+
+The pure parts (divergence, agreement, the verdict rule) are checked on arrays;
+the loop itself on real onnxruntime sessions and the float64 reference; the
+whole path (worker, core, report) through the CLI on ort-cpu, tflite and the
+browser's wasm backend.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import rollout_policies as policies
+from conftest import load_results, run_cli
+
+import targets
+from matrix import cells, rollouts
+from matrix import model as model_loader
+from matrix.errors import InputError
+from matrix.lint import lint
+from matrix.results import Rollout
+
+FAST = ("--iters", "5", "--warmup", "1", "--batch-sizes", "1")
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("policies")
+    policies.cartpole(folder / "cartpole.onnx")
+    policies.cartpole(folder / "cartpole_perturbed.onnx", policies.PERTURBED_GAINS)
+    policies.pendulum(folder / "pendulum.onnx")
+    policies.recurrent_toggle(folder / "recurrent.onnx")
+    return folder
+
+
+def ort_step(path: Path) -> rollouts.Step:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return lambda feeds: dict(zip(names, session.run(names, feeds)))
+
+
+def plan(path: Path, env: str, episodes: int = 3, **settings) -> rollouts.RolloutPlan:
+    return rollouts.plan_for(model_loader.load(path), env=env, episodes=episodes, seed=0, **settings)
+
+
+def summarise(path: Path, reference_path: Path, env: str, episodes: int = 3) -> Rollout:
+    """A cell's record as the core makes it: this policy's episodes against reference_path's float64 reference."""
+    the_plan = plan(path, env, episodes)
+    measured, arrays = rollouts.drive(ort_step(path), the_plan, lambda progress: None)
+    reference = rollouts.reference_rollout(model_loader.load(reference_path), the_plan)
+    return rollouts.summarise(measured, arrays, reference, the_plan)
+
+
+# --- pure functions ------------------------------------------------------------------------------
+
+def test_divergence_is_the_first_step_beyond_epsilon_or_where_one_episode_ended():
+    reference = np.zeros((10, 4))
+    drifting = reference.copy()
+    drifting[6:, 2] = 1e-4 * np.arange(1, 5)  # small drift: still the same trajectory
+    drifting[8:, 0] = 0.5
+    assert rollouts.divergence_step(drifting, reference) == 8
+    assert rollouts.divergence_step(reference.copy(), reference) is None
+    assert rollouts.divergence_step(reference[:7], reference) == 7  # ended early, identical until then
+
+
+def test_action_agreement_counts_common_steps():
+    reference = np.array([0, 1, 1, 0], dtype=float)
+    assert rollouts.action_agreement(np.array([0, 1, 0, 0, 1.0]), reference, discrete=True) == 0.75
+    assert rollouts.action_agreement(reference + 5e-4, reference, discrete=False) == 1.0
+    assert rollouts.action_agreement(reference + 5e-3, reference, discrete=False) == 0.0
+
+
+@pytest.mark.parametrize("text, value, relative", [("0.05", 0.05, True), ("5%", 0.05, True), ("abs:10", 10.0, False)])
+def test_return_tolerance_parses(text, value, relative):
+    parsed = rollouts.ReturnTolerance.parse(text)
+    assert parsed.value == pytest.approx(value) and parsed.relative is relative
+
+
+@pytest.mark.parametrize("text", ["five", "-1", "abs:", "nan"])
+def test_return_tolerance_refuses_nonsense(text):
+    with pytest.raises(InputError):
+        rollouts.ReturnTolerance.parse(text)
+
+
+def _record(mean: float, reference: float) -> Rollout:
+    return Rollout(mode="closed-loop", mean_return=mean, reference_mean_return=reference,
+                   return_delta=mean - reference, return_delta_rel=rollouts.relative_delta(mean, reference))
+
+
+def test_behaviour_rule_fails_warns_and_keeps_drift_reasons():
+    relative = rollouts.ReturnTolerance(0.05)
+    verdict, reasons = rollouts.with_behaviour("PASS", [], _record(400.0, 500.0), relative)
+    assert verdict == "FAIL" and "-20.00%" in reasons[0]
+    assert rollouts.with_behaviour("PASS", [], _record(485.0, 500.0), relative)[0] == "WARN"
+    assert rollouts.with_behaviour("PASS", [], _record(499.0, 500.0), relative) == ("PASS", [])
+    verdict, reasons = rollouts.with_behaviour("WARN", ["action: drift"], _record(400.0, 500.0), relative)
+    assert verdict == "FAIL" and reasons[1] == "action: drift"
+    assert rollouts.with_behaviour("PASS", [], _record(498.0, 500.0), rollouts.ReturnTolerance(1.0, relative=False))[0] == "FAIL"
+    assert rollouts.with_behaviour("SKIP", ["no runtime"], None, relative) == ("SKIP", ["no runtime"])
+
+
+def test_plan_finds_the_recurrent_state_pair(policy_dir):
+    the_plan = plan(policy_dir / "recurrent.onnx", "CartPole-v1")
+    assert the_plan.obs_input == "obs" and the_plan.action_output == "action"
+    assert [(s.input, s.output, s.shape) for s in the_plan.states] == [("h_in", "h_out", [1])]
+    assert plan(policy_dir / "cartpole.onnx", "CartPole-v1").states == []
+    lints = {item.id: item.message for item in lint(model_loader.load(policy_dir / "recurrent.onnx"))}
+    assert "h_in -> h_out" in lints["recurrent-state"]
+
+
+# --- the loop on real environments -----------------------------------------------------------------
+
+def test_cartpole_controller_balances_for_500_steps_on_ort_and_the_reference(policy_dir):
+    record = summarise(policy_dir / "cartpole.onnx", policy_dir / "cartpole.onnx", "CartPole-v1", episodes=5)
+    assert [e.episode_return for e in record.episodes] == [500.0] * 5
+    assert [e.reference_return for e in record.episodes] == [500.0] * 5
+    assert [e.seed for e in record.episodes] == [0, 1, 2, 3, 4]
+    assert record.action_agreement == 1.0 and all(e.divergence_step is None for e in record.episodes)
+
+
+def test_pendulum_controller_swings_up_and_matches_the_reference(policy_dir):
+    record = summarise(policy_dir / "pendulum.onnx", policy_dir / "pendulum.onnx", "Pendulum-v1", episodes=4)
+    assert record.mean_return > -200  # swings up: hanging still costs about -1000 over 200 steps
+    assert abs(record.return_delta_rel) < 1e-6
+    assert record.action_agreement == 1.0
+
+
+def test_a_perturbed_policy_diverges_where_its_first_different_action_lands(policy_dir):
+    record = summarise(policy_dir / "cartpole_perturbed.onnx", policy_dir / "cartpole.onnx", "CartPole-v1")
+    reference = rollouts.reference_rollout(model_loader.load(policy_dir / "cartpole.onnx"), plan(policy_dir / "cartpole.onnx", "CartPole-v1"))
+    for outcome, episode in zip(record.episodes, reference.episodes):
+        perturbed = [policies.cartpole_action(o, policies.PERTURBED_GAINS) for o in episode.observations]
+        first_different = next(t for t, (a, b) in enumerate(zip(perturbed, episode.actions)) if a != b)
+        assert outcome.divergence_step == first_different + 1  # the next observation is the first that differs
+        assert outcome.action_agreement < 1.0
+
+
+def test_a_recurrent_policy_carries_its_state(policy_dir):
+    the_plan = plan(policy_dir / "recurrent.onnx", "CartPole-v1", episodes=2)
+    episodes = rollouts.run_episodes(ort_step(policy_dir / "recurrent.onnx"), the_plan)
+    for episode in episodes:
+        assert list(episode.actions[:6]) == [0, 1, 0, 1, 0, 1]  # zeros first, then the toggled state each step
+    record = summarise(policy_dir / "recurrent.onnx", policy_dir / "recurrent.onnx", "CartPole-v1", episodes=2)
+    assert record.action_agreement == 1.0 and record.return_delta == 0.0
+
+
+def test_clipping_is_applied_only_when_asked_and_counted():
+    from gymnasium import spaces
+
+    space = spaces.Box(-2.0, 2.0, (1,), np.float32)
+    assert rollouts.to_env_action(np.array([[3.0]]), space, clip=False)[0][0] == 3.0
+    action, clipped = rollouts.to_env_action(np.array([[3.0]]), space, clip=True)
+    assert action[0] == 2.0 and clipped
+    assert rollouts.to_env_action(np.array([1]), spaces.Discrete(2), clip=False) == (1, False)
+
+
+# --- the CLI: worker, core and report ------------------------------------------------------------
+
+def _run(policy: Path, out: Path, *args: str):
+    done = run_cli("run", policy, *FAST, "--out", out, *args)
+    assert done.returncode in (0, 1), done.stderr
+    return load_results(out)
+
+
+def test_cli_drives_cartpole_on_ort_cpu_and_reports_behaviour(policy_dir, tmp_path):
+    data = _run(policy_dir / "cartpole.onnx", tmp_path, "--targets", "ort-cpu", "--env", "CartPole-v1", "--episodes", "3")
+    assert data["settings"]["rollout"]["seeds"] == "0..2"
+    for cell in data["cells"]:
+        rollout = cell["rollout"]
+        assert [e["episode_return"] for e in rollout["episodes"]] == [500.0] * 3, cell["variant"]
+        assert rollout["reference_mean_return"] == 500.0 and rollout["steps"] == 1500
+    assert data["cells"][0]["verdict"] == "PASS"
+    html = (tmp_path / "index.html").read_text()
+    assert 'id="behaviour"' in html and 'id="behaviour-chart"' in html and "never, never, never" in html
+
+
+def test_matrix_toml_rollout_settings_and_progress_per_episode(policy_dir, tmp_path):
+    (tmp_path / "matrix.toml").write_text('env = "CartPole-v1"\nepisodes = 2\nreturn-tolerance = "1%"\n')
+    data = _run(policy_dir / "cartpole.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
+                "--config", tmp_path / "matrix.toml")
+    assert data["settings"]["rollout"]["episodes"] == 2 and data["settings"]["rollout"]["return_tolerance"].startswith("0.01")
+    assert len(data["cells"][0]["rollout"]["episodes"]) == 2
+    assert "### Behaviour (CartPole-v1" in (tmp_path / "out" / "summary.md").read_text()
+    assert "episodes_diverged" in (tmp_path / "out" / "results.csv").read_text()
+    spec = json.loads((tmp_path / "out" / "cells" / "ort-cpu-fp32" / "spec.json").read_text())
+    seen = []
+    cells.execute(tmp_path / "again", cells.CellSpec(**spec), {}, 600, seen.append)
+    assert seen.index("rollout (1/2 episodes)") < seen.index("rollout (2/2 episodes)") < seen.index("latency")
+
+
+def test_two_runs_drive_the_same_episodes(policy_dir, tmp_path):
+    args = ("--targets", "ort-cpu", "--precisions", "fp32", "--env", "Pendulum-v1", "--episodes", "2", "--seed", "7")
+    first = _run(policy_dir / "pendulum.onnx", tmp_path / "a", *args)["cells"][0]["rollout"]["episodes"]
+    second = _run(policy_dir / "pendulum.onnx", tmp_path / "b", *args)["cells"][0]["rollout"]["episodes"]
+    assert [e["seed"] for e in first] == [7, 8]
+    assert [(e["episode_return"], e["length"]) for e in first] == [(e["episode_return"], e["length"]) for e in second]
+
+
+def test_return_tolerance_turns_a_behaviour_change_into_a_fail(policy_dir, tmp_path):
+    """Pendulum's int8 variant drifts, and its returns move: an absolute tolerance of 0 return units fails it."""
+    data = _run(policy_dir / "pendulum.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32,int8",
+                "--env", "Pendulum-v1", "--episodes", "2", "--return-tolerance", "abs:0")
+    cells = {c["variant"]: c for c in data["cells"]}
+    assert cells["int8"]["verdict"] == "FAIL" and cells["int8"]["reasons"][0].startswith("behaviour: mean return")
+    assert cells["int8"]["rollout"]["return_delta"] != 0.0
+
+
+def test_tflite_in_the_loop(policy_dir, tmp_path):
+    assert targets.get("tflite").unavailable_reason() is None, "run make setup"
+    data = _run(policy_dir / "cartpole.onnx", tmp_path, "--targets", "tflite", "--precisions", "fp32",
+                "--env", "CartPole-v1", "--episodes", "2")
+    cell = data["cells"][0]
+    assert cell["verdict"] != "FAIL", cell["reasons"]  # WARN: ARG_MAX runs outside XNNPACK
+    assert not any(reason.startswith("behaviour") for reason in cell["reasons"])
+    assert [e["episode_return"] for e in cell["rollout"]["episodes"]] == [500.0, 500.0]
+    assert cell["rollout"]["action_agreement"] == 1.0
+
+
+def test_browser_wasm_in_the_loop(policy_dir, tmp_path):
+    assert targets.get("ort-web-wasm").unavailable_reason() is None, "run make setup"
+    data = _run(policy_dir / "pendulum.onnx", tmp_path, "--targets", "ort-web-wasm", "--precisions", "fp32",
+                "--env", "Pendulum-v1", "--episodes", "2")
+    cell = data["cells"][0]
+    assert cell["verdict"] == "PASS", cell["reasons"]
+    assert cell["rollout"]["steps"] == 400 and abs(cell["rollout"]["return_delta_rel"]) < 1e-6
+
+
+def test_open_loop_replay_reports_drift_per_step(policy_dir, tmp_path):
+    recorded = np.random.default_rng(0).uniform(-1, 1, size=(50, 3)).astype(np.float32)
+    np.save(tmp_path / "obs.npy", recorded)
+    data = _run(policy_dir / "pendulum.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32,int8",
+                "--trajectory", tmp_path / "obs.npy")
+    fp32, int8 = (c["rollout"] for c in data["cells"])
+    assert fp32["mode"] == "open-loop" and len(fp32["step_drift"]) == 50
+    assert fp32["max_step_drift"] < 1e-5 < int8["max_step_drift"]
+    assert "Open loop" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_cli_carries_recurrent_state_through_the_worker(policy_dir, tmp_path):
+    data = _run(policy_dir / "recurrent.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32",
+                "--env", "CartPole-v1", "--episodes", "2")
+    cell = data["cells"][0]
+    assert data["settings"]["rollout"]["states"] == ["h_in"]
+    assert cell["rollout"]["action_agreement"] == 1.0 and cell["rollout"]["return_delta"] == 0.0
+    assert cell["verdict"] != "FAIL", cell["reasons"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--env", "NoSuchEnv-v0"), "NoSuchEnv-v0"),
+    (("--env", "CartPole-v1", "--env-kwargs", "{not json"), "not JSON"),
+    (("--env", "Pendulum-v1"), "observations have shape"),
+    (("--env", "no_such_module:Env"), "cannot import"),
+    (("--env", "CartPole-v1", "--trajectory", "obs.npy"), "exclude each other"),
+    (("--env", "CartPole-v1", "--return-tolerance", "lots"), "--return-tolerance"),
+    (("--episodes", "3"), "--episodes needs --env"),
+])
+def test_bad_rollout_input_is_one_line_and_exit_2(policy_dir, args, words):
+    done = run_cli("run", policy_dir / "cartpole.onnx", "--targets", "ort-cpu", *args)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_users_own_env_class_with_kwargs(policy_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_envs.py").write_text(
+        "from gymnasium.envs.classic_control.cartpole import CartPoleEnv\n"
+        "class ShortCartPole(CartPoleEnv):\n"
+        "    def __init__(self, limit):\n"
+        "        super().__init__()\n"
+        "        self.limit, self.steps = limit, 0\n"
+        "    def reset(self, **kw):\n"
+        "        self.steps = 0\n"
+        "        return super().reset(**kw)\n"
+        "    def step(self, action):\n"
+        "        self.steps += 1\n"
+        "        obs, r, term, trunc, info = super().step(action)\n"
+        "        return obs, r, term, trunc or self.steps >= self.limit, info\n"
+    )
+    data = _run(policy_dir / "cartpole.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
+                "--env", "my_envs:ShortCartPole", "--env-kwargs", json.dumps({"limit": 40}), "--episodes", "2")
+    assert [e["length"] for e in data["cells"][0]["rollout"]["episodes"]] == [40, 40]
+
+
+def test_a_policy_whose_actions_do_not_fit_the_env_is_bad_input(tmp_path):
+    """Two floats per step for CartPole's one integer: the reference already cannot drive it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    bounds = [numpy_helper.from_array(np.array([v], np.int64), n) for n, v in (("start", 0), ("end", 2), ("axis", 1))]
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["obs", "start", "end", "axis"], ["action"])], "two_floats",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])], bounds,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "two_floats.onnx")
+    done = run_cli("run", tmp_path / "two_floats.onnx", "--targets", "ort-cpu", "--env", "CartPole-v1", "--out", tmp_path / "out")
+    assert done.returncode == 2 and "one integer per step" in done.stderr and "Traceback" not in done.stderr
