@@ -95,7 +95,8 @@ def load(path: Path, model: ModelInfo, limit_bytes: int | None = None) -> Feeds:
             raise InputError(f"{path}: a .npy holds one array but the model has {len(model.inputs)} inputs; use .npz")
         arrays = {model.inputs[0].name: arrays}
     feeds = {spec.name: _conform(spec, arrays, path) for spec in model.inputs}
-    _check_rows(feeds, path, batch_multiple(model))
+    batched = set(batched_inputs(model))
+    _check_rows({name: array for name, array in feeds.items() if name in batched}, path, batch_multiple(model))
     return feeds
 
 
@@ -146,7 +147,10 @@ def _conform(spec: TensorSpec, arrays: dict, path: Path) -> np.ndarray:
 
 
 def _check_rows(feeds: Feeds, path: Path, step: int) -> None:
+    """The inputs that share the batch dimension hold the same number of observations (side inputs are fed whole)."""
     rows = {name: len(array) for name, array in feeds.items()}
+    if not rows:
+        return
     if len(set(rows.values())) > 1:
         raise InputError(f"{path}: inputs hold different numbers of observations {rows}")
     total = next(iter(rows.values()))
