@@ -77,9 +77,13 @@ def test_merge_refuses_other_models_and_schemas(shards, tmp_path):
 
 
 def test_identical_rerun_has_no_regressions(shards, tmp_path):
+    # A real rerun of the same cells: verdicts, drift and placement must not regress. Its latency
+    # depends on what else the (shared, 2-core) machine is doing, so the latency rule gets room
+    # here and is checked on fixed numbers in test_compare_flags_each_injected_regression.
     rerun = tmp_path / "rerun"
     done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
-                   "--iters", "200", "--host-label", "linux-a", "--out", rerun, "--baseline", shards / "linux-a")
+                   "--iters", "200", "--host-label", "linux-a", "--out", rerun, "--baseline", shards / "linux-a",
+                   "--latency-threshold", "100")
     assert done.returncode == 0, done.stderr
     assert load_results(rerun)["regressions"] == []
     assert run_cli("compare", "--baseline", shards / "linux-a", "--current", shards / "linux-a").returncode == 0
