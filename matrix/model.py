@@ -178,11 +178,13 @@ def _check_interface(proto: onnx.ModelProto) -> None:
         raise InputError("the model has no inputs: a policy needs an observation input")
     if not proto.graph.output:
         raise InputError("the model has no outputs: a policy needs an action output")
-    for value in inputs:
+    for position, value in enumerate(inputs):
         _check_numeric_tensor(value, "input")
         tensor = value.type.tensor_type
-        if not tensor.HasField("shape") or not tensor.shape.dim:
-            raise InputError(f"input {value.name!r} has rank 0 or no declared shape: a policy input needs a batch dimension")
+        if not tensor.HasField("shape"):
+            raise InputError(f"input {value.name!r} has no declared shape: observations cannot be made for it")
+        if not tensor.shape.dim and position == 0:  # the first input defines the batch; a rank-0 side input is fed whole
+            raise InputError(f"input {value.name!r} has rank 0: a policy's observation input needs a batch dimension")
         if any(d.HasField("dim_value") and d.dim_value <= 0 for d in tensor.shape.dim):
             raise InputError(f"input {value.name!r} declares a zero-sized dimension {_dims(tensor)}: nothing can be fed")
     for value in proto.graph.output:
