@@ -22,7 +22,7 @@ setup-core: .stamps/core
 .stamps/core: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,tflite,tract]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,tflite,tract,assist]'
 	@mkdir -p .stamps && touch $@
 
 # --- CoreML targets: coreml, coreml-cpu/-gpu/-ne/-all (targets/coreml.py) -----

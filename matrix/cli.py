@@ -111,12 +111,14 @@ def _config_tolerances(path: Path | None) -> dict[str, float]:
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
 @click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
+@click.option("--diagnose", is_flag=True, help="For cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference.")
+@click.option("--assist", is_flag=True, help="For FAILed cells: try graph preparations (onnxsim, opset 17, rewrites) on the same target.")
 @FAIL_ON_OPTION
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
 def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, config, timeout, out,
-        host_label, fail_on, baseline, latency_threshold, drift_factor):
+        host_label, diagnose, assist, fail_on, baseline, latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
     info = model_loader.load(model)
     settings = RunConfig(
@@ -134,6 +136,8 @@ def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters
         timeout_s=timeout,
         tolerances=Tolerances.parse(list(tolerance), _config_tolerances(config)),
         host_label=host_label,
+        diagnose=diagnose,
+        assist=assist,
     )
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     results = run_matrix(settings, console)

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 import targets as registry
 from targets.base import RunService, Target
 
-from . import __version__, cells, observations, reference, variants
+from . import __version__, assist, cells, observations, reference, variants
 from .lint import lint
 from .model import ModelInfo
 from .results import Host, LintResult, RunResults, append_jsonl
@@ -44,6 +44,8 @@ class RunConfig:
     timeout_s: float = 600.0
     tolerances: Tolerances = field(default_factory=Tolerances)
     host_label: str = ""
+    diagnose: bool = False  # first divergent node of drifting cells (matrix/diagnose.py)
+    assist: bool = False  # graph preparations tried on failing cells (matrix/preparations.py)
 
 
 def host_info(label: str) -> Host:
@@ -104,6 +106,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
                     cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress)
                     append_jsonl(jsonl, cell)
                     results.cells.append(cell)
+        context = assist.AssistContext(config.model, template, ref, base, config.out, config.timeout_s, services.env_for)
+        assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt:  # keep what was measured: the report is written from the finished cells
         results.settings["interrupted_after_cells"] = len(results.cells)
         console.print(f"[yellow]interrupted[/]: writing the report of the {len(results.cells)} finished cells")

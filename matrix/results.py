@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
 VERDICTS = ("PASS", "WARN", "FAIL", "SKIP")
@@ -72,6 +72,48 @@ class CellError(BaseModel):
     message: str
 
 
+class NodeDrift(BaseModel):
+    """One node's first comparable output against the float64 reference (diagnose.py)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")  # an overflow's drift is inf: keep it, as valid JSON
+
+    node: str
+    op_type: str
+    output: str
+    drift: float  # max |y - y_ref|
+    threshold: float  # tolerance x max(1, max |y_ref|)
+    reference_peak: float  # max |y_ref|
+    input_drifts: dict[str, float | None] = Field(default_factory=dict)  # first divergent node only
+    cause: str = ""  # a known cause in plain words, when the numbers match one
+
+
+class Diagnosis(BaseModel):
+    runtime: str
+    observations: int
+    threshold_rule: str
+    tolerance: float
+    nodes: list[NodeDrift] = Field(default_factory=list)  # original topological order
+    first: NodeDrift | None = None
+    note: str = ""
+
+
+class FixAttempt(BaseModel):
+    """One graph preparation tried on a failing cell, through the same target (preparations.py)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    preparation: str  # e.g. "onnxsim (batch 1) + Min/Max -> Clip"
+    steps: list[str] = Field(default_factory=list)  # what each step changed, node names included
+    verdict: str
+    reasons: list[str] = Field(default_factory=list)
+    drift: float | None = None
+    p50_us: float | None = None
+    batch: int | None = None
+    emulated: bool = False
+    prepared_onnx: str = ""  # path relative to the report folder
+    host_step: str = ""  # what the application must do on the host (e.g. argmax of the logits)
+
+
 class Cell(BaseModel):
     host: str
     target: str
@@ -90,6 +132,8 @@ class Cell(BaseModel):
     error: CellError | None = None
     tolerance: float | None = None
     duration_s: float = 0.0
+    diagnosis: Diagnosis | None = None  # --diagnose: first divergent node of a drifting cell
+    fixes: list[FixAttempt] = Field(default_factory=list)  # --assist: preparations tried on a failing cell
 
     @property
     def key(self) -> tuple[str, str, str]:
