@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from jinja2 import Environment, PackageLoader, select_autoescape  # noqa: E402
 
+from . import assist_report  # noqa: E402
 from .results import VERDICTS, Cell, RunResults  # noqa: E402
 from .verdict import DEFAULT_TOLERANCE  # noqa: E402
 
@@ -185,6 +186,7 @@ def render_html(results: RunResults) -> str:
         contract_names=list(dict.fromkeys(check.name for c in results.cells for check in c.contract)),
         multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, regressions=results.regressions,
         runtimes=sorted({(c.host, c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
+        assist=assist_report.context(results),
     )
 
 
