@@ -141,6 +141,7 @@ def _minmax_clip(prepared: Prepared) -> bool:
     if not changed:
         return False
     fused = _fuse_clips(prepared.proto)
+    _drop_unused_initializers(graph)
     prepared.steps.append(f"Min/Max with a constant -> Clip: {', '.join(changed)}" + (f"; fused {', '.join(fused)}" if fused else ""))
     return True
 
@@ -206,6 +207,7 @@ def _gemm_bias_rank1(prepared: Prepared) -> bool:
         graph.initializer.append(numpy_helper.from_array(np.full((width,), bias, bias.dtype), name))
         node.input[2] = name
         changed.append(node.name or node.output[0])
+    _drop_unused_initializers(graph)
     if changed:
         prepared.steps.append(f"rank-0 Gemm bias -> rank 1: {', '.join(changed)}")
     return bool(changed)
@@ -363,6 +365,12 @@ def _constants(proto: onnx.ModelProto, kinds: str = "f") -> dict[str, np.ndarray
 def _scalar(graph: onnx.GraphProto, name: str, value: np.ndarray) -> str:
     graph.initializer.append(numpy_helper.from_array(np.asarray(value).reshape(()), name))
     return name
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    used = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+    for tensor in [t for t in graph.initializer if t.name not in used]:
+        graph.initializer.remove(tensor)
 
 
 def _retype_outputs(proto: onnx.ModelProto) -> None:
