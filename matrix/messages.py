@@ -66,7 +66,7 @@ KNOWN: tuple[KnownMessage, ...] = (
                  "needs rank 1 (the gemm-bias-rank1 rewrite)", _gemm_rank0_bias),
     KnownMessage(("ort-web-webgl",), re.compile(r"Uniform beta not found"),
                  "WebGL's Gemm shader declares no bias uniform for a Gemm without input C (an onnxruntime-web bug); "
-                 "give the Gemm an explicit zero bias", _gemm_without_bias),
+                 "give the Gemm an explicit zero bias (the gemm-zero-bias rewrite)", _gemm_without_bias),
     KnownMessage(("coreml",), re.compile(r'"allowzero=1" is not implemented'),
                  "onnx2torch cannot convert Reshape with allowzero=1 (the reshape-allowzero rewrite sets 0 "
                  "when the shape has no zero)", _reshape_allowzero),

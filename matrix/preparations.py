@@ -9,7 +9,8 @@ not apply:
 - rewrites: `argmax-cut` (the graph returns the logits; the host takes the
   argmax), `minmax-clip` (Min/Max with a constant -> Clip, nested Clips fused),
   `reshape-allowzero` (allowzero=1 -> 0 when the shape has no zero),
-  `gemm-bias-rank1` (a rank-0 Gemm bias -> rank 1), `softsign` (x / (1 + |x|)).
+  `gemm-bias-rank1` (a rank-0 Gemm bias -> rank 1), `gemm-zero-bias` (an explicit
+  zero bias for a Gemm without one), `softsign` (x / (1 + |x|)).
 
 A failing (target, variant) cell tries, cheapest first, every step that applies
 on its own, then all of them together (opset17 -> simplify -> rewrites), each
@@ -213,6 +214,26 @@ def _gemm_bias_rank1(prepared: Prepared) -> bool:
     return bool(changed)
 
 
+def _gemm_zero_bias(prepared: Prepared) -> bool:
+    """An explicit zero bias for a Gemm without input C (onnxruntime-web's WebGL Gemm needs one)."""
+    graph = prepared.proto.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    changed = []
+    for node in graph.node:
+        if node.op_type != "Gemm" or (len(node.input) > 2 and node.input[2]) or node.input[1] not in initializers:
+            continue
+        weights = numpy_helper.to_array(initializers[node.input[1]])
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        name = f"{node.name or node.output[0]}/zero_bias"
+        graph.initializer.append(numpy_helper.from_array(np.zeros((weights.shape[0 if trans_b else 1],), weights.dtype), name))
+        del node.input[2:]
+        node.input.append(name)
+        changed.append(node.name or node.output[0])
+    if changed:
+        prepared.steps.append(f"explicit zero bias for Gemm without one: {', '.join(changed)}")
+    return bool(changed)
+
+
 def _softsign(prepared: Prepared) -> bool:
     graph = prepared.proto.graph
     changed = []
@@ -238,9 +259,9 @@ def _softsign(prepared: Prepared) -> bool:
 
 STEPS: dict[str, Callable[[Prepared], bool]] = {
     "argmax-cut": _argmax_cut, "minmax-clip": _minmax_clip, "reshape-allowzero": _reshape_allowzero,
-    "gemm-bias-rank1": _gemm_bias_rank1, "softsign": _softsign, "opset17": _opset17, "simplify": _simplify,
+    "gemm-bias-rank1": _gemm_bias_rank1, "gemm-zero-bias": _gemm_zero_bias, "softsign": _softsign, "opset17": _opset17, "simplify": _simplify,
 }
-REWRITES = ("argmax-cut", "minmax-clip", "reshape-allowzero", "gemm-bias-rank1", "softsign")
+REWRITES = ("argmax-cut", "minmax-clip", "reshape-allowzero", "gemm-bias-rank1", "gemm-zero-bias", "softsign")
 COMBINED = ("opset17", "simplify", *REWRITES)
 
 

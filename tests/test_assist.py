@@ -153,6 +153,7 @@ SEEN = [
     ("coreml", "RuntimeError: NotImplementedError: Converter is not implemented (OperationDescription(domain='', "
      "operation_type='Cast', version=23))", jax2onnx_like, "no converter for Cast at opset 23", ["convert_element_type"]),
     ("ort-web-webgl", "Error: Invalid input shape of C", _with_rank0_bias_softsign_and_allowzero, "rank-0 bias", ["dense"]),
+    ("ort-web-webgl", "Error: Uniform beta not found.", lambda: single_gemm(None), "without input C", ["dense"]),
     ("coreml", 'NotImplementedError: "allowzero=1" is not implemented', _with_rank0_bias_softsign_and_allowzero,
      "allowzero=1", ["flatten"]),
 ]
@@ -236,6 +237,38 @@ def test_webgl_discrete_policy_runs_after_the_argmax_head_cut(tmp_path):
     assert (fix.preparation, fix.verdict) == ("argmax-cut", "PASS")
     assert fix.host_step == "action = argmax(q_values, axis=1) as int64, on the host"
     assert "argmax(q_values" in _fixes_section(out)
+
+
+def single_gemm(bias: np.ndarray | None) -> onnx.ModelProto:
+    """obs[B,3] -> one Gemm named "dense" -> action[B,2]: with a rank-0 bias (jax2onnx) or none."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.random.default_rng(2).normal(size=(3, 2)).astype(np.float32), "w")]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias, "b"))
+    node = helper.make_node("Gemm", ["obs", "w"] + (["b"] if bias is not None else []), ["action"], name="dense")
+    graph = helper.make_graph([node], "single_gemm", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", 3])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["B", 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.skipif(_web_ready() is not None, reason=str(_web_ready()))
+@pytest.mark.parametrize("bias, message, fix", [
+    (np.array(0.5, np.float32), "Invalid input shape of C", "gemm-bias-rank1"),
+    (None, "Uniform beta not found", "gemm-zero-bias"),
+])
+def test_webgl_gemm_bias_failures_are_explained_and_fixed(tmp_path, bias, message, fix):
+    model = write(single_gemm(bias), tmp_path, "gemm")
+    out = tmp_path / "report"
+    done = run_cli("run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    assert done.returncode == 1, done.stderr
+    cell = schema.load(out / "results.json").cells[0]
+    assert message in cell.error.message
+    assert any(r.startswith("cause:") and fix in r and r.endswith("node: dense") for r in cell.reasons)
+    passing = [f.preparation for f in cell.fixes if f.verdict == "PASS"]
+    assert passing == [fix]
 
 
 @pytest.mark.skipif(targets.get("coreml").unavailable_reason() is not None, reason=str(targets.get("coreml").unavailable_reason()))
