@@ -244,6 +244,9 @@ def diagnose_cell(cell: Cell, template: cells.CellSpec, original: onnx.ModelProt
     actual = {key[len("outputs/"):]: value for key, value in outcome.arrays.items() if key.startswith("outputs/")}
     expected = reference_intermediates(original, observations.read(subset))
     diagnosis.nodes, diagnosis.first = compare(original, variant, expected, actual, diagnosis.tolerance, cell.variant)
+    if diagnosis.first is not None and not diagnosis.first.cause and cell.backend and "no shader-f16" in cell.backend.detail:
+        diagnosis.first.cause = ("the WebGPU adapter has no shader-f16 feature, yet onnxruntime-web runs the fp16 kernels "
+                                 "on it: the first fp16 op computes wrong values while its inputs are still right")
     if diagnosis.first is None:
         diagnosis.note = f"no single node exceeds the threshold on these {count} observations" + _largest(diagnosis.nodes)
     return diagnosis

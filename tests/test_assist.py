@@ -196,6 +196,21 @@ def test_fp16_overflow_names_the_scale_up_node_not_its_neighbours(tmp_path):
     assert "<b>scale_up</b>" in section and "<svg" in section
 
 
+def test_webgpu_fp16_without_shader_f16_diverges_at_its_first_gemm(tmp_path):
+    if targets.get("ort-web-webgpu").unavailable_reason():
+        pytest.skip(targets.get("ort-web-webgpu").unavailable_reason())
+    out = tmp_path / "report"
+    done = run_cli("run", examples.path("continuous_mlp"), "--targets", "ort-web-webgpu", "--precisions", "fp16",
+                   "--diagnose", "--out", out, *RUN_FAST)
+    cell = schema.load(out / "results.json").cells[0]
+    if "no shader-f16" not in cell.backend.detail:
+        pytest.skip(f"this adapter runs fp16 natively ({cell.backend.detail}): nothing to diagnose")
+    assert done.returncode == 1 and cell.verdict == "FAIL", cell.reasons
+    first = cell.diagnosis.first
+    assert (first.node, first.op_type) == ("fc0", "Gemm") and first.drift > first.threshold
+    assert max(first.input_drifts.values()) < first.threshold and "shader-f16" in first.cause
+
+
 def _web_ready():
     return targets.get("ort-web-webgl").unavailable_reason()
 
