@@ -48,6 +48,7 @@ class Prepared:
     steps: list[str] = field(default_factory=list)
     fixed_batch: int | None = None
     host_argmax: dict[str, tuple[str, int, bool, str]] = field(default_factory=dict)  # output -> (logits, axis, keepdims, dtype)
+    error: str = ""  # the preparing tool's own failure (never a runtime verdict)
 
     def apply(self, name: str) -> bool:
         """Apply step `name` in place; False when it does not apply."""
@@ -270,10 +271,14 @@ def candidates(proto: onnx.ModelProto) -> list[tuple[str, Prepared]]:
     found, seen = [], set()
     for recipe in [(name,) for name in (*REWRITES, "opset17", "simplify")] + [COMBINED]:
         prepared = Prepared(_copy(proto))
-        applied = [name for name in recipe if prepared.apply(name)]
+        try:
+            applied = [name for name in recipe if prepared.apply(name)]
+            prepared.proto = _checked(prepared.proto)
+        except Exception as error:  # one tool failing costs its recipe only
+            found.append((" + ".join(recipe), Prepared(proto, error=_one_line(error))))
+            continue
         if not applied:
             continue
-        prepared.proto = _checked(prepared.proto)
         digest = hashlib.sha256(prepared.proto.SerializeToString(deterministic=True)).hexdigest()
         if digest not in seen:
             seen.add(digest)
@@ -300,12 +305,11 @@ def try_fixes(
 ) -> list[FixAttempt]:
     """Try the candidates on one failing cell, cheapest first, until one PASSes."""
     folder.mkdir(parents=True, exist_ok=True)
-    try:
-        found = candidates(info.proto)
-    except Exception as error:  # the tool's own failure, never the runtime's verdict
-        return [FixAttempt(preparation="all", verdict="SKIP", reasons=[f"preparing the graph failed: {_one_line(error)}"])]
     attempts = []
-    for name, prepared in found:
+    for name, prepared in candidates(info.proto):
+        if prepared.error:
+            attempts.append(FixAttempt(preparation=name, verdict="SKIP", reasons=[f"the preparation itself failed: {prepared.error}"]))
+            continue
         attempt = _attempt(cell, info, template, judge, folder, report_root, env, timeout_s, name, prepared)
         attempts.append(attempt)
         if attempt.verdict == "PASS":
