@@ -44,8 +44,10 @@ THRESHOLD_RULE = "max|y - y_ref| > level x max(1, max|y_ref|); level = tolerance
 
 
 def wants_diagnosis(cell: Cell) -> bool:
-    """FAIL or WARN because of drift (not a crash, not a contract, not a fallback)."""
-    return cell.verdict in ("FAIL", "WARN") and cell.error is None and any("drift" in reason for reason in cell.reasons)
+    """FAIL or WARN because of drift or flipped actions (not a crash, not a contract, not a fallback)."""
+    level = (cell.tolerance or 0.0) * WARN_FRACTION
+    drifting = any((p.kind == "continuous" and p.max_abs > level) or (p.flips or 0) > 0 for p in cell.parity)
+    return cell.verdict in ("FAIL", "WARN") and cell.error is None and drifting
 
 
 def expose_intermediates(proto: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:

@@ -76,6 +76,9 @@ KNOWN: tuple[KnownMessage, ...] = (
     KnownMessage(("coreml",), re.compile(r"broadcast_to"),
                  "coremltools has no broadcast_to, which torch's expand from a dead shape subgraph becomes: "
                  "simplify the graph at a fixed batch", _expand),
+    KnownMessage(("tflite",), re.compile(r"\(Flex(?P<op>\w+)\) failed to prepare"),
+                 "onnx2tf lowered {op} to a TensorFlow (Flex) op and LiteRT has no Flex delegate "
+                 "(rewrite the op, e.g. the softsign rewrite: x / (1 + |x|))", _by_op("op")),
     KnownMessage(("tflite",), re.compile(r"Select TensorFlow op|Flex\w*\b|FlexDelegate"),
                  "onnx2tf lowered an op to TensorFlow (Flex) ops and LiteRT has no Flex delegate "
                  "(rewrite the op, e.g. Softsign -> x / (1 + |x|))", _flex_candidates),

@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, sb3_pendulum_like, write
 from conftest import run_cli
+from web_fixtures import softsign_mlp
 
 import targets
 from matrix import examples, messages, preparations
@@ -154,6 +155,12 @@ SEEN = [
      "operation_type='Cast', version=23))", jax2onnx_like, "no converter for Cast at opset 23", ["convert_element_type"]),
     ("ort-web-webgl", "Error: Invalid input shape of C", _with_rank0_bias_softsign_and_allowzero, "rank-0 bias", ["dense"]),
     ("ort-web-webgl", "Error: Uniform beta not found.", lambda: single_gemm(None), "without input C", ["dense"]),
+    ("tflite", "RuntimeError: Select TensorFlow op(s), included in the given model, is(are) not supported by this "
+     "interpreter. Make sure you apply/link the Flex delegate before inference. Node number 2 (FlexSoftsign) failed to "
+     "prepare.", softsign_mlp, "lowered Softsign to a TensorFlow (Flex) op", ["soft0"]),
+    ("ort-cpu", "Fail: [ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node. "
+     "Name:'flatten' Status Message: The input tensor cannot be reshaped", _with_rank0_bias_softsign_and_allowzero,
+     "inside a Reshape node", ["flatten"]),
     ("coreml", 'NotImplementedError: "allowzero=1" is not implemented', _with_rank0_bias_softsign_and_allowzero,
      "allowzero=1", ["flatten"]),
 ]
@@ -284,6 +291,19 @@ def test_webgl_gemm_bias_failures_are_explained_and_fixed(tmp_path, bias, messag
     assert any(r.startswith("cause:") and fix in r and r.endswith("node: dense") for r in cell.reasons)
     passing = [f.preparation for f in cell.fixes if f.verdict == "PASS"]
     assert passing == [fix]
+
+
+@pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
+def test_tflite_flex_softsign_runs_in_litert_after_the_softsign_rewrite(tmp_path):
+    model = write(softsign_mlp(), tmp_path, "softsign")
+    out = tmp_path / "report"
+    done = run_cli("run", model, "--targets", "tflite", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    assert done.returncode == 1, done.stderr
+    cell = schema.load(out / "results.json").cells[0]
+    assert "FlexSoftsign" in cell.error.message
+    assert any(r.startswith("cause:") and r.endswith("node: soft0") for r in cell.reasons)
+    assert [(f.preparation, f.verdict) for f in cell.fixes] == [("softsign", "PASS")]
+    assert cell.fixes[0].drift < 1e-5
 
 
 @pytest.mark.skipif(targets.get("coreml").unavailable_reason() is not None, reason=str(targets.get("coreml").unavailable_reason()))
