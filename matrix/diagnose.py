@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from . import cells, observations, reference
+from .preparations import constants
 from .verdict import WARN_FRACTION
 from .results import Cell, Diagnosis, NodeDrift
 
@@ -79,12 +79,12 @@ def reference_intermediates(proto: onnx.ModelProto, feeds: observations.Feeds) -
 
 def compare(
     original: onnx.ModelProto, variant: onnx.ModelProto, expected: dict[str, np.ndarray], actual: dict[str, np.ndarray],
-    tolerance: float, variant_name: str,
+    level: float, variant_name: str,
 ) -> tuple[list[NodeDrift], NodeDrift | None]:
     """Per node (original topological order) the drift of its first comparable output; the first above threshold."""
     drifts, first = [], None
     for node in original.graph.node:
-        row = _node_drift(node, expected, actual, tolerance)
+        row = _node_drift(node, expected, actual, level)
         if row is None:
             continue
         drifts.append(row)
@@ -96,7 +96,7 @@ def compare(
     return drifts, first
 
 
-def _node_drift(node, expected, actual, tolerance) -> NodeDrift | None:
+def _node_drift(node, expected, actual, level) -> NodeDrift | None:
     for output in node.output:
         ref, got = expected.get(output), actual.get(output)
         if ref is None or got is None or ref.dtype.kind != "f" or np.shape(ref) != np.shape(got):
@@ -105,7 +105,7 @@ def _node_drift(node, expected, actual, tolerance) -> NodeDrift | None:
         peak = float(np.max(np.abs(ref))) if ref.size else 0.0
         return NodeDrift(
             node=node.name or output, op_type=node.op_type, output=output, drift=_max_abs(got, ref),
-            threshold=tolerance * max(1.0, peak), reference_peak=peak,
+            threshold=level * max(1.0, peak), reference_peak=peak,
         )
     return None
 
@@ -120,14 +120,14 @@ def _max_abs(actual: np.ndarray, expected: np.ndarray) -> float:
 def _input_drifts(first: NodeDrift, original, variant, by_output: dict[str, float]) -> dict[str, float | None]:
     node = next(n for n in original.graph.node if first.output in n.output)
     graph_inputs = {value.name for value in original.graph.input}
-    constants = _constants(original)
-    variant_constants = _constants(variant)
+    known = constants(original)
+    variant_constants = constants(variant)
     drifts: dict[str, float | None] = {}
     for name in filter(None, node.input):
         if name in by_output:
             drifts[name] = by_output[name]
-        elif name in constants and name in variant_constants and constants[name].shape == variant_constants[name].shape:
-            drifts[name] = _max_abs(variant_constants[name], constants[name].astype(np.float64))
+        elif name in known and name in variant_constants and known[name].shape == variant_constants[name].shape:
+            drifts[name] = _max_abs(variant_constants[name], known[name].astype(np.float64))
         elif name in graph_inputs:
             drifts[name] = 0.0  # every cell is fed the same observations
         else:
@@ -164,12 +164,12 @@ def explain(first: NodeDrift, original, variant, expected, actual, variant_name:
 
 def _fp16_constants(node, original, variant) -> list[str]:
     """Constants the fp16 converter changed beyond rounding (it clamps to +-1e4 and to 1e-7 by default)."""
-    constants, changed = _constants(original), _constants(variant)
+    known, changed = constants(original), constants(variant)
     found = []
     for name in node.input:
-        if name not in constants or name not in changed or constants[name].shape != changed[name].shape:
+        if name not in known or name not in changed or known[name].shape != changed[name].shape:
             continue
-        before, after = constants[name].astype(np.float64), changed[name].astype(np.float64)
+        before, after = known[name].astype(np.float64), changed[name].astype(np.float64)
         worst = np.abs(after - before) / np.maximum(np.abs(before), 1e-30)
         if worst.size and float(worst.max()) > 1e-2:
             index = int(np.argmax(worst))
@@ -207,14 +207,6 @@ def _smallest_nonzero(values: np.ndarray) -> float | None:
     return float(nonzero.min()) if nonzero.size else None
 
 
-def _constants(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
-    found = {tensor.name: numpy_helper.to_array(tensor) for tensor in proto.graph.initializer}
-    for node in proto.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            found[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return {name: value for name, value in found.items() if value.dtype.kind == "f"}
-
-
 def _node_outputs(graph: onnx.GraphProto) -> list[str]:
     return list(dict.fromkeys(name for node in graph.node for name in node.output if name))
 
@@ -225,33 +217,37 @@ def _node_outputs(graph: onnx.GraphProto) -> list[str]:
 def diagnose_cell(cell: Cell, template: cells.CellSpec, original: onnx.ModelProto, folder: Path, env: dict, timeout_s: float) -> Diagnosis:
     """Expose the cell variant's intermediates, run them on the cell's target, compare with float64."""
     folder.mkdir(parents=True, exist_ok=True)
-    variant_path = Path(template.onnx_variants[cell.variant])
-    variant = onnx.load(str(variant_path))
-    exposed_path = folder / "exposed.onnx"
-    onnx.save(expose_intermediates(variant, _node_outputs(original.graph)), str(exposed_path))
-    subset = _subset(template, folder / "observations.npz")
-    spec = replace(
-        template, target=cell.target, variant=cell.variant, observations=str(subset),
-        onnx_variants={**template.onnx_variants, cell.variant: str(exposed_path)},
-        batch_sizes=[template.chunk or 1], symbolic_batch=False, warmup=0, iters=1,
-    )
-    outcome = cells.execute(folder / "cell", spec, env, timeout_s, lambda stage: None)
-    count = observations.count(observations.read(subset))
+    variant = onnx.load(template.onnx_variants[cell.variant])
+    feeds = _subset(template)
     level = (cell.tolerance or 0.0) * (1.0 if cell.verdict == "FAIL" else WARN_FRACTION)
-    diagnosis = Diagnosis(runtime=cell.target, observations=count, threshold_rule=THRESHOLD_RULE, tolerance=level)
+    diagnosis = Diagnosis(runtime=cell.target, observations=observations.count(feeds), threshold_rule=THRESHOLD_RULE, level=level)
+    outcome = _run_exposed(cell, template, variant, _node_outputs(original.graph), feeds, folder, env, timeout_s)
     error = outcome.measurement.get("error")
     if error:
         diagnosis.note = f"the {cell.target} runtime could not run the graph with exposed intermediates: {error['message']}"
         return diagnosis
     actual = {key[len("outputs/"):]: value for key, value in outcome.arrays.items() if key.startswith("outputs/")}
-    expected = reference_intermediates(original, observations.read(subset))
-    diagnosis.nodes, diagnosis.first = compare(original, variant, expected, actual, diagnosis.tolerance, cell.variant)
+    expected = reference_intermediates(original, feeds)
+    diagnosis.nodes, diagnosis.first = compare(original, variant, expected, actual, level, cell.variant)
     if diagnosis.first is not None and not diagnosis.first.cause and cell.backend and "no shader-f16" in cell.backend.detail:
         diagnosis.first.cause = ("the WebGPU adapter has no shader-f16 feature, yet onnxruntime-web runs the fp16 kernels "
                                  "on it: the first fp16 op computes wrong values while its inputs are still right")
     if diagnosis.first is None:
-        diagnosis.note = f"no single node exceeds the threshold on these {count} observations" + _largest(diagnosis.nodes)
+        diagnosis.note = f"no single node exceeds the threshold on these {diagnosis.observations} observations" + _largest(diagnosis.nodes)
     return diagnosis
+
+
+def _run_exposed(cell, template, variant, names, feeds, folder: Path, env, timeout_s) -> cells.CellOutcome:
+    """The exposed graph through the cell's own target, in a worker like any cell (one timed call, no contract runs)."""
+    exposed_path, subset_path = folder / "exposed.onnx", folder / "observations.npz"
+    onnx.save(expose_intermediates(variant, names), str(exposed_path))
+    observations.save(feeds, subset_path)
+    spec = replace(
+        template, target=cell.target, variant=cell.variant, observations=str(subset_path),
+        onnx_variants={**template.onnx_variants, cell.variant: str(exposed_path)},
+        batch_sizes=[template.chunk or 1], symbolic_batch=False, warmup=0, iters=1,
+    )
+    return cells.execute(folder / "cell", spec, env, timeout_s, lambda stage: None)
 
 
 def _largest(nodes: list[NodeDrift]) -> str:
@@ -262,11 +258,12 @@ def _largest(nodes: list[NodeDrift]) -> str:
     return f"; the drift accumulates, largest relative drift {relative:.3g} at {worst.node} ({worst.op_type})"
 
 
-def _subset(template: cells.CellSpec, path: Path) -> Path:
+def _subset(template: cells.CellSpec) -> observations.Feeds:
+    """The first DIAGNOSE_OBSERVATIONS observations, a whole number of the model's fixed batch."""
     feeds = observations.read(Path(template.observations))
-    size = max(DIAGNOSE_OBSERVATIONS - DIAGNOSE_OBSERVATIONS % (template.chunk or 1), template.chunk or 1)
-    observations.save({name: array[:size] for name, array in feeds.items()}, path)
-    return path
+    step = template.chunk or 1
+    size = max(DIAGNOSE_OBSERVATIONS - DIAGNOSE_OBSERVATIONS % step, step)
+    return {name: array[:size] for name, array in feeds.items()}
 
 
 def reason(diagnosis: Diagnosis) -> str | None:

@@ -124,16 +124,16 @@ def _minmax_clip(prepared: Prepared) -> bool:
     if _opset(prepared.proto) < 11:  # Clip takes min/max as inputs from opset 11
         return False
     graph = prepared.proto.graph
-    constants = _constants(prepared.proto)
+    known = constants(prepared.proto)
     changed = []
     for index, node in enumerate(list(graph.node)):
         if node.op_type not in ("Min", "Max") or len(node.input) != 2:
             continue
-        const = [name for name in node.input if name in constants and constants[name].size == 1]
+        const = [name for name in node.input if name in known and known[name].size == 1]
         other = [name for name in node.input if name not in const]
         if len(const) != 1 or len(other) != 1:
             continue
-        value = constants[const[0]]
+        value = known[const[0]]
         bound = _scalar(graph, f"{node.name or node.output[0]}/bound", value)
         unbounded = _scalar(graph, f"{node.name or node.output[0]}/unbounded",
                             np.array(np.finfo(value.dtype).min if node.op_type == "Min" else np.finfo(value.dtype).max, value.dtype))
@@ -153,21 +153,13 @@ def _fuse_clips(proto: onnx.ModelProto) -> list[str]:
     graph = proto.graph
     fused = []
     while True:
-        constants = _constants(proto)
-        consumers = Counter(name for node in graph.node for name in node.input)
-        outputs = {value.name for value in graph.output}
-        producers = {node.output[0]: node for node in graph.node if node.op_type == "Clip"}
-        pair = next(
-            ((inner, outer) for outer in graph.node if outer.op_type == "Clip" and (inner := producers.get(outer.input[0]))
-             and consumers[inner.output[0]] == 1 and inner.output[0] not in outputs
-             and all(name in constants for name in [*inner.input[1:3], *outer.input[1:3]]) and len(inner.input) == len(outer.input) == 3),
-            None,
-        )
+        known = constants(proto)
+        pair = _nested_clips(graph, known)
         if pair is None:
             return fused
         inner, outer = pair
-        low = np.maximum(constants[inner.input[1]], constants[outer.input[1]])
-        high = np.minimum(constants[inner.input[2]], constants[outer.input[2]])
+        low = np.maximum(known[inner.input[1]], known[outer.input[1]])
+        high = np.minimum(known[inner.input[2]], known[outer.input[2]])
         low_name = _scalar(graph, f"{outer.name or outer.output[0]}/min", low)
         high_name = _scalar(graph, f"{outer.name or outer.output[0]}/max", high)
         outer.input[:] = [inner.input[0], low_name, high_name]
@@ -175,14 +167,28 @@ def _fuse_clips(proto: onnx.ModelProto) -> list[str]:
         fused.append(f"{inner.name} into {outer.name} [{float(low):g}, {float(high):g}]")
 
 
+def _nested_clips(graph: onnx.GraphProto, known: dict[str, np.ndarray]):
+    """(inner, outer) Clips with constant bounds where the inner one feeds only the outer one, or None."""
+    consumers = Counter(name for node in graph.node for name in node.input)
+    outputs = {value.name for value in graph.output}
+    clips = {node.output[0]: node for node in graph.node if node.op_type == "Clip" and len(node.input) == 3}
+    for outer in clips.values():
+        inner = clips.get(outer.input[0])
+        if inner is None or consumers[inner.output[0]] != 1 or inner.output[0] in outputs:
+            continue
+        if all(name in known for name in [*inner.input[1:], *outer.input[1:]]):
+            return inner, outer
+    return None
+
+
 def _reshape_allowzero(prepared: Prepared) -> bool:
-    constants = _constants(prepared.proto, kinds="iu")
+    known = constants(prepared.proto, kinds="iu")
     changed = []
     for node in prepared.proto.graph.node:
         flag = next((a for a in node.attribute if a.name == "allowzero"), None)
         if node.op_type != "Reshape" or flag is None or flag.i != 1:
             continue
-        shape = constants.get(node.input[1])
+        shape = known.get(node.input[1])
         if shape is None or (shape == 0).any():  # a zero would mean "copy" instead of "empty" after the change
             continue
         node.attribute.remove(flag)
@@ -379,7 +385,8 @@ def _graph_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [value for value in proto.graph.input if value.name not in initializers]
 
 
-def _constants(proto: onnx.ModelProto, kinds: str = "f") -> dict[str, np.ndarray]:
+def constants(proto: onnx.ModelProto, kinds: str = "f") -> dict[str, np.ndarray]:
+    """Initializers and Constant node values by tensor name, of the given dtype kinds."""
     found = {tensor.name: numpy_helper.to_array(tensor) for tensor in proto.graph.initializer}
     for node in proto.graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":

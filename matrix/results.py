@@ -81,7 +81,7 @@ class NodeDrift(BaseModel):
     op_type: str
     output: str
     drift: float  # max |y - y_ref|
-    threshold: float  # tolerance x max(1, max |y_ref|)
+    threshold: float  # level x max(1, max |y_ref|)
     reference_peak: float  # max |y_ref|
     input_drifts: dict[str, float | None] = Field(default_factory=dict)  # first divergent node only
     cause: str = ""  # a known cause in plain words, when the numbers match one
@@ -91,7 +91,7 @@ class Diagnosis(BaseModel):
     runtime: str
     observations: int
     threshold_rule: str
-    tolerance: float
+    level: float  # the cell's tolerance (FAIL) or half of it (WARN)
     nodes: list[NodeDrift] = Field(default_factory=list)  # original topological order
     first: NodeDrift | None = None
     note: str = ""
