@@ -23,7 +23,7 @@ setup-core: .stamps/core
 .stamps/core: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,tflite,tract,rl]'
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,tflite,tract,rl,assist]'
 	@mkdir -p .stamps && touch $@
 
 # Every group's setup is `policy-matrix setup GROUP` (the same command pip users run):

@@ -211,6 +211,8 @@ BROWSER_PATH_OPTION = click.option(
               help="Largest mean-return distance from the reference: 0.05 or 5% (relative, default 0.05) or abs:10.")
 @click.option("--trajectory", type=click.Path(path_type=Path),
               help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it.")
+@click.option("--diagnose", is_flag=True, help="For cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference.")
+@click.option("--assist", is_flag=True, help="For FAILed cells: try graph preparations (onnxsim, opset 17, rewrites) on the same target.")
 @FAIL_ON_OPTION
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
@@ -219,7 +221,7 @@ BROWSER_PATH_OPTION = click.option(
 @BROWSER_PATH_OPTION
 def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
-        return_tolerance, trajectory, fail_on, baseline, latency_threshold, drift_factor):
+        return_tolerance, trajectory, diagnose, assist, fail_on, baseline, latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
     from . import model as model_loader
     from . import results as schema
@@ -250,6 +252,8 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
         min_agreement=_min_agreement(min_agreement),
         memory_limit=limit,
         resume=resume is not None,
+        diagnose=diagnose,
+        assist=assist,
     )
     settings.model = model_loader.load(model)
     model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)

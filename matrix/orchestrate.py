@@ -27,7 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 import targets as registry
 from targets.base import RunService, Target
 
-from . import __version__, cells, observations, reference, reference_job, rollouts, variants
+from . import __version__, assist, cells, observations, reference, reference_job, rollouts, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -59,6 +59,8 @@ class RunConfig:
     resume: bool = False  # keep the finished cells of the run recorded in `out`
     rollout: rollouts.RolloutPlan | None = None  # --env / --trajectory: behaviour in the loop
     return_tolerance: rollouts.ReturnTolerance = field(default_factory=rollouts.ReturnTolerance)
+    diagnose: bool = False  # first divergent node of drifting cells (matrix/diagnose.py)
+    assist: bool = False  # graph preparations tried on failing cells (matrix/preparations.py)
 
 
 def host_info(label: str) -> Host:
@@ -157,6 +159,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
                     else:
                         progress.add_task(f"{target_name} {variant}: {cell.verdict} (kept)", total=1, completed=1, start=False)
                     results.cells.append(cell)
+        context = assist.AssistContext(config.model, template, ref, base, config.out, config.timeout_s, services.env_for)
+        assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
         results.settings["interrupted_after_cells"] = len(results.cells)
         if isinstance(interrupt, Terminated):

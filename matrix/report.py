@@ -26,7 +26,8 @@ from . import charts
 from .results import VERDICTS, Cell, LatencyStats, RunResults
 from .verdict import DEFAULT_TOLERANCE
 
-from . import report_behaviour
+from . import assist_report, report_behaviour
+
 COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
 
 
@@ -280,6 +281,7 @@ def render_html(results: RunResults) -> str:
         batches=sorted({s.batch for c in results.cells for s in c.latency}),
         noisy_ratio=NOISY_P99_OVER_P50, is_noisy=noisy, duration=_duration, script=script, script_hash=_csp_hash(script),
         behaviour=_behaviour_context(results),
+        assist=assist_report.context(results),
     )
 
 

@@ -10,13 +10,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
 VERDICTS = ("PASS", "WARN", "FAIL", "SKIP", "CONVERTED")
 
 
-class LatencyStats(BaseModel):
+class Record(BaseModel):
+    """Every results record: an infinite drift (NaN outputs, an fp16 overflow) is written as the JSON
+    string "Infinity" and read back as inf, rather than as null, which the reader would refuse."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+
+class LatencyStats(Record):
     batch: int
     n: int
     p50_us: float
@@ -27,7 +34,7 @@ class LatencyStats(BaseModel):
     min_us: float
 
 
-class OutputParity(BaseModel):
+class OutputParity(Record):
     output: str
     kind: str  # "continuous" | "discrete"
     max_abs: float
@@ -40,20 +47,20 @@ class OutputParity(BaseModel):
     near_ties: int | None = None  # discrete: disagreements on near-tied logits (not counted)
 
 
-class ContractCheck(BaseModel):
+class ContractCheck(Record):
     name: str
     ok: bool | None  # None: not applicable to this model
     detail: str = ""
 
 
-class Placement(BaseModel):
+class Placement(Record):
     node: str
     op_type: str
     where: str
     fallback: bool
 
 
-class Backend(BaseModel):
+class Backend(Record):
     requested: str
     actual: str
     emulated: bool = False
@@ -61,7 +68,7 @@ class Backend(BaseModel):
     timer_resolution_us: float | None = None  # smallest step of the clock that timed the cell, where coarse
 
 
-class ArtifactInfo(BaseModel):
+class ArtifactInfo(Record):
     size_bytes: int
     conversion_s: float
     op_inventory: dict[str, int] = Field(default_factory=dict)
@@ -70,12 +77,12 @@ class ArtifactInfo(BaseModel):
     quantization: dict[str, int] | None = None
 
 
-class CellError(BaseModel):
+class CellError(Record):
     stage: str
     message: str
 
 
-class EpisodeOutcome(BaseModel):
+class EpisodeOutcome(Record):
     seed: int  # the episode reset with env.reset(seed=seed)
     episode_return: float
     length: int
@@ -86,7 +93,7 @@ class EpisodeOutcome(BaseModel):
     clipped_steps: int = 0
 
 
-class Rollout(BaseModel):
+class Rollout(Record):
     """Behaviour in the loop (`--env` closed loop, or `--trajectory` open loop).
 
     Optional and additive: readers that predate it ignore the field, so the
@@ -114,7 +121,45 @@ class Rollout(BaseModel):
     max_step_drift: float | None = None
 
 
-class Cell(BaseModel):
+class NodeDrift(Record):
+    """One node's first comparable output against the float64 reference (diagnose.py)."""
+
+    node: str
+    op_type: str
+    output: str
+    drift: float  # max |y - y_ref|
+    threshold: float  # level x max(1, max |y_ref|)
+    reference_peak: float  # max |y_ref|
+    input_drifts: dict[str, float | None] = Field(default_factory=dict)  # first divergent node only
+    cause: str = ""  # a known cause in plain words, when the numbers match one
+
+
+class Diagnosis(Record):
+    runtime: str
+    observations: int
+    threshold_rule: str
+    level: float  # the cell's tolerance (FAIL) or half of it (WARN)
+    nodes: list[NodeDrift] = Field(default_factory=list)  # original topological order
+    first: NodeDrift | None = None
+    note: str = ""
+
+
+class FixAttempt(Record):
+    """One graph preparation tried on a failing cell, through the same target (preparations.py)."""
+
+    preparation: str  # e.g. "onnxsim (batch 1) + Min/Max -> Clip"
+    steps: list[str] = Field(default_factory=list)  # what each step changed, node names included
+    verdict: str
+    reasons: list[str] = Field(default_factory=list)
+    drift: float | None = None
+    p50_us: float | None = None
+    batch: int | None = None
+    emulated: bool = False
+    prepared_onnx: str = ""  # path relative to the report folder
+    host_step: str = ""  # what the application must do on the host (e.g. argmax of the logits)
+
+
+class Cell(Record):
     host: str
     target: str
     variant: str
@@ -134,6 +179,8 @@ class Cell(BaseModel):
     duration_s: float = 0.0
     notes: list[str] = Field(default_factory=list)  # how it was measured (e.g. a time-boxed latency)
     rollout: Rollout | None = None
+    diagnosis: Diagnosis | None = None  # --diagnose: first divergent node of a drifting cell
+    fixes: list[FixAttempt] = Field(default_factory=list)  # --assist: preparations tried on a failing cell
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -145,7 +192,7 @@ class Cell(BaseModel):
         return max(drifts) if drifts else None
 
 
-class Host(BaseModel):
+class Host(Record):
     label: str
     os: str
     arch: str
@@ -154,13 +201,13 @@ class Host(BaseModel):
     packages: dict[str, str] = Field(default_factory=dict)
 
 
-class LintResult(BaseModel):
+class LintResult(Record):
     id: str
     level: str
     message: str
 
 
-class Regression(BaseModel):
+class Regression(Record):
     host: str
     target: str
     variant: str
@@ -171,7 +218,7 @@ class Regression(BaseModel):
         return f"{self.host} {self.target} {self.variant} [{self.kind}] {self.detail}"
 
 
-class RunResults(BaseModel):
+class RunResults(Record):
     schema_version: int = SCHEMA_VERSION
     tool_version: str
     created: str

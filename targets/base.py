@@ -132,6 +132,9 @@ class Target(ABC):
     predicts: ClassVar[bool] = True
     # Targets with the same key share one RunService per run.
     service_key: ClassVar[str | None] = None
+    # True when the artifact is the ONNX variant itself: graph outputs added to it (the
+    # intermediates matrix/diagnose.py exposes) reach the runtime unchanged.
+    runs_onnx_as_is: ClassVar[bool] = False
 
     @abstractmethod
     def runtime_version(self) -> str: ...

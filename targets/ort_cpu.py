@@ -60,6 +60,7 @@ class OrtSession(Session):
 
 
 class OrtTarget(Target):
+    runs_onnx_as_is = True
     provider: ClassVar[str]
     provider_options: ClassVar[dict[str, str]] = {}
 

@@ -88,6 +88,7 @@ class NodeSession(Session):
 
 
 class OrtNode(Target):
+    runs_onnx_as_is = True
     name = "ort-node"
     summary = "onnxruntime-node (Node.js), CPU execution provider"
     backend = "cpu"

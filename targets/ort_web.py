@@ -334,6 +334,7 @@ class WebSession(Session):
 
 
 class OrtWebTarget(Target):
+    runs_onnx_as_is = True
     service_key: ClassVar[str] = "chromium"
     backend: ClassVar[str]  # onnxruntime-web executionProviders name
     bundle: ClassVar[str]  # one ORT bundle per page, from the installed dist/

@@ -76,6 +76,7 @@ class TractSession(Session):
 
 
 class TractCpu(Target):
+    runs_onnx_as_is = True
     name = "tract"
     summary = "tract (Rust, independent of onnxruntime), CPU"
 

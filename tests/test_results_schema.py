@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from conftest import load_results
 
+from matrix import results as schema
 from matrix import results_schema
 
 
@@ -21,6 +22,15 @@ def test_a_real_run_validates_against_the_schema(ort_cpu_runs):
     jsonschema.Draft202012Validator.check_schema(schema)
     for out in ort_cpu_runs.values():
         jsonschema.validate(load_results(out), schema)
+
+
+def test_an_infinite_drift_is_written_validated_and_read_back(ort_cpu_runs, tmp_path):
+    """NaN outputs make a cell's drift inf: it must survive results.json, not turn into null."""
+    results = schema.load(ort_cpu_runs["continuous_mlp"] / "results.json")
+    results.cells[0].parity[0].max_abs = float("inf")
+    results.save(tmp_path / "results.json")
+    jsonschema.validate(json.loads((tmp_path / "results.json").read_text()), json.loads(results_schema.SCHEMA_FILE.read_text()))
+    assert schema.load(tmp_path / "results.json").cells[0].parity[0].max_abs == float("inf")
 
 
 @pytest.mark.parametrize("break_it", [

@@ -1,0 +1,108 @@
+"""Known runtime and converter messages -> their cause in plain words, with the nodes involved.
+
+A runtime's words are often not actionable ("Invalid input shape of C"), and
+some name no node. Each entry below is a message seen from a real runtime or
+converter (see shared ENVIRONMENT notes and the tests); `explain` turns a FAIL
+message into one extra reason that states the cause, the preparation that
+removes it where one exists, and the nodes of the model it concerns: the node
+the runtime named, else the nodes matching what it complained about.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import onnx
+
+NodeFinder = Callable[[onnx.ModelProto, "re.Match[str]"], list[str]]
+
+
+def _by_op(group: str) -> NodeFinder:
+    return lambda proto, match: [_name(n) for n in proto.graph.node if n.op_type == match.group(group)]
+
+
+def _gemm_rank0_bias(proto: onnx.ModelProto, match) -> list[str]:
+    ranks = {t.name: len(t.dims) for t in proto.graph.initializer}
+    return [_name(n) for n in proto.graph.node if n.op_type == "Gemm" and len(n.input) > 2 and ranks.get(n.input[2]) == 0]
+
+
+def _gemm_without_bias(proto: onnx.ModelProto, match) -> list[str]:
+    return [_name(n) for n in proto.graph.node if n.op_type == "Gemm" and (len(n.input) < 3 or not n.input[2])]
+
+
+def _reshape_allowzero(proto: onnx.ModelProto, match) -> list[str]:
+    return [_name(n) for n in proto.graph.node if n.op_type == "Reshape"
+            and any(a.name == "allowzero" and a.i == 1 for a in n.attribute)]
+
+
+def _expand(proto: onnx.ModelProto, match) -> list[str]:
+    return [_name(n) for n in proto.graph.node if n.op_type == "Expand"]
+
+
+def _named(group: str) -> NodeFinder:
+    return lambda proto, match: [match.group(group)]
+
+
+def _flex_candidates(proto: onnx.ModelProto, match) -> list[str]:
+    return [_name(n) for n in proto.graph.node if n.op_type in ("Softsign", "Softplus", "Erf", "Mod")]
+
+
+@dataclass(frozen=True)
+class KnownMessage:
+    targets: tuple[str, ...]  # target-name prefixes this message comes from
+    pattern: re.Pattern
+    cause: str  # str.format with the pattern's named groups
+    nodes: NodeFinder
+
+
+KNOWN: tuple[KnownMessage, ...] = (
+    KnownMessage(("ort-web-webgl",), re.compile(r"cannot resolve operator '(?P<op>\w+)'"),
+                 "onnxruntime-web's WebGL backend has no {op} kernel and no CPU fallback, so the session fails "
+                 "(try --assist: simplification folds shape ops, Min/Max -> Clip, the ArgMax head cut)", _by_op("op")),
+    KnownMessage(("ort-web-webgl",), re.compile(r"Invalid input shape of C"),
+                 "WebGL's Gemm cannot broadcast this bias (input C): a rank-0 bias, as jax2onnx exports it, "
+                 "needs rank 1 (the gemm-bias-rank1 rewrite)", _gemm_rank0_bias),
+    KnownMessage(("ort-web-webgl",), re.compile(r"Uniform beta not found"),
+                 "WebGL's Gemm shader declares no bias uniform for a Gemm without input C (an onnxruntime-web bug); "
+                 "give the Gemm an explicit zero bias (the gemm-zero-bias rewrite)", _gemm_without_bias),
+    KnownMessage(("coreml",), re.compile(r'"allowzero=1" is not implemented'),
+                 "onnx2torch cannot convert Reshape with allowzero=1 (the reshape-allowzero rewrite sets 0 "
+                 "when the shape has no zero)", _reshape_allowzero),
+    KnownMessage(("coreml",), re.compile(r"operation_type='(?P<op>\w+)', version=(?P<version>\d+)"),
+                 "onnx2torch has no converter for {op} at opset {version}: convert the graph to an older opset "
+                 "(the opset17 preparation)", _by_op("op")),
+    KnownMessage(("coreml",), re.compile(r"broadcast_to"),
+                 "coremltools has no broadcast_to, which torch's expand from a dead shape subgraph becomes: "
+                 "simplify the graph at a fixed batch", _expand),
+    KnownMessage(("tflite",), re.compile(r"\(Flex(?P<op>\w+)\) failed to prepare"),
+                 "onnx2tf lowered {op} to a TensorFlow (Flex) op and LiteRT has no Flex delegate "
+                 "(rewrite the op, e.g. the softsign rewrite: x / (1 + |x|))", _by_op("op")),
+    KnownMessage(("tflite",), re.compile(r"Select TensorFlow op|Flex\w*\b|FlexDelegate"),
+                 "onnx2tf lowered an op to TensorFlow (Flex) ops and LiteRT has no Flex delegate "
+                 "(rewrite the op, e.g. Softsign -> x / (1 + |x|))", _flex_candidates),
+    KnownMessage(("ort-web-webgpu",), re.compile(r"Op type: (?P<op>\w+) node name: (?P<node>\S+)"),
+                 "onnxruntime-web's WebGPU EP has no kernel for {op}", _named("node")),
+    KnownMessage(("ort",), re.compile(r"running (?P<op>\w+) node\. Name:'(?P<node>[^']*)'"),
+                 "onnxruntime failed inside a {op} node", _named("node")),
+)
+
+
+def explain(target: str, message: str, proto: onnx.ModelProto) -> str | None:
+    """One reason line: the cause and the nodes it concerns, or None for an unknown message."""
+    for known in KNOWN:
+        if not target.startswith(known.targets):
+            continue
+        match = known.pattern.search(message)
+        if match is None:
+            continue
+        cause = known.cause.format(**match.groupdict())
+        nodes = list(dict.fromkeys(known.nodes(proto, match)))
+        return f"cause: {cause}" + (f"; node{'s' if len(nodes) > 1 else ''}: {', '.join(nodes)}" if nodes else "")
+    return None
+
+
+def _name(node: onnx.NodeProto) -> str:
+    return node.name or f"{node.op_type} -> {node.output[0]}"
+

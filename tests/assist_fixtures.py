@@ -1,0 +1,106 @@
+"""Policies built for the diagnosis and conversion-assist tests, each shaped like a real export.
+
+- `fp16_overflow_mlp`: a scale-up / scale-down pair (x 3e4, x 1/3e4) between two
+  Gemms; the scaled activations pass float16's largest finite value (65504) and
+  onnxconverter-common clamps the 3e4 constant to 1e4 (its max_finite_val), so
+  every runtime sees the drift, including ORT CPU, which upcasts fp16 math.
+- `sb3_pendulum_like`: SB3's continuous-actor export pattern: a tanh MLP whose
+  action goes through a dead shape subgraph (Shape / ConstantOfShape / Expand /
+  Reshape) and a clamp to the action bounds as Max/Min with constants.
+- `jax2onnx_like`: opset 23, IR 10, MatMul + separate Add, a Cast, as jax2onnx exports.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _finish(nodes, name, inputs, outputs, inits, opset=17, ir=8, metadata=None) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policy-matrix-tests")
+    model.ir_version = ir
+    for key, value in (metadata or {}).items():
+        model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _tensor(rng, name, *shape, scale=0.5):
+    return numpy_helper.from_array(rng.normal(0, scale, shape).astype(np.float32), name)
+
+
+def fp16_overflow_mlp() -> onnx.ModelProto:
+    """obs[B,4] -> fc0 (Gemm) -> relu0 -> scale_up (x3e4) -> scale_down (x1/3e4) -> head (Gemm) -> action[B,2]."""
+    rng = np.random.default_rng(3)
+    inits = [
+        _tensor(rng, "fc0.weight", 16, 4, scale=1.0), _tensor(rng, "fc0.bias", 16, scale=0.1),
+        numpy_helper.from_array(np.array(3e4, np.float32), "up"), numpy_helper.from_array(np.array(1 / 3e4, np.float32), "down"),
+        _tensor(rng, "head.weight", 2, 16, scale=0.2), _tensor(rng, "head.bias", 2, scale=0.1),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["obs", "fc0.weight", "fc0.bias"], ["h0"], name="fc0", transB=1),
+        helper.make_node("Relu", ["h0"], ["r0"], name="relu0"),
+        helper.make_node("Mul", ["r0", "up"], ["big"], name="scale_up"),
+        helper.make_node("Mul", ["big", "down"], ["small"], name="scale_down"),
+        helper.make_node("Gemm", ["small", "head.weight", "head.bias"], ["action"], name="head", transB=1),
+    ]
+    return _finish(nodes, "fp16_overflow_mlp", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
+                   [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])], inits)
+
+
+def sb3_pendulum_like() -> onnx.ModelProto:
+    """obs[B,3] -> Gemm/Tanh x2 -> Gemm -> (Shape, ConstantOfShape, Expand, Add, Reshape) -> Max(-2) -> Min(2) -> action[B,1]."""
+    rng = np.random.default_rng(11)
+    inits = [
+        _tensor(rng, "pi.0.weight", 16, 3), _tensor(rng, "pi.0.bias", 16, scale=0.1),
+        _tensor(rng, "pi.2.weight", 16, 16), _tensor(rng, "pi.2.bias", 16, scale=0.1),
+        _tensor(rng, "mu.weight", 1, 16), _tensor(rng, "mu.bias", 1, scale=0.1),
+        numpy_helper.from_array(np.array([-1, 1], np.int64), "flat_shape"),
+        numpy_helper.from_array(np.array(-2.0, np.float32), "low"), numpy_helper.from_array(np.array(2.0, np.float32), "high"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["obs", "pi.0.weight", "pi.0.bias"], ["h0"], name="/pi/0/Gemm", transB=1),
+        helper.make_node("Tanh", ["h0"], ["a0"], name="/pi/1/Tanh"),
+        helper.make_node("Gemm", ["a0", "pi.2.weight", "pi.2.bias"], ["h1"], name="/pi/2/Gemm", transB=1),
+        helper.make_node("Tanh", ["h1"], ["a1"], name="/pi/3/Tanh"),
+        helper.make_node("Gemm", ["a1", "mu.weight", "mu.bias"], ["mean"], name="/mu/Gemm", transB=1),
+        helper.make_node("Shape", ["mean"], ["mean_shape"], name="/Shape"),
+        helper.make_node("ConstantOfShape", ["mean_shape"], ["zeros"], name="/ConstantOfShape",
+                         value=numpy_helper.from_array(np.array([0.0], np.float32))),
+        helper.make_node("Expand", ["mean", "mean_shape"], ["expanded"], name="/Expand"),
+        helper.make_node("Add", ["expanded", "zeros"], ["shifted"], name="/Add"),
+        helper.make_node("Reshape", ["shifted", "flat_shape"], ["flat"], name="/Reshape"),
+        helper.make_node("Max", ["flat", "low"], ["above_low"], name="/Max"),
+        helper.make_node("Min", ["above_low", "high"], ["action"], name="/Min"),
+    ]
+    return _finish(nodes, "sb3_pendulum_like", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                   [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 1])], inits,
+                   metadata={"action_low": "-2.0", "action_high": "2.0"})
+
+
+def jax2onnx_like() -> onnx.ModelProto:
+    """obs[B,6] -> Cast(float) -> MatMul + Add -> Tanh -> MatMul + Add -> Tanh -> action[B,2], opset 23, IR 10."""
+    rng = np.random.default_rng(23)
+    inits = [
+        _tensor(rng, "dense_0/kernel", 6, 32), _tensor(rng, "dense_0/bias", 32, scale=0.1),
+        _tensor(rng, "dense_1/kernel", 32, 2), _tensor(rng, "dense_1/bias", 2, scale=0.1),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["obs"], ["x"], name="convert_element_type", to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["x", "dense_0/kernel"], ["m0"], name="dot_general_0"),
+        helper.make_node("Add", ["m0", "dense_0/bias"], ["z0"], name="add_0"),
+        helper.make_node("Tanh", ["z0"], ["t0"], name="tanh_0"),
+        helper.make_node("MatMul", ["t0", "dense_1/kernel"], ["m1"], name="dot_general_1"),
+        helper.make_node("Add", ["m1", "dense_1/bias"], ["z1"], name="add_1"),
+        helper.make_node("Tanh", ["z1"], ["action"], name="tanh_1"),
+    ]
+    return _finish(nodes, "jax2onnx_like", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", 6])],
+                   [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["B", 2])], inits, opset=23, ir=10)
+
+
+def write(model: onnx.ModelProto, directory, name: str):
+    path = directory / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return path

@@ -1,0 +1,318 @@
+"""Diagnosis (first divergent node), graph preparations and known messages, on real runtimes.
+
+Unit tests check each rewrite against onnxruntime on the original graph and the
+message table against messages the runtimes really printed; end-to-end tests run
+`policy-matrix run --diagnose/--assist` as a user does and read results.json and
+the report.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, sb3_pendulum_like, write
+from conftest import run_cli
+from web_fixtures import softsign_mlp
+
+import targets
+from matrix import examples, messages, preparations
+from matrix import results as schema
+from matrix.diagnose import expose_intermediates
+from matrix.preparations import Prepared
+
+RUN_FAST = ("--iters", "5", "--warmup", "1", "--n-obs", "64")
+
+
+def ort_outputs(proto: onnx.ModelProto, obs: np.ndarray) -> list[np.ndarray]:
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: obs})
+
+
+def observations(proto: onnx.ModelProto, batch: int = 1) -> np.ndarray:
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    shape = [batch] + [d.dim_value for d in dims[1:]]
+    return (np.random.default_rng(0).normal(size=shape) * 3).astype(np.float32)
+
+
+def prepared(proto: onnx.ModelProto, *steps: str) -> Prepared:
+    result = Prepared(proto)
+    for step in steps:
+        assert result.apply(step), step
+    onnx.checker.check_model(result.proto, full_check=True)
+    return result
+
+
+# --- rewrites: same numbers as the graph they replace --------------------------------------
+
+
+def test_minmax_to_clip_fuses_the_clamp_into_one_clip_with_the_same_outputs():
+    original = sb3_pendulum_like()
+    result = prepared(sb3_pendulum_like(), "minmax-clip")
+    ops = [node.op_type for node in result.proto.graph.node]
+    assert "Min" not in ops and "Max" not in ops and ops.count("Clip") == 1
+    assert "/Max" in result.steps[0] and "[-2, 2]" in result.steps[0]
+    obs = observations(original, 16)
+    np.testing.assert_array_equal(ort_outputs(result.proto, obs)[0], ort_outputs(original, obs)[0])
+
+
+def test_simplify_folds_the_dead_shape_subgraph_at_batch_1():
+    result = prepared(sb3_pendulum_like(), "simplify")
+    ops = {node.op_type for node in result.proto.graph.node}
+    assert not ops & {"Shape", "ConstantOfShape", "Expand"}, ops
+    assert result.fixed_batch == 1
+    obs = observations(sb3_pendulum_like(), 1)
+    np.testing.assert_allclose(ort_outputs(result.proto, obs)[0], ort_outputs(sb3_pendulum_like(), obs)[0], rtol=1e-6)
+
+
+def test_argmax_cut_returns_logits_and_the_host_argmax_gives_the_same_actions():
+    original = examples.discrete_mlp()
+    result = prepared(examples.discrete_mlp(), "argmax-cut")
+    assert "ArgMax" not in {node.op_type for node in result.proto.graph.node}
+    obs = observations(original, 32)
+    arrays = {"outputs/q_values": ort_outputs(result.proto, obs)[0]}
+    preparations._host_argmax(arrays, result.host_argmax)
+    expected = ort_outputs(original, obs)[0]
+    assert arrays["outputs/action"].dtype == expected.dtype
+    np.testing.assert_array_equal(arrays["outputs/action"], expected)
+
+
+def test_opset_conversion_takes_a_jax2onnx_graph_from_23_to_17_unchanged_in_numbers():
+    result = prepared(jax2onnx_like(), "opset17")
+    assert result.proto.opset_import[0].version == 17 and result.proto.ir_version == 8
+    obs = observations(jax2onnx_like(), 8)
+    np.testing.assert_allclose(ort_outputs(result.proto, obs)[0], ort_outputs(jax2onnx_like(), obs)[0], rtol=1e-6)
+
+
+def _with_rank0_bias_softsign_and_allowzero() -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array(0.25, np.float32), "b"),
+        numpy_helper.from_array(np.array([-1, 3], np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["obs", "w", "b"], ["h"], name="dense"),
+        helper.make_node("Softsign", ["h"], ["s"], name="squash"),
+        helper.make_node("Reshape", ["s", "shape"], ["action"], name="flatten", allowzero=1),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", 4])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["B", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("step, gone", [("gemm-bias-rank1", None), ("softsign", "Softsign"), ("reshape-allowzero", None)])
+def test_targeted_rewrites_keep_the_numbers(step, gone):
+    original = _with_rank0_bias_softsign_and_allowzero()
+    result = prepared(_with_rank0_bias_softsign_and_allowzero(), step)
+    assert gone is None or gone not in {node.op_type for node in result.proto.graph.node}
+    assert re.search(r"dense|squash|flatten", result.steps[0])  # the node is named
+    obs = observations(original, 5)
+    np.testing.assert_allclose(ort_outputs(result.proto, obs)[0], ort_outputs(original, obs)[0], rtol=1e-6)
+
+
+def test_rewrites_that_do_not_apply_change_nothing():
+    original = fp16_overflow_mlp()  # no ArgMax, Min/Max, Reshape, Softsign; rank-1 Gemm biases
+    for step in preparations.REWRITES:
+        result = Prepared(fp16_overflow_mlp())
+        assert not result.apply(step) and result.proto == original and not result.steps
+    assert preparations.candidates(original)[0][0] == "simplify"
+
+
+def test_candidates_try_single_changes_before_all_of_them_together():
+    names = [name for name, _ in preparations.candidates(sb3_pendulum_like())]
+    assert names == ["minmax-clip", "simplify", "simplify + minmax-clip"]
+
+
+# --- intermediates -------------------------------------------------------------------------
+
+
+def test_exposed_intermediates_are_typed_outputs_ort_accepts():
+    original = fp16_overflow_mlp()
+    names = [out for node in original.graph.node for out in node.output]
+    exposed = expose_intermediates(original, names)
+    assert [o.name for o in exposed.graph.output] == ["action", "h0", "r0", "big", "small"]
+    values = ort_outputs(exposed, observations(original, 3))
+    assert all(v.shape[0] == 3 for v in values)
+
+
+# --- known messages ------------------------------------------------------------------------
+
+# Words printed by the real runtimes / converters (onnxruntime-web 1.30, onnx2torch 1.5.15).
+SEEN = [
+    ("ort-web-webgl", "RuntimeError: cannot resolve operator 'ArgMax' with opsets: ai.onnx v17", examples.discrete_mlp,
+     "no ArgMax kernel", ["greedy"]),
+    ("ort-web-webgl", "RuntimeError: cannot resolve operator 'ConstantOfShape' with opsets: ai.onnx v17", sb3_pendulum_like,
+     "no ConstantOfShape kernel", ["/ConstantOfShape"]),
+    ("coreml", "RuntimeError: NotImplementedError: Converter is not implemented (OperationDescription(domain='', "
+     "operation_type='Cast', version=23))", jax2onnx_like, "no converter for Cast at opset 23", ["convert_element_type"]),
+    ("ort-web-webgl", "Error: Invalid input shape of C", _with_rank0_bias_softsign_and_allowzero, "rank-0 bias", ["dense"]),
+    ("ort-web-webgl", "Error: Uniform beta not found.", lambda: single_gemm(None), "without input C", ["dense"]),
+    ("tflite", "RuntimeError: Select TensorFlow op(s), included in the given model, is(are) not supported by this "
+     "interpreter. Make sure you apply/link the Flex delegate before inference. Node number 2 (FlexSoftsign) failed to "
+     "prepare.", softsign_mlp, "lowered Softsign to a TensorFlow (Flex) op", ["soft0"]),
+    ("ort-cpu", "Fail: [ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node. "
+     "Name:'flatten' Status Message: The input tensor cannot be reshaped", _with_rank0_bias_softsign_and_allowzero,
+     "inside a Reshape node", ["flatten"]),
+    ("coreml", 'NotImplementedError: "allowzero=1" is not implemented', _with_rank0_bias_softsign_and_allowzero,
+     "allowzero=1", ["flatten"]),
+]
+
+
+@pytest.mark.parametrize("target, message, build, cause, nodes", SEEN)
+def test_known_messages_name_their_cause_and_nodes(target, message, build, cause, nodes):
+    line = messages.explain(target, message, build())
+    assert line is not None and cause in line
+    assert line.endswith(", ".join(nodes))
+
+
+def test_an_unknown_message_or_another_target_gets_no_invented_cause():
+    assert messages.explain("ort-web-webgl", "something else entirely", sb3_pendulum_like()) is None
+    assert messages.explain("tract", "cannot resolve operator 'ArgMax'", examples.discrete_mlp()) is None
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+
+def test_fp16_overflow_names_the_scale_up_node_not_its_neighbours(tmp_path):
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    out = tmp_path / "report"
+    done = run_cli("run", model, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--diagnose", "--out", out, *RUN_FAST)
+    assert done.returncode == 1, done.stderr  # the fp16 cell FAILs on drift
+    cells = {c.variant: c for c in schema.load(out / "results.json").cells}
+    assert cells["fp32"].verdict == "PASS" and cells["fp32"].diagnosis is None  # only drifting cells are diagnosed
+    diagnosis = cells["fp16"].diagnosis
+    first = diagnosis.first
+    assert (first.node, first.op_type, first.output) == ("scale_up", "Mul", "big")
+    assert first.drift > first.threshold
+    assert first.input_drifts["r0"] < first.threshold  # its input did not diverge: the node itself did
+    drifts = {n.node: n for n in diagnosis.nodes}
+    assert drifts["relu0"].drift < drifts["relu0"].threshold  # the neighbour before is clean
+    assert "65504" in first.cause and "30000 became 10000" in first.cause
+    assert any(r.startswith("first divergent node: scale_up (Mul)") for r in cells["fp16"].reasons)
+    html = (out / "index.html").read_text()
+    section = html[html.index('<section id="diagnosis">'):]
+    section = section[: section.index("</section>")]
+    assert "<b>scale_up</b>" in section and "<svg" in section
+
+
+def test_webgpu_fp16_without_shader_f16_diverges_at_its_first_gemm(tmp_path):
+    if targets.get("ort-web-webgpu").unavailable_reason():
+        pytest.skip(targets.get("ort-web-webgpu").unavailable_reason())
+    out = tmp_path / "report"
+    done = run_cli("run", examples.path("continuous_mlp"), "--targets", "ort-web-webgpu", "--precisions", "fp16",
+                   "--diagnose", "--out", out, *RUN_FAST)
+    cell = schema.load(out / "results.json").cells[0]
+    if "no shader-f16" not in cell.backend.detail:
+        pytest.skip(f"this adapter runs fp16 natively ({cell.backend.detail}): nothing to diagnose")
+    assert done.returncode == 1 and cell.verdict == "FAIL", cell.reasons
+    first = cell.diagnosis.first
+    assert (first.node, first.op_type) == ("fc0", "Gemm") and first.drift > first.threshold
+    assert max(first.input_drifts.values()) < first.threshold and "shader-f16" in first.cause
+
+
+def _web_ready():
+    return targets.get("ort-web-webgl").unavailable_reason()
+
+
+def _fixes_section(out) -> str:
+    html = (out / "index.html").read_text()
+    section = html[html.index('<section id="fixes">'):]
+    return section[: section.index("</section>")]
+
+
+@pytest.mark.skipif(_web_ready() is not None, reason=str(_web_ready()))
+def test_webgl_sb3_pattern_fails_as_exported_and_passes_simplified_with_clip(tmp_path):
+    model = write(sb3_pendulum_like(), tmp_path, "pendulum")
+    out = tmp_path / "report"
+    done = run_cli("run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    assert done.returncode == 1, done.stderr  # the cell as exported still FAILs: a fix does not change its verdict
+    cell = schema.load(out / "results.json").cells[0]
+    assert "ConstantOfShape" in cell.error.message
+    assert any(r.startswith("cause:") and "/ConstantOfShape" in r for r in cell.reasons)
+    fixes = {f.preparation: f for f in cell.fixes}
+    assert fixes["simplify"].verdict == "FAIL" and "'Max'" in fixes["simplify"].reasons[0]  # measured: Min/Max remain
+    fixed = fixes["simplify + minmax-clip"]
+    assert fixed.verdict == "PASS" and fixed.drift < 1e-5 and fixed.p50_us > 0 and fixed.batch == 1
+    prepared_model = onnx.load(str(out / fixed.prepared_onnx))
+    assert {n.op_type for n in prepared_model.graph.node} == {"Gemm", "Tanh", "Clip"}
+    section = _fixes_section(out)
+    assert "simplify + minmax-clip" in section and fixed.prepared_onnx in section
+
+
+@pytest.mark.skipif(_web_ready() is not None, reason=str(_web_ready()))
+def test_webgl_discrete_policy_runs_after_the_argmax_head_cut(tmp_path):
+    out = tmp_path / "report"
+    done = run_cli("run", examples.path("discrete_mlp"), "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist",
+                   "--out", out, *RUN_FAST)
+    assert done.returncode == 1, done.stderr
+    cell = schema.load(out / "results.json").cells[0]
+    assert "ArgMax" in cell.error.message
+    fix = cell.fixes[0]
+    assert (fix.preparation, fix.verdict) == ("argmax-cut", "PASS")
+    assert fix.host_step == "action = argmax(q_values, axis=1) as int64, on the host"
+    assert "argmax(q_values" in _fixes_section(out)
+
+
+def single_gemm(bias: np.ndarray | None) -> onnx.ModelProto:
+    """obs[B,3] -> one Gemm named "dense" -> action[B,2]: with a rank-0 bias (jax2onnx) or none."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.random.default_rng(2).normal(size=(3, 2)).astype(np.float32), "w")]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias, "b"))
+    node = helper.make_node("Gemm", ["obs", "w"] + (["b"] if bias is not None else []), ["action"], name="dense")
+    graph = helper.make_graph([node], "single_gemm", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", 3])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["B", 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.skipif(_web_ready() is not None, reason=str(_web_ready()))
+@pytest.mark.parametrize("bias, message, fix", [
+    (np.array(0.5, np.float32), "Invalid input shape of C", "gemm-bias-rank1"),
+    (None, "Uniform beta not found", "gemm-zero-bias"),
+])
+def test_webgl_gemm_bias_failures_are_explained_and_fixed(tmp_path, bias, message, fix):
+    model = write(single_gemm(bias), tmp_path, "gemm")
+    out = tmp_path / "report"
+    done = run_cli("run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    assert done.returncode == 1, done.stderr
+    cell = schema.load(out / "results.json").cells[0]
+    assert message in cell.error.message
+    assert any(r.startswith("cause:") and fix in r and r.endswith("node: dense") for r in cell.reasons)
+    passing = [f.preparation for f in cell.fixes if f.verdict == "PASS"]
+    assert passing == [fix]
+
+
+@pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
+def test_tflite_flex_softsign_runs_in_litert_after_the_softsign_rewrite(tmp_path):
+    model = write(softsign_mlp(), tmp_path, "softsign")
+    out = tmp_path / "report"
+    done = run_cli("run", model, "--targets", "tflite", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    assert done.returncode == 1, done.stderr
+    cell = schema.load(out / "results.json").cells[0]
+    assert "FlexSoftsign" in cell.error.message
+    assert any(r.startswith("cause:") and r.endswith("node: soft0") for r in cell.reasons)
+    assert [(f.preparation, f.verdict) for f in cell.fixes] == [("softsign", "PASS")]
+    assert cell.fixes[0].drift < 1e-5
+
+
+@pytest.mark.skipif(targets.get("coreml").unavailable_reason() is not None, reason=str(targets.get("coreml").unavailable_reason()))
+def test_coreml_conversion_of_an_opset23_export_works_after_conversion_to_17(tmp_path):
+    model = write(jax2onnx_like(), tmp_path, "jax_policy")
+    out = tmp_path / "report"
+    done = run_cli("run", model, "--targets", "coreml", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    assert done.returncode == 1, done.stderr
+    cell = schema.load(out / "results.json").cells[0]
+    assert "operation_type='Cast', version=23" in cell.error.message
+    assert cell.fixes[0].preparation == "opset17" and cell.fixes[0].verdict == "PASS"
+    assert "opset 23 -&gt; 17" in _fixes_section(out)  # the step, escaped like every string in the report
