@@ -185,7 +185,8 @@ def _check_interface(proto: onnx.ModelProto) -> None:
             raise InputError(f"input {value.name!r} has no declared shape: observations cannot be made for it")
         if not tensor.shape.dim and position == 0:  # the first input defines the batch; a rank-0 side input is fed whole
             raise InputError(f"input {value.name!r} has rank 0: a policy's observation input needs a batch dimension")
-        if any(d.HasField("dim_value") and d.dim_value <= 0 for d in tensor.shape.dim):
+        # An empty side input is legitimate (ReduceMean's axes=[]); an empty observation is not.
+        if position == 0 and any(d.HasField("dim_value") and d.dim_value <= 0 for d in tensor.shape.dim):
             raise InputError(f"input {value.name!r} declares a zero-sized dimension {_dims(tensor)}: nothing can be fed")
     for value in proto.graph.output:
         _check_numeric_tensor(value, "output")
