@@ -262,4 +262,4 @@ def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path):
     webgpu = cells["ort-web-webgpu"]
     assert webgpu["verdict"] == "WARN" and "1 node fell back to CPUExecutionProvider" in webgpu["reasons"]
     assert [r["node"] for r in webgpu["placement"] if r["fallback"]] == ["soft0"]
-    assert 'class="fallback"' in (tmp_path / "report" / "index.html").read_text()
+    assert '<span class="fell-back" title="soft0 in ort-web-webgpu fp32' in (tmp_path / "report" / "index.html").read_text()
