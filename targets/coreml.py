@@ -122,7 +122,21 @@ def artifact_from(path: Path, record: dict, variant: str, cached: bool) -> Artif
     if cached:
         notes.append("conversion reused from the cache (time is the original conversion's)")
     return Artifact(path=path, conversion_s=record["conversion_s"], op_inventory=dict(Counter(op["mil_op"] for op in record["ops"])),
-                    notes=notes, extra={"conversion": record})
+                    notes=notes, extra={"conversion": record},
+                    quantization=quantization(record["ops"]) if variant == "int8" else None)
+
+
+WEIGHT_OPS = {"linear", "conv", "conv_transpose", "matmul"}
+
+
+def quantization(ops: list[dict]) -> dict[str, int]:
+    """Weight ops whose weight comes from an 8-bit constexpr (linear_quantize_weights), and those left float."""
+    quantized = [op for op in ops if op.get("inserted_by") == "linear_quantize_weights"]
+    users = {op["onnx_node"] for op in quantized if op["onnx_node"]}
+    weight_ops = [op for op in ops if op["mil_op"] in WEIGHT_OPS]
+    float_ops = [op for op in weight_ops if op["onnx_node"] not in users]
+    return {"quantized_ops": len(weight_ops) - len(float_ops), "float_ops": len(float_ops),
+            "quantized_weights": len(quantized), "float_weights": len(float_ops)}
 
 
 class CoremlTarget(Target):
