@@ -92,7 +92,7 @@ def node_executable() -> str | None:
 def encode_feeds(feeds: Feeds) -> dict:
     wire = {}
     for name, value in feeds.items():
-        array = np.ascontiguousarray(value)
+        array = np.asarray(value, order="C")  # ascontiguousarray would make a scalar input 1-d
         dtype = "bool" if array.dtype == np.bool_ else array.dtype.name
         wire[name] = {"dtype": dtype, "shape": list(array.shape), "b64": base64.b64encode(array.tobytes()).decode()}
     return wire
