@@ -133,8 +133,7 @@ def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters
     target_names = _target_names(targets)
     required = _required(require, target_names)
     limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
-    settings = RunConfig(
-        model=None,
+    settings = RunConfig(  # cheap option checks first, the model (slow to load) last
         targets=target_names,
         precisions=_precisions(precisions),
         out=_out_dir(out, resume, model),
@@ -150,8 +149,8 @@ def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters
         host_label=host_label,
         memory_limit=limit,
         resume=resume is not None,
+        model=model_loader.load(model),
     )
-    settings.model = model_loader.load(model)
     model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
