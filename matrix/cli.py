@@ -155,7 +155,10 @@ def run(model, targets, precisions, obs, n_obs, seed, batch_sizes, warmup, iters
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     with lock_out(settings.out):
-        results = run_matrix(settings, console)
+        try:
+            results = run_matrix(settings, console)
+        except OSError as error:  # a full disk (or read-only cache) before any cell ran: cells handle their own
+            raise InputError(f"cannot write {error.filename or settings.out}: {error.strerror or error}") from None
         _finish(results, settings.out, fail_on, baseline_results, thresholds, required)
 
 
