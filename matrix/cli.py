@@ -233,8 +233,7 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
     target_names = _target_names(targets, skip)
     required = _required(require, target_names)
     limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
-    settings = RunConfig(
-        model=None,
+    settings = RunConfig(  # cheap option checks first, the model (slow to load) last
         targets=target_names,
         precisions=_precisions(precisions),
         out=_out_dir(out, resume, model),
@@ -254,8 +253,8 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
         resume=resume is not None,
         diagnose=diagnose,
         assist=assist,
+        model=model_loader.load(model),
     )
-    settings.model = model_loader.load(model)
     model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
     rollout_options = {"env": env, "episodes": episodes, "env_kwargs": env_kwargs, "clip_actions": clip_actions,
                        "return_tolerance": return_tolerance, "trajectory": trajectory}
@@ -263,7 +262,10 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     with lock_out(settings.out):
-        results = run_matrix(settings, console)
+        try:
+            results = run_matrix(settings, console)
+        except OSError as error:  # a full disk (or read-only cache) before any cell ran: cells handle their own
+            raise InputError(f"cannot write {error.filename or settings.out}: {error.strerror or error}") from None
         _finish(results, settings.out, fail_on, baseline_results, thresholds, required)
 
 

@@ -319,3 +319,12 @@ def test_the_reference_runs_under_the_memory_cap(tmp_path):
                    "--out", tmp_path / "out")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "float64 reference" in done.stderr and "out of memory (limit 1 GiB)" in done.stderr, done.stderr
+
+
+def test_a_write_error_before_any_cell_is_one_line(tmp_path):
+    # 4 kB per file: observations.npz (~9 kB) cannot be written.
+    run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--out", tmp_path, preexec_fn=_limit_file_size(4_000))
+    _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("reference")]
+    assert run.returncode == 2 and "Traceback" not in stderr, stderr
+    assert len(lines) == 1 and f"cannot write {tmp_path}" in lines[0] and "File too large" in lines[0], stderr
