@@ -196,7 +196,7 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
 @click.option("--memory-limit", default=None,
-              help="Address space each worker (and the reference) may use, e.g. 4G; beyond it the cell FAILs "
+              help="Memory each worker (and the reference) may allocate, e.g. 4G; beyond it the cell FAILs "
                    "with 'out of memory'. Default: physical memory, at least 4G.")
 @click.option("--resume", type=click.Path(path_type=Path),
               help="Report folder of a killed or interrupted run: keep its finished cells, run only the missing ones.")

@@ -1,10 +1,13 @@
 """Every model-dependent process runs under the same protection: its own process group,
 a memory cap, a timeout, and death with the runner.
 
-- memory: RLIMIT_AS in the child, so an allocation beyond the cap fails inside
-  that process (MemoryError, std::bad_alloc) instead of growing the runner or
-  waking the host's OOM killer; `resource` is in the standard library, no
-  cgroup setup or privileges needed.
+- memory: RLIMIT_DATA in the child (private writable memory: heap and anonymous
+  mappings, Linux >= 4.7), so an allocation beyond the cap fails inside that
+  process (MemoryError, std::bad_alloc) instead of growing the runner or waking
+  the host's OOM killer; `resource` is in the standard library, no cgroup setup
+  or privileges needed. Not RLIMIT_AS: CUDA, V8 and wasm runtimes reserve far
+  more address space than they ever use (inaccessible reservations), and an
+  address-space cap makes them fail to start at all.
 - death with the runner: on Linux the child asks the kernel for SIGKILL when
   its parent dies (prctl PR_SET_PDEATHSIG), which holds even on kill -9 of the
   runner. Elsewhere a small watchdog process kills the child's group when the
@@ -48,7 +51,7 @@ def _child_setup(memory_limit: int | None, parent_pid: int, death_signal: bool):
 
     def setup() -> None:
         if memory_limit:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+            resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
         if death_signal:
             _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != parent_pid:  # the parent died before the request took effect

@@ -55,7 +55,7 @@ class RunConfig:
     host_label: str = ""
     tie_margin: float = DEFAULT_TIE_MARGIN
     min_agreement: float = DEFAULT_MIN_AGREEMENT
-    memory_limit: int = field(default_factory=default_memory_limit)  # bytes of address space per worker
+    memory_limit: int = field(default_factory=default_memory_limit)  # bytes of private memory per worker (RLIMIT_DATA)
     resume: bool = False  # keep the finished cells of the run recorded in `out`
     rollout: rollouts.RolloutPlan | None = None  # --env / --trajectory: behaviour in the loop
     return_tolerance: rollouts.ReturnTolerance = field(default_factory=rollouts.ReturnTolerance)

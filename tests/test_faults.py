@@ -192,6 +192,27 @@ def test_memory_cap_makes_an_oversized_cell_fail_with_out_of_memory(tmp_path):
     assert cell["verdict"] == "FAIL" and cell["error"]["message"].startswith("out of memory (limit 1.5 GiB)"), cell["error"]
 
 
+RESERVE_64_GIB = """
+import ctypes
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+PROT_NONE, MAP_PRIVATE_ANONYMOUS_NORESERVE = 0, 0x22 | 0x4000
+address = libc.mmap(None, 64 << 30, PROT_NONE, MAP_PRIVATE_ANONYMOUS_NORESERVE, -1, 0)
+raise SystemExit(0 if address not in (None, ctypes.c_void_p(-1).value) else 3)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA counts mappings this way on Linux")
+def test_the_memory_cap_counts_memory_not_address_space_reservations():
+    """CUDA, V8 and wasm reserve tens of GiB of inaccessible address space at start: under the cap
+    that reservation must succeed (an address-space cap would stop them from starting at all)."""
+    from matrix import isolation
+
+    process = isolation.start([sys.executable, "-c", RESERVE_64_GIB], memory_limit=1 << 30, timeout_s=60)
+    assert process.wait(timeout=60) == 0
+
+
 def _endless_loop_model(folder: Path) -> Path:
     """A valid policy whose Loop runs 10^12 times: only a timeout ends its evaluation."""
     body = helper.make_graph(
