@@ -91,9 +91,9 @@ def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
     except Exception as error:  # the tool's own failure, never the runtime's verdict
         cell.reasons.append(f"graph preparations could not be tried (policy-matrix): {type(error).__name__}: {error}")
         return
-    fixed = next((f for f in cell.fixes if f.verdict == "PASS"), None)
+    fixed = next((f for f in cell.fixes if f.verdict in preparations.FIXED), None)
     if fixed:
-        cell.reasons.append(f"fix: {fixed.preparation} makes it PASS (prepared graph: {fixed.prepared_onnx})")
+        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx})")
 
 
 def _slug(text: str) -> str:

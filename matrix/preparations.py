@@ -305,6 +305,10 @@ def wants_fixes(cell: Cell) -> bool:
     return cell.verdict == "FAIL"
 
 
+# What counts as fixed: it runs and passes, or (a conversion-only cell) it converts.
+FIXED = ("PASS", "CONVERTED")
+
+
 def try_fixes(
     cell: Cell, info: ModelInfo, template: cells.CellSpec, judge: Callable[[cells.CellOutcome, Cell, ModelInfo], Cell],
     folder: Path, report_root: Path, env: dict, timeout_s: float,
@@ -318,7 +322,7 @@ def try_fixes(
             continue
         attempt = _attempt(cell, info, template, judge, folder, report_root, env, timeout_s, name, prepared)
         attempts.append(attempt)
-        if attempt.verdict == "PASS":
+        if attempt.verdict in FIXED:
             break
     return attempts
 
