@@ -39,3 +39,18 @@ def ort_cpu_runs(tmp_path_factory) -> dict[str, Path]:
 
 def load_results(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture
+def load_policy(tmp_path):
+    """ModelInfo of a built ONNX graph, loaded the way a run loads a user's file."""
+    import onnx
+
+    from matrix import model
+
+    def load(proto: onnx.ModelProto, name: str = "policy"):
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(proto, str(path))
+        return model.load(path)
+
+    return load
