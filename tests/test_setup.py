@@ -14,6 +14,8 @@ import pytest
 from matrix import installer, isolated_env
 from targets import coreml
 
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.coreml_env]
+
 REPO = Path(__file__).resolve().parent.parent
 # A `make` started inside `make test` would otherwise announce its directories.
 PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
