@@ -29,7 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from matrix.isolated_env import PinnedWheel, ensure_env, env_python, run_json
+from .isolated_env import PinnedWheel, ensure_env, env_python, run_json
 
 from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
 

@@ -37,8 +37,7 @@ from typing import ClassVar
 import numpy as np
 import onnx
 
-from matrix import isolated_env
-
+from . import isolated_env
 from .base import Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, Session, Target
 
 REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
