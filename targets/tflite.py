@@ -109,7 +109,7 @@ class TfliteTarget(Target):
         artifact.notes += flex_notes(artifact.op_inventory)
         return artifact
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int) -> Session:
         return TfliteSession(artifact, threads, self.xnnpack)
 
 
