@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 from conftest import missing_runtimes
 
-pytestmark = [pytest.mark.slow]
-
 NEEDS_TFLITE = '''
 import pytest, targets
 
@@ -41,6 +39,7 @@ def test_missing_runtimes_names_what_to_run(tmp_path, monkeypatch):
     assert missing_runtimes(["slow", "parametrize"]) == []
 
 
+@pytest.mark.slow  # two pytest subprocesses
 def test_a_missing_runtime_skips_locally_and_fails_on_ci(tmp_path):
     cache = tmp_path / "empty-cache"
     local = _pytest(tmp_path, "", cache)
