@@ -14,7 +14,7 @@ BASELINE ?=
 # `make matrix` shows the report whatever the verdicts; FAIL_ON=fail makes FAILed cells fail make.
 FAIL_ON ?= never
 
-.PHONY: setup setup-core setup-web setup-tflite setup-coreml matrix examples test merge clean
+.PHONY: setup setup-core setup-web setup-tflite setup-coreml matrix examples test test-fast merge clean
 
 setup: setup-core setup-web setup-tflite setup-coreml
 
@@ -46,6 +46,12 @@ examples: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The unit tier: pure functions on saved fixtures (tests/unit, tests/fixtures), under a minute, with no
+# browser, converter environment or CLI subprocess; only the core install is needed.
+FAST_MARKERS := not browser and not tflite_env and not coreml_env and not slow
+test-fast: setup-core
+	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # Merge shards (one results.json per host) into one report; BASELINE=old/results.json flags regressions.
 merge: setup-core

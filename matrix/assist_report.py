@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import math
 
 import matplotlib
@@ -11,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .preparations import DEPLOYMENT_BATCH  # noqa: E402
+from .report_behaviour import figure_svg  # noqa: E402
 from .results import Diagnosis, RunResults  # noqa: E402
 
 BEFORE, DIVERGED, AFTER = "#9aa0a6", "#d64545", "#e8a0a0"
@@ -44,9 +44,4 @@ def node_drift_chart(diagnosis: Diagnosis) -> str:
     axes.set_xlabel("max |y - float64 reference| per node output (log)")
     axes.invert_yaxis()
     axes.legend(loc="lower right", fontsize=8)
-    figure.tight_layout()
-    buffer = io.StringIO()
-    figure.savefig(buffer, format="svg")
-    plt.close(figure)
-    text = buffer.getvalue()
-    return text[text.index("<svg"):]
+    return figure_svg(figure, plt)

@@ -175,7 +175,7 @@ def litert_runtime(report: Reporter) -> None:
 
 
 def onnx2tf_environment(report: Reporter) -> None:
-    from matrix import isolated_env
+    from targets import isolated_env
     from targets import tflite
 
     if not sys.platform.startswith("linux"):
@@ -186,7 +186,7 @@ def onnx2tf_environment(report: Reporter) -> None:
 
 
 def coreml_environment(report: Reporter) -> None:
-    from matrix import isolated_env
+    from targets import isolated_env
     from targets import coreml
 
     _environment(report, "CoreML", lambda: isolated_env.env_python(coreml.ENV_NAME, coreml.REQUIREMENTS),
@@ -198,7 +198,7 @@ def _environment(report: Reporter, label: str, built: Callable[[], Path | None],
     if python := built():
         report.ok(f"{label} conversion environment at {python.parent.parent}")
         return
-    from matrix.isolated_env import EnvError
+    from targets.isolated_env import EnvError
 
     with report.work(f"building the {label} conversion environment once ({size})"):
         try:

@@ -36,7 +36,8 @@ def parity(
 ) -> OutputParity:
     diff = abs_error(actual, reference).ravel()
     with np.errstate(invalid="ignore"):  # inf / inf where an infinity is wrong: NaN, counted as infinite
-        rel = diff / np.maximum(np.abs(reference.astype(np.float64)).ravel(), REL_FLOOR)
+        # fmax: a NaN reference gets the floor (the error there is 0 or inf already), not a NaN ratio
+        rel = diff / np.fmax(np.abs(reference.astype(np.float64)).ravel(), REL_FLOOR)
     result = OutputParity(
         output=name,
         kind="discrete" if reference.dtype.kind in "iub" else "continuous",
@@ -73,7 +74,8 @@ def _percentile(values: np.ndarray, q: float) -> float:
         return 0.0
     if np.isfinite(values).all():
         return float(np.percentile(values, q))
-    return float(np.percentile(np.nan_to_num(values, nan=np.inf), q, method="higher"))
+    # not nan_to_num: it would also turn inf into the largest finite float
+    return float(np.percentile(np.where(np.isnan(values), np.inf, values), q, method="higher"))
 
 
 def _finite_max(values: np.ndarray) -> float:

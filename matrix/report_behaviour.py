@@ -58,7 +58,7 @@ def returns_chart(results: RunResults) -> str:
     axes.set_xlabel(f"episode return ({reference.env}; dots: episodes, tick: mean)")
     axes.invert_yaxis()
     axes.legend(loc="lower right", fontsize=8)
-    return _svg(figure, plt)
+    return figure_svg(figure, plt)
 
 
 def _pyplot():
@@ -74,7 +74,8 @@ def _pyplot():
     return plt
 
 
-def _svg(figure, plt) -> str:
+def figure_svg(figure, plt) -> str:
+    """A matplotlib figure as inline SVG (the behaviour and node drift charts), closed after."""
     figure.tight_layout()
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg")

@@ -148,11 +148,19 @@ class Target(ABC):
             return None
         return f"{self.name} has no {variant} variant"
 
-    @abstractmethod
-    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact: ...
+    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
+        """Default: the core's ONNX variant as it is, with the time the core took to make it."""
+        return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
+
+    def open(self, artifact: Artifact, threads: int) -> Session:
+        """A cell that cannot run on this host is a SKIP with the reason, checked here once for every target."""
+        if reason := self.unavailable_reason():
+            raise CellSkip(reason)
+        return self._open(artifact, threads)
 
     @abstractmethod
-    def open(self, artifact: Artifact, threads: int) -> Session: ...
+    def _open(self, artifact: Artifact, threads: int) -> Session:
+        """The target's session; called only where unavailable_reason() is None."""
 
     def start_service(self, run_dir: Path) -> RunService | None:
         return None

@@ -29,9 +29,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from matrix.isolated_env import PinnedWheel, ensure_env, env_python, run_json
-
 from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
+from .isolated_env import PinnedWheel, ensure_env, env_python, run_json
 
 HERE = Path(__file__).parent
 REQUIREMENTS = HERE / "requirements" / "coreml.txt"
@@ -160,7 +159,7 @@ class CoremlTarget(Target):
         (ctx.workdir / "coreml_ops.json").write_text(json.dumps(record["ops"], indent=1))
         return artifact_from(path, record, variant, cached)
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int) -> Session:
         raise CellSkip("coreml is conversion only; the coreml-* targets predict (on macOS)")
 
 
@@ -180,10 +179,8 @@ class CoremlPredictTarget(CoremlTarget):
             artifact.extra["helper"] = PredictHelper()  # imports done before open() is timed
         return artifact
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int) -> Session:
         # Core ML chooses its own threads: `threads` has no Core ML counterpart.
-        if self.unavailable_reason():
-            raise CellSkip(self.unavailable_reason())
         return CoremlSession(artifact, self.compute_units, self.accelerators, artifact.extra.pop("helper", None))
 
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import onnxruntime as ort
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
+from .base import Artifact, BackendInfo, Feeds, PlacementRow, Session, Target
 
 # Provider options that change the numbers a cell measures, shown on the cell's backend line.
 SHOWN_PROVIDER_OPTIONS = ("use_tf32", "device_id")
@@ -72,15 +72,10 @@ class OrtTarget(Target):
             return None
         return f"this onnxruntime build has no {self.provider}"
 
-    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
-
     def providers(self) -> list:
         return [(self.provider, self.provider_options)]
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
-        if self.unavailable_reason():
-            raise CellSkip(self.unavailable_reason())
+    def _open(self, artifact: Artifact, threads: int) -> Session:
         return OrtSession(artifact, self.providers(), threads)
 
 
@@ -105,12 +100,12 @@ class OrtCuda(OrtTarget):
         reason = super().unavailable_reason()
         return f"{reason}: install onnxruntime-gpu on a machine with an NVIDIA GPU" if reason else None
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int) -> Session:
         # pip's onnxruntime-gpu[cuda,cudnn] brings CUDA as Python packages; preload_dlls finds them
         # (ORT >= 1.21), so no LD_LIBRARY_PATH is needed.
-        if hasattr(ort, "preload_dlls") and not self.unavailable_reason():
+        if hasattr(ort, "preload_dlls"):
             ort.preload_dlls()
-        return super().open(artifact, threads)
+        return super()._open(artifact, threads)
 
 
 class OrtCudaTf32(OrtCuda):

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
+from .base import Artifact, BackendInfo, Feeds, PlacementRow, Session, Target
 from .web_support import (
     HARNESS_DIR,
     decode_outputs,
@@ -102,10 +102,5 @@ class OrtNode(Target):
             return "Node.js is not installed (needs node >= 18 on PATH; Debian: apt-get install nodejs)"
         return missing_npm_package("onnxruntime-node")
 
-    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        return Artifact(path=ctx.onnx_variant(variant))
-
-    def open(self, artifact: Artifact, threads: int) -> Session:
-        if reason := self.unavailable_reason():
-            raise CellSkip(reason)
+    def _open(self, artifact: Artifact, threads: int) -> Session:
         return NodeSession(artifact, threads, self.backend, self.ort_ep)

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from matrix import isolation
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, RunService, Session, Target
+from .base import Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, RunService, Session, Target
 from .web_support import (
     HarnessServer,
     decode_outputs,
@@ -349,11 +349,11 @@ class OrtWebTarget(Target):
         return web_unavailable_reason()
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        return Artifact(path=ctx.onnx_variant(variant), extra={"variant": variant, "cache_dir": str(ctx.cache_dir)})
+        artifact = super().prepare(ctx, variant)
+        artifact.extra.update(variant=variant, cache_dir=str(ctx.cache_dir))
+        return artifact
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
-        if reason := self.unavailable_reason():
-            raise CellSkip(reason)
+    def _open(self, artifact: Artifact, threads: int) -> Session:
         return WebSession(self, artifact, threads)
 
     def start_service(self, run_dir: Path) -> RunService | None:

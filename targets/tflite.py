@@ -37,8 +37,7 @@ from typing import ClassVar
 import numpy as np
 import onnx
 
-from matrix import isolated_env
-
+from . import isolated_env
 from .base import Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, Session, Target
 
 REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
@@ -110,7 +109,7 @@ class TfliteTarget(Target):
         artifact.notes += flex_notes(artifact.op_inventory)
         return artifact
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int) -> Session:
         return TfliteSession(artifact, threads, self.xnnpack)
 
 
@@ -394,20 +393,7 @@ class TfliteSession(Session):
 
     def placement(self) -> list[PlacementRow]:
         ops = self.interpreter._get_ops_details()
-        delegated = delegated_ops(ops)
-        names = tensor_names(self.interpreter)
-        to_node = onnx_node_lookup(self.artifact.extra, self.outputs, ops)
-        order = {node: i for i, node in enumerate(self.artifact.extra["node_order"])}
-        rows: dict[tuple, PlacementRow] = {}
-        for op in ops:
-            if op["op_name"] == "DELEGATE":
-                continue
-            where = XNNPACK if op["index"] in delegated else BUILTIN
-            fallback = self.requested == XNNPACK and where != XNNPACK
-            nodes = sorted(ops_onnx_nodes(op, names, to_node), key=lambda node: order.get(node, len(order))) or [f"{op['op_name']}#{op['index']}"]
-            for node in nodes:
-                rows.setdefault((node, op["op_name"], where), PlacementRow(node, op["op_name"], where, fallback))
-        return list(rows.values())
+        return placement_rows(ops, tensor_names(self.interpreter), self.artifact.extra, self.outputs, self.requested)
 
     def backend(self) -> BackendInfo:
         ops = self.interpreter._get_ops_details()
@@ -499,6 +485,24 @@ def delegated_ops(ops: list[dict]) -> set[int]:
             inside.add(op["index"])
             pending += [int(t) for t in op["inputs"] if int(t) >= 0 and int(t) not in boundary]
     return inside
+
+
+def placement_rows(ops: list[dict], names: dict[int, str], extra: dict, outputs: dict[str, int], requested: str) -> list[PlacementRow]:
+    """One row per (ONNX node, TFLite op, where it ran), from LiteRT's op details alone (pure:
+    unit-tested on recorded details). An op no ONNX node can be found for keeps its own name."""
+    delegated = delegated_ops(ops)
+    to_node = onnx_node_lookup(extra, outputs, ops)
+    order = {node: i for i, node in enumerate(extra["node_order"])}
+    rows: dict[tuple, PlacementRow] = {}
+    for op in ops:
+        if op["op_name"] == "DELEGATE":
+            continue
+        where = XNNPACK if op["index"] in delegated else BUILTIN
+        fallback = requested == XNNPACK and where != XNNPACK
+        nodes = sorted(ops_onnx_nodes(op, names, to_node), key=lambda node: order.get(node, len(order))) or [f"{op['op_name']}#{op['index']}"]
+        for node in nodes:
+            rows.setdefault((node, op["op_name"], where), PlacementRow(node, op["op_name"], where, fallback))
+    return list(rows.values())
 
 
 def tensor_names(interpreter) -> dict[int, str]:

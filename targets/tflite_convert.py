@@ -1,7 +1,7 @@
 """Convert one ONNX policy to .tflite files with onnx2tf (runs inside the onnx2tf environment).
 
 Called as `python tflite_convert.py request.json` by targets/tflite.py through
-matrix.isolated_env.run_json: files in, one JSON line out. This file imports
+targets.isolated_env.run_json: files in, one JSON line out. This file imports
 nothing from the project, because the core's packages are not installed here.
 
 Request: {"onnx", "workdir", "out_dir", "quantize": "dynamic" | "full",

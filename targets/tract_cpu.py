@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 import onnx
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
+from .base import Artifact, BackendInfo, Feeds, PlacementRow, Session, Target
 
 WHERE = "tract (CPU)"
 
@@ -93,10 +93,5 @@ class TractCpu(Target):
             return "the tract package is not installed: run `policy-matrix setup core` (or pip install 'policy-matrix[tract]')"
         return None
 
-    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
-
-    def open(self, artifact: Artifact, threads: int) -> Session:
-        if reason := self.unavailable_reason():
-            raise CellSkip(reason)
+    def _open(self, artifact: Artifact, threads: int) -> Session:
         return TractSession(artifact)

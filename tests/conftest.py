@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,27 @@ import pytest
 from matrix import examples
 
 EXAMPLES = list(examples.BUILDERS)
+
+# The runtime each marker's tests need, by the targets that stand for it (`policy-matrix targets` says why one is
+# missing). Locally a missing one makes its tests SKIP with that reason; on CI (CI=true, as every CI service sets)
+# it is an error, so a broken setup step cannot turn the browser, tflite or Core ML suite into a green row of skips.
+# Tests that cannot run on the host at all (macOS-only prediction, a GPU) keep their own skipif and still skip.
+RUNTIME_MARKERS = {"browser": ("ort-web-wasm", "ort-node"), "tflite_env": ("tflite",), "coreml_env": ("coreml",)}
+
+
+def missing_runtimes(markers) -> list[str]:
+    """'marker: target: reason' for every runtime the markers need that this host lacks."""
+    from targets import REGISTRY
+
+    return [f"{marker}: {name}: {reason}" for marker in markers if marker in RUNTIME_MARKERS
+            for name in RUNTIME_MARKERS[marker] if (reason := REGISTRY[name].unavailable_reason())]
+
+
+@pytest.hookimpl(tryfirst=True)  # before the skipif markers are evaluated
+def pytest_runtest_setup(item):
+    if os.environ.get("CI", "").lower() == "true":
+        if missing := missing_runtimes(marker.name for marker in item.iter_markers()):
+            pytest.fail("CI must run this test, but a runtime it needs is missing: " + "; ".join(missing), pytrace=False)
 
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -39,3 +61,18 @@ def ort_cpu_runs(tmp_path_factory) -> dict[str, Path]:
 
 def load_results(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture
+def load_policy(tmp_path):
+    """ModelInfo of a built ONNX graph, loaded the way a run loads a user's file."""
+    import onnx
+
+    from matrix import model
+
+    def load(proto: onnx.ModelProto, name: str = "policy"):
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(proto, str(path))
+        return model.load(path)
+
+    return load

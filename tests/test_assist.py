@@ -24,6 +24,8 @@ from matrix import results as schema
 from matrix.diagnose import expose_intermediates
 from matrix.preparations import Prepared
 
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.tflite_env, pytest.mark.coreml_env]
+
 RUN_FAST = ("--iters", "5", "--warmup", "1", "--n-obs", "64")
 
 

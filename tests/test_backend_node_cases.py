@@ -20,6 +20,8 @@ from onnx import numpy_helper
 
 from matrix.paths import cache_dir
 
+pytestmark = [pytest.mark.slow, pytest.mark.tflite_env]
+
 # Chosen for what broke the tool: side inputs (a Gemm's C, a Reshape's shape, Clip's scalar
 # bounds, RNN weights) that were sliced, rank-3 ArgMax parity, an explicit Cast to fp16.
 CASES = [

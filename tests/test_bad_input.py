@@ -10,6 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from matrix.examples import path as example
 
+pytestmark = [pytest.mark.slow]
+
 
 def _tiny(node: onnx.NodeProto, initializers=()) -> onnx.ModelProto:
     graph = helper.make_graph(

@@ -11,6 +11,8 @@ from conftest import load_results, run_cli
 from matrix import results as schema
 from matrix.examples import path as example
 
+pytestmark = [pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def shard(tmp_path_factory):

@@ -16,6 +16,8 @@ from matrix.cli import app
 
 from conftest import load_results, run_cli
 
+pytestmark = [pytest.mark.slow, pytest.mark.coreml_env]
+
 MLP = examples.path("continuous_mlp")
 
 

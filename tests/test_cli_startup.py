@@ -12,6 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import cli_startup  # noqa: E402
 
+pytestmark = [pytest.mark.slow]
+
 HEAVY = ("numpy", "pandas", "matplotlib", "onnx", "onnxruntime", "pydantic", "jinja2", "targets", "rich")
 
 

@@ -24,6 +24,8 @@ from matrix.examples import path as example
 from targets import coreml
 from targets.base import CellSkip, PrepareContext
 
+pytestmark = [pytest.mark.coreml_env]
+
 on_macos = sys.platform == "darwin"
 macos_only = pytest.mark.skipif(not on_macos, reason="Core ML prediction needs macOS")
 linux_only = pytest.mark.skipif(on_macos, reason="checks the off-macOS behaviour")

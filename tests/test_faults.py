@@ -24,6 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from matrix.examples import path as example
 
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
 MLP = example("continuous_mlp")
 SLOW = ["--iters", "50000000"]  # a timing loop far longer than any test waits
 STATE_TIMEOUT_S = 300  # generous: CI is a busy 2-core machine; a state that never comes fails the test

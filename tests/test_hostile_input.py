@@ -17,6 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from matrix.examples import path as example
 
+pytestmark = [pytest.mark.slow]
+
 OPSET = [helper.make_opsetid("", 18)]
 MLP = example("continuous_mlp")  # input obs [batch, 17]
 

@@ -14,6 +14,8 @@ from matrix import results as schema
 from matrix.compare import compare
 from matrix.examples import path as example
 
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
 REPO = Path(__file__).resolve().parents[1]
 BROWSER_FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
 

@@ -14,6 +14,8 @@ from matrix import report
 from matrix import results as schema
 from matrix.examples import path as example
 
+pytestmark = [pytest.mark.slow]
+
 HOSTILE_HOST = "ci `runner` <img src=x onerror=alert(1)> *bold* | #1 [link](http://x)"
 
 

@@ -8,6 +8,8 @@ from playwright.sync_api import sync_playwright
 from matrix import results as schema
 from matrix.examples import path as example
 
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
 HOSTILE_NODE = '<img src=x onerror="window.__pwned=1">'
 HOSTILE_META = "</style><script>window.__pwned=2</script>"
 BROWSER_FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]

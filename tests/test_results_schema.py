@@ -12,6 +12,8 @@ from conftest import load_results
 from matrix import results as schema
 from matrix import results_schema
 
+pytestmark = [pytest.mark.slow]
+
 
 def test_the_checked_in_schema_is_what_the_models_generate():
     assert results_schema.SCHEMA_FILE.read_text() == results_schema.text(), "run: python -m matrix.results_schema"

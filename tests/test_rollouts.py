@@ -25,6 +25,8 @@ from matrix.errors import InputError
 from matrix.lint import lint
 from matrix.results import Rollout
 
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.tflite_env]
+
 FAST = ("--iters", "5", "--warmup", "1", "--batch-sizes", "1")
 
 

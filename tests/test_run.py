@@ -10,6 +10,8 @@ from conftest import EXAMPLES, load_results, run_cli
 from matrix import results as schema
 from matrix.examples import path as example
 
+pytestmark = [pytest.mark.slow]
+
 OUTPUT_FILES = ("index.html", "results.json", "results.jsonl", "results.csv", "summary.md", "junit.xml", "observations.npz")
 
 

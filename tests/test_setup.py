@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from matrix import installer, isolated_env
-from targets import coreml
+from matrix import installer
+from targets import coreml, isolated_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.coreml_env]
 
 REPO = Path(__file__).resolve().parent.parent
 # A `make` started inside `make test` would otherwise announce its directories.

@@ -15,6 +15,8 @@ from matrix.examples import path as example
 from matrix.orchestrate import Services
 from matrix.verdict import DEFAULT_TOLERANCE
 
+pytestmark = [pytest.mark.browser, pytest.mark.tflite_env, pytest.mark.coreml_env]
+
 # (target, example, variant) -> (words the FAIL reason must contain, when the failure applies).
 EXPECTED_FAILURES = {
     # WebGL: no ArgMax, no CPU fallback.

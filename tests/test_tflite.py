@@ -25,6 +25,8 @@ from matrix.paths import cache_dir
 from targets import tflite
 from targets.base import PrepareContext
 
+pytestmark = [pytest.mark.tflite_env]
+
 POLICIES = ["continuous_mlp", "discrete_mlp", "pixel_cnn"]
 FP32_TOLERANCE = 1e-5  # max abs drift vs ORT CPU fp32
 VARIANT_TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "int8": 0.1}

@@ -17,7 +17,8 @@ from conftest import load_results, run_cli
 from matrix.examples import path as example
 from targets import ort_web
 
-pytestmark = pytest.mark.skipif(ort_web.web_unavailable_reason() is not None, reason=str(ort_web.web_unavailable_reason()))
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(ort_web.web_unavailable_reason() is not None, reason=str(ort_web.web_unavailable_reason()))]
 
 
 def _json(url: str):

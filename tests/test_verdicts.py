@@ -22,6 +22,8 @@ from matrix.verdict import decide
 from targets.base import Artifact
 from targets.ort_cpu import OrtSession
 
+pytestmark = [pytest.mark.slow, pytest.mark.tflite_env, pytest.mark.coreml_env]
+
 FAST = ("--iters", "10", "--warmup", "2")
 
 

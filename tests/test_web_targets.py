@@ -25,6 +25,8 @@ from targets.base import Artifact
 from targets.ort_web import CDP_ENV, CHROMIUM_FLAGS, ChromiumService, HarnessPage
 from targets.web_support import HarnessServer, missing_npm_package
 
+pytestmark = [pytest.mark.browser]
+
 WEB_TARGETS = ("ort-node", "ort-web-wasm", "ort-web-webgl", "ort-web-webgpu")
 EXAMPLES = ("continuous_mlp", "discrete_mlp", "pixel_cnn")
 FP32_TOLERANCE = 1e-5

@@ -21,7 +21,7 @@ import venv
 from dataclasses import dataclass
 from pathlib import Path
 
-from .paths import cache_dir
+from matrix.paths import cache_dir
 
 
 class EnvError(RuntimeError):

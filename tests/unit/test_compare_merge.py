@@ -1,0 +1,193 @@
+"""Regression rules and shard merging on a saved real shard (an ort-cpu run of continuous_mlp,
+fp32 + fp16), changed one field at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from saved import FIXTURES
+from matrix import results as schema
+from matrix.compare import DRIFT_NOISE_FLOOR, Thresholds, compare
+from matrix.errors import InputError
+from matrix.merge import merge
+from matrix.results import Backend, LatencyStats, Placement
+
+SHARD = FIXTURES / "shard_continuous_mlp.json"
+
+
+@pytest.fixture
+def shard() -> schema.RunResults:
+    return schema.load(SHARD)
+
+
+def _cell(results: schema.RunResults, variant: str = "fp32"):
+    return next(cell for cell in results.cells if cell.variant == variant)
+
+
+def _kinds(baseline, current) -> list[str]:
+    return [regression.kind for regression in compare(baseline, current)]
+
+
+def test_the_fixture_is_a_real_passing_shard(shard):
+    assert {(c.target, c.variant, c.verdict) for c in shard.cells} == {("ort-cpu", "fp32", "PASS"), ("ort-cpu", "fp16", "PASS")}
+    assert all(c.latency and c.parity for c in shard.cells)
+
+
+def test_a_run_compared_with_itself_has_no_regression(shard):
+    assert compare(shard, shard.model_copy(deep=True)) == []
+
+
+def test_a_cell_that_passed_and_now_fails_is_a_verdict_regression(shard):
+    current = shard.model_copy(deep=True)
+    _cell(current).verdict, _cell(current).reasons = "FAIL", ["open: no kernel"]
+    found = compare(shard, current)
+    assert [(r.kind, r.variant, r.detail) for r in found] == [("verdict", "fp32", "PASS -> FAIL: open: no kernel")]
+    assert str(found[0]).startswith(f"{found[0].host} ort-cpu fp32 [verdict]")
+
+
+def test_a_cell_that_failed_before_is_no_new_regression(shard):
+    baseline, current = shard.model_copy(deep=True), shard.model_copy(deep=True)
+    _cell(baseline).verdict = _cell(current).verdict = "FAIL"
+    assert _kinds(baseline, current) == []
+
+
+def _set_drift(results, value: float, variant: str = "fp32"):
+    for parity in _cell(results, variant).parity:
+        parity.max_abs = value
+
+
+def test_drift_crossing_the_tolerance_is_a_regression(shard):
+    baseline, current = shard.model_copy(deep=True), shard.model_copy(deep=True)
+    _set_drift(baseline, 4e-5)
+    _set_drift(current, 2e-4)  # x5 only, but across the cell's tolerance 1e-4
+    found = compare(baseline, current)
+    assert [r.kind for r in found] == ["drift"] and "crossed tolerance 0.0001" in found[0].detail
+
+
+def test_drift_growing_beyond_the_factor_is_a_regression_and_float32_noise_is_not(shard):
+    baseline, current = shard.model_copy(deep=True), shard.model_copy(deep=True)
+    _set_drift(baseline, 1e-7)
+    _set_drift(current, DRIFT_NOISE_FLOOR * 0.9)  # x9 ... and below the noise floor anyway
+    assert _kinds(baseline, current) == []
+    _set_drift(current, 5e-6)  # x50, above the floor, below the tolerance
+    found = compare(baseline, current)
+    assert [r.kind for r in found] == ["drift"] and "(x50)" in found[0].detail
+    assert compare(baseline, current, Thresholds(drift_factor=100)) == []
+
+
+def _set_latency(results, p50: float, p90: float):
+    _cell(results).latency = [LatencyStats(batch=1, n=100, p50_us=p50, p90_us=p90, p99_us=p90, mean_us=p50, std_us=1, min_us=1)]
+
+
+def test_latency_slower_by_the_threshold_and_beyond_the_baselines_p90_is_a_regression(shard):
+    baseline, current = shard.model_copy(deep=True), shard.model_copy(deep=True)
+    _set_latency(baseline, p50=10.0, p90=12.0)
+    _set_latency(current, p50=13.0, p90=14.0)  # +30%, above the old p90
+    found = compare(baseline, current)
+    assert [r.kind for r in found] == ["latency"]
+    assert found[0].detail == "batch 1: p50 10.0 -> 13.0 us (+30%, beyond the baseline's p90 12.0)"
+
+
+def test_latency_inside_the_baselines_own_spread_is_not_a_regression(shard):
+    baseline, current = shard.model_copy(deep=True), shard.model_copy(deep=True)
+    _set_latency(baseline, p50=10.0, p90=20.0)  # a noisy baseline: p90 twice its p50
+    _set_latency(current, p50=15.0, p90=16.0)  # +50%, but still inside the old spread
+    assert _kinds(baseline, current) == []
+    _set_latency(current, p50=12.0, p90=12.0)
+    assert compare(baseline, current, Thresholds(latency_threshold=0.5)) == []
+
+
+def test_emulated_cells_are_not_compared_on_latency(shard):
+    baseline, current = shard.model_copy(deep=True), shard.model_copy(deep=True)
+    _set_latency(baseline, p50=10.0, p90=11.0)
+    _set_latency(current, p50=100.0, p90=110.0)
+    _cell(current).backend = Backend(requested="webgpu", actual="webgpu", emulated=True)
+    assert _kinds(baseline, current) == []
+
+
+def test_nodes_that_now_fall_back_are_a_regression_named_by_node(shard):
+    baseline, current = shard.model_copy(deep=True), shard.model_copy(deep=True)
+    old = Placement(node="a", op_type="Round", where="CPU", fallback=True)
+    _cell(baseline).placement = [old]
+    _cell(current).placement = [old, Placement(node="c", op_type="Sign", where="CPU", fallback=True),
+                                Placement(node="b", op_type="Mod", where="CPU", fallback=True)]
+    found = compare(baseline, current)
+    assert [(r.kind, r.detail) for r in found] == [("fallback", "2 nodes now fall back: b, c")]
+
+
+def test_cells_in_only_one_file_are_not_regressions(shard):
+    current = shard.model_copy(deep=True)
+    current.cells = [c for c in current.cells if c.variant == "fp16"]
+    _cell(current, "fp16").verdict = "FAIL"
+    baseline = shard.model_copy(deep=True)
+    baseline.cells = [c for c in baseline.cells if c.variant == "fp32"]
+    assert compare(baseline, current) == []
+
+
+def test_runs_of_another_model_are_refused(shard):
+    other = shard.model_copy(deep=True)
+    other.model = {**other.model, "name": "other.onnx", "sha256": "f" * 64}
+    with pytest.raises(InputError, match="compare runs of the same model"):
+        compare(shard, other)
+
+
+# --- merge -----------------------------------------------------------------------------------------
+
+def _save(results: schema.RunResults, folder) -> object:
+    folder.mkdir(parents=True, exist_ok=True)
+    results.save(folder / "results.json")
+    return folder
+
+
+def _split(shard, tmp_path):
+    fp32, fp16 = shard.model_copy(deep=True), shard.model_copy(deep=True)
+    fp32.cells = [c for c in fp32.cells if c.variant == "fp32"]
+    fp16.cells = [c for c in fp16.cells if c.variant == "fp16"]
+    return _save(fp32, tmp_path / "a"), _save(fp16, tmp_path / "b")
+
+
+def test_disjoint_shards_of_one_host_merge_into_one_host(shard, tmp_path):
+    first, second = _split(shard, tmp_path)
+    merged = merge([first, second / "results.json"])  # a folder or its results.json
+    assert sorted(c.variant for c in merged.cells) == ["fp16", "fp32"]
+    assert [h.label for h in merged.hosts] == [h.label for h in shard.hosts]
+    assert merged.settings["shards"] == [str(first / "results.json"), str(second / "results.json")]
+
+
+def test_shards_of_other_hosts_add_their_host(shard, tmp_path):
+    other = shard.model_copy(deep=True)
+    for cell in other.cells:
+        cell.host = "mac"
+    other.hosts = [other.hosts[0].model_copy(update={"label": "mac", "os": "Darwin"})]
+    merged = merge([_save(shard, tmp_path / "a"), _save(other, tmp_path / "b")])
+    assert [h.label for h in merged.hosts] == [shard.hosts[0].label, "mac"]
+    assert len(merged.cells) == 2 * len(shard.cells)
+
+
+def test_a_cell_in_two_shards_is_refused_not_overwritten(shard, tmp_path):
+    first, _ = _split(shard, tmp_path)
+    with pytest.raises(InputError, match="cell ort-cpu fp32 of host .* is in both"):
+        merge([first, _save(shard, tmp_path / "c")])
+
+
+def test_shards_of_another_model_are_refused(shard, tmp_path):
+    first, second = _split(shard, tmp_path)
+    other = schema.load(second / "results.json")
+    other.model = {**other.model, "sha256": "0" * 64}
+    with pytest.raises(InputError, match="shards must share one model"):
+        merge([first, _save(other, tmp_path / "d")])
+
+
+def test_merge_needs_a_shard_and_drops_old_regressions(shard, tmp_path):
+    with pytest.raises(InputError, match="at least one shard"):
+        merge([])
+    flagged = shard.model_copy(deep=True)
+    flagged.regressions = [schema.Regression(host="h", target="ort-cpu", variant="fp32", kind="drift", detail="x")]
+    assert merge([_save(flagged, tmp_path / "e")]).regressions == []
+
+
+def test_a_results_file_of_another_schema_version_is_an_input_error(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(SHARD.read_text().replace('"schema_version": 1', '"schema_version": 99', 1))
+    with pytest.raises(InputError, match="schema version 99"):
+        schema.load(path)

@@ -1,0 +1,170 @@
+"""Lints, graph facts and the action contract on small graphs built like real exports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import policies
+from matrix import contract, examples
+from matrix.graph_facts import action_bounds, non_finite_initializers, state_pairs
+from matrix.lint import lint
+
+
+def _lints(model) -> dict[str, tuple[str, str]]:
+    return {found.id: (found.level, found.message) for found in lint(model)}
+
+
+# --- graph facts -----------------------------------------------------------------------------------
+
+def test_bounds_come_from_a_final_tanh_a_min_max_clip_or_a_clip(load_policy):
+    assert action_bounds(load_policy(examples.continuous_mlp()), "action") == (-1.0, 1.0, "graph: final Tanh")
+    assert action_bounds(load_policy(policies.minmax_clip_mlp()), "action") == (-2.0, 2.0, "graph: final Min/Max clip")
+    low, high = numpy_helper.from_array(np.array(-3, np.float32), "lo"), numpy_helper.from_array(np.array(3, np.float32), "hi")
+    clip = helper.make_graph(
+        [helper.make_node("Clip", ["obs", "lo", "hi"], ["c"]), helper.make_node("Identity", ["c"], ["action"])], "clip",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])], [low, high])
+    model = helper.make_model(clip, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert action_bounds(load_policy(model), "action") == (-3.0, 3.0, "graph: final Clip")  # through the Identity
+
+
+def test_no_bounds_where_the_graph_states_none(load_policy):
+    assert action_bounds(load_policy(examples.discrete_mlp()), "action") is None
+    assert action_bounds(load_policy(policies.close_call_discrete()), "logits") is None
+
+
+def test_a_recurrent_state_pairs_with_its_next_value_and_a_side_input_does_not(load_policy):
+    assert state_pairs(load_policy(policies.gru_cell())) == [("h", "h_next")]
+    assert state_pairs(load_policy(policies.side_input_policy())) == []
+    assert state_pairs(load_policy(examples.continuous_mlp())) == []
+
+
+def test_non_finite_initializers_are_counted_by_name(load_policy):
+    assert non_finite_initializers(load_policy(policies.nan_initializer_mlp())) == [("W1_w", 1)]
+    assert non_finite_initializers(load_policy(examples.pixel_cnn())) == []
+
+
+# --- lints -----------------------------------------------------------------------------------------
+
+def test_a_clean_policy_has_no_finding(load_policy):
+    assert {level for level, _ in _lints(load_policy(examples.continuous_mlp())).values()} == {"ok"}
+
+
+def test_lints_name_what_they_found(load_policy):
+    gru = _lints(load_policy(policies.gru_cell()))
+    assert gru["input-obs"][0] == "warn" and "['obs', 'h']" in gru["input-obs"][1]
+    assert gru["recurrent-state"] == ("warn", "recurrent state h -> h_next: the caller carries it between steps (checked in the contract)")
+    side = _lints(load_policy(policies.side_input_policy()))
+    assert side["side-inputs"][0] == "warn" and "['rng']" in side["side-inputs"][1]
+    assert side["symbolic-batch"][0] == "ok"  # a side input is fed whole: its fixed dimension is no batch
+    assert side["no-training-inputs"][0] == "error" and "['rng']" in side["no-training-inputs"][1]
+    assert _lints(load_policy(policies.nan_initializer_mlp()))["finite-weights"] == (
+        "error", "initializer W1_w has 1 non-finite value")
+    clip = _lints(load_policy(policies.minmax_clip_mlp()))["action-space"]
+    assert clip[0] == "warn" and "bounds [-2, 2] inferred from the final Min/Max clip" in clip[1]
+
+
+def test_random_ops_and_dropout_are_found(load_policy):
+    nodes = [helper.make_node("RandomNormalLike", ["obs"], ["noise"], name="explore"),
+             helper.make_node("Add", ["obs", "noise"], ["noisy"]),
+             helper.make_node("Dropout", ["noisy"], ["action"], name="drop")]
+    graph = helper.make_graph(nodes, "noisy", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, [1, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    found = _lints(load_policy(model))
+    assert found["no-random-ops"] == ("error", "random operators make actions non-deterministic: ['RandomNormalLike (explore)']")
+    assert found["no-dropout"] == ("warn", "Dropout left in the exported graph: ['drop']")
+    assert found["symbolic-batch"][0] == "warn"
+
+
+# --- the action contract ---------------------------------------------------------------------------
+
+def _arrays(outputs: dict, repeat: dict | None = None, batches: dict | None = None) -> dict:
+    arrays = {f"outputs/{k}": v for k, v in outputs.items()}
+    arrays |= {f"repeat/{k}": v for k, v in (repeat if repeat is not None else outputs).items()}
+    for batch, values in (batches or {}).items():
+        arrays |= {f"batch{batch}/{k}": v for k, v in values.items()}
+    return arrays
+
+
+def _checks(model, arrays, reference) -> dict[str, tuple]:
+    return {c.name: (c.ok, c.detail) for c in contract.check(model, arrays, reference)}
+
+
+def _good_batches(width: int, dtype=np.float32) -> dict:
+    return {b: {"action": np.zeros((b, width), dtype)} for b in contract.CONTRACT_BATCHES}
+
+
+def test_a_well_behaved_continuous_policy_passes_every_check(load_policy):
+    model = load_policy(examples.continuous_mlp())
+    action = np.full((4, 6), 0.5, np.float32)
+    checks = _checks(model, _arrays({"action": action}, batches=_good_batches(6)), {"action": action})
+    assert all(ok for ok, _ in checks.values()), checks
+    assert checks["action bounds"][1] == "[0.5, 0.5] within [-1, 1] (metadata)"
+
+
+def test_each_broken_promise_is_its_own_failed_check(load_policy):
+    model = load_policy(examples.continuous_mlp())
+    reference = {"action": np.zeros((4, 6), np.float32)}
+    action = np.full((4, 6), 2.0, np.float64)  # out of bounds, wrong dtype
+    action[0, 0] = np.nan
+    batches = _good_batches(6)
+    batches[7] = {"action": np.zeros((1, 6), np.float32)}
+    checks = _checks(model, _arrays({"action": action}, repeat={"action": action + 1}, batches=batches), reference)
+    assert checks["finite outputs"] == (False, "NaN or Inf in ['action']")
+    assert checks["output dtypes"] == (False, "action: float64 (declared float32)")
+    assert checks["action bounds"][0] is False and "leaves [-1, 1]" in checks["action bounds"][1]
+    assert checks["deterministic"] == (False, "second run differs in ['action']")
+    assert checks["batch 1/2/7"] == (False, "batch 7: action shape (1, 6)")
+    assert checks["output shapes"][0] is True
+
+
+def test_a_missing_output_fails_shapes_dtypes_and_bounds(load_policy):
+    model = load_policy(examples.continuous_mlp())
+    checks = _checks(model, _arrays({}), {"action": np.zeros((2, 6), np.float32)})
+    assert checks["output shapes"] == (False, "action: missing, expected (2, 6)")
+    assert checks["output dtypes"] == (False, "action: missing")
+    assert checks["action bounds"] == (False, "no action output returned")
+
+
+def test_discrete_indices_are_checked_against_action_n(load_policy):
+    model = load_policy(examples.discrete_mlp())
+    inside = np.array([0, 3, 2], np.int64)
+    assert _checks(model, _arrays({"action": inside}), {"action": inside})["action bounds"] == (True, "indices in [0, 4)")
+    outside = np.array([0, 4, -1], np.int64)
+    assert _checks(model, _arrays({"action": outside}), {"action": inside})["action bounds"] == (False, "index outside [0, 4)")
+
+
+def test_bounds_without_metadata_come_from_the_graph_and_say_so(load_policy):
+    model = load_policy(policies.minmax_clip_mlp())
+    action = np.array([[2.5]], np.float32)
+    ok, detail = _checks(model, _arrays({"action": action}), {"action": action})["action bounds"]
+    assert ok is False and detail == "[2.5, 2.5] leaves [-2, 2] (graph: final Min/Max clip)"
+
+
+def test_non_finite_values_the_reference_holds_too_are_allowed_except_in_the_action(load_policy):
+    model = load_policy(policies.gru_cell())
+    h_next = np.array([[np.inf] * 16], np.float32)
+    outputs = {"action": np.zeros((1, 2), np.float32), "h_next": h_next}
+    assert _checks(model, _arrays(outputs), dict(outputs))["finite outputs"][0] is True
+    outputs["action"] = np.array([[np.inf, 0]], np.float32)
+    assert _checks(model, _arrays(outputs), dict(outputs))["finite outputs"] == (False, "NaN or Inf in ['action']")
+
+
+def test_a_recurrent_state_must_keep_its_shape_at_every_batch(load_policy):
+    model = load_policy(policies.gru_cell())
+    outputs = {"action": np.zeros((3, 2), np.float32), "h_next": np.zeros((3, 16), np.float32)}
+    batches = {b: {"action": np.zeros((b, 2), np.float32), "h_next": np.zeros((b, 16), np.float32)} for b in (1, 2, 7)}
+    name = "recurrent state h -> h_next"
+    assert _checks(model, _arrays(outputs, batches=batches), outputs)[name][0] is True
+    batches[2]["h_next"] = np.zeros((2, 8), np.float32)
+    assert _checks(model, _arrays(outputs, batches=batches), outputs)[name] == (False, "batch2: shape [2, 8], declared ['batch', 16]")
+
+
+@pytest.mark.parametrize("builder", [examples.continuous_mlp, policies.side_input_policy])
+def test_the_action_output_is_the_one_named_action(builder, load_policy):
+    assert contract.action_output(load_policy(builder())) == "action"

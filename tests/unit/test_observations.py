@@ -1,0 +1,134 @@
+"""Observation sets: batching with inputs fed whole, and the checks on a user's file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import policies
+from matrix import examples, observations
+from matrix.errors import InputError
+
+
+def test_take_tiles_a_small_set_and_leaves_whole_inputs_alone():
+    feeds = {"obs": np.arange(6, dtype=np.float32).reshape(3, 2), "rng": np.array([7.0], np.float32)}
+    taken = observations.take(feeds, 5, whole={"rng"})
+    assert taken["obs"][:, 0].tolist() == [0, 2, 4, 0, 2]
+    assert taken["rng"] is feeds["rng"]
+    assert taken["obs"].flags["C_CONTIGUOUS"]
+
+
+def test_count_ignores_whole_inputs_and_is_one_when_everything_is_whole():
+    assert observations.count({"obs": np.zeros((4, 2)), "rng": np.zeros(9)}, whole={"rng"}) == 4
+    assert observations.count({"scale": np.float32(2.0)}) == 1
+    assert observations.count({"axes": np.zeros(3, np.int64)}, whole={"axes"}) == 1
+
+
+def test_run_in_batches_chunks_batched_inputs_and_feeds_whole_inputs_to_every_call():
+    calls = []
+
+    def run(feeds):
+        calls.append({name: array.shape for name, array in feeds.items()})
+        return {"y": feeds["obs"].sum(axis=1) * feeds["rng"][0]}
+
+    feeds = {"obs": np.ones((5, 3), np.float32), "rng": np.array([2.0], np.float32)}
+    out = observations.run_in_batches(run, feeds, 2, whole={"rng"})
+    assert out["y"].tolist() == [6.0] * 5
+    assert calls == [{"obs": (2, 3), "rng": (1,)}, {"obs": (2, 3), "rng": (1,)}, {"obs": (1, 3), "rng": (1,)}]
+
+
+def test_run_in_batches_with_batch_zero_or_only_whole_inputs_is_one_call():
+    calls = []
+
+    def run(feeds):
+        calls.append(True)
+        return dict(feeds)
+
+    feeds = {"obs": np.ones((5, 3))}
+    assert observations.run_in_batches(run, feeds, 0)["obs"].shape == (5, 3) and len(calls) == 1
+    scalar = {"scale": np.float32(3.0)}
+    assert observations.run_in_batches(run, scalar, 2)["scale"] == 3.0 and len(calls) == 2
+
+
+def test_side_inputs_are_fed_whole(load_policy):
+    model = load_policy(policies.side_input_policy())
+    assert observations.batched_inputs(model) == ["obs"] and observations.whole_inputs(model) == ["rng"]
+    gru = load_policy(policies.gru_cell())
+    assert observations.batched_inputs(gru) == ["obs", "h"]
+
+
+def test_seeded_sets_are_reproducible_and_shaped_like_the_inputs(load_policy):
+    model = load_policy(examples.pixel_cnn())
+    first, again = observations.seeded(model, 10, seed=3), observations.seeded(model, 10, seed=3)
+    assert first["obs"].shape == (10, 3, 32, 32) and first["obs"].dtype == np.float32
+    assert np.array_equal(first["obs"], again["obs"])
+    assert not np.array_equal(first["obs"], observations.seeded(model, 10, seed=4)["obs"])
+
+
+# --- a user's file ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def mlp(load_policy):
+    return load_policy(examples.continuous_mlp())
+
+
+def test_a_good_npy_loads_as_the_models_dtype(mlp, tmp_path):
+    path = tmp_path / "obs.npy"
+    np.save(path, np.ones((4, 17), np.float64))
+    loaded = observations.load(path, mlp)
+    assert loaded["obs"].dtype == np.float32 and loaded["obs"].shape == (4, 17)
+
+
+@pytest.mark.parametrize("array, words", [
+    (np.array([{"a": 1}], dtype=object), "pickled object array: refused"),
+    (np.array([["a"] * 17]), "holds unicode strings"),
+    (np.ones((2, 17), np.complex64), "holds complex numbers"),
+    (np.ones((4, 5), np.float32), "has shape [4, 5], the model expects [N, *[17]]"),
+    (np.ones((0, 17), np.float32), "holds 0 observations"),
+])
+def test_bad_arrays_are_one_clear_input_error(mlp, tmp_path, array, words):
+    path = tmp_path / "obs.npy"
+    np.save(path, array, allow_pickle=True)
+    with pytest.raises(InputError) as raised:
+        observations.load(path, mlp)
+    assert words in str(raised.value)
+
+
+def test_a_header_that_declares_more_rows_than_the_file_holds_is_refused(mlp, tmp_path):
+    path = tmp_path / "obs.npy"
+    np.save(path, np.ones((4, 17), np.float32))
+    path.write_bytes(path.read_bytes().replace(b"(4, 17)", b"(9, 17)", 1))  # same header length, more rows
+    with pytest.raises(InputError, match="header declares shape"):
+        observations.load(path, mlp)
+
+
+def test_npz_needs_an_array_per_input_with_the_same_rows(load_policy, tmp_path):
+    gru = load_policy(policies.gru_cell())
+    path = tmp_path / "obs.npz"
+    np.savez(path, obs=np.ones((3, 6), np.float32))
+    with pytest.raises(InputError, match="no array for model input 'h'"):
+        observations.load(path, gru)
+    np.savez(path, obs=np.ones((3, 6), np.float32), h=np.ones((2, 16), np.float32))
+    with pytest.raises(InputError, match="different numbers of observations"):
+        observations.load(path, gru)
+    single = tmp_path / "obs.npy"
+    np.save(single, np.ones((3, 6), np.float32))
+    with pytest.raises(InputError, match="use .npz"):
+        observations.load(single, gru)
+
+
+def test_not_a_numpy_file_and_a_missing_file_are_input_errors(mlp, tmp_path):
+    path = tmp_path / "obs.npy"
+    path.write_text("obs = [1, 2]")
+    with pytest.raises(InputError, match="not a readable .npy/.npz"):
+        observations.load(path, mlp)
+    with pytest.raises(InputError, match="no such observation file"):
+        observations.load(tmp_path / "missing.npy", mlp)
+
+
+def test_save_then_read_round_trips(tmp_path):
+    feeds = {"obs": np.arange(6, dtype=np.float32).reshape(3, 2), "rng": np.array([1], np.int64)}
+    observations.save(feeds, tmp_path / "o.npz")
+    back = observations.read(tmp_path / "o.npz")
+    assert back.keys() == feeds.keys() and all(np.array_equal(back[k], feeds[k]) for k in feeds)
+    assert [p.name for p in tmp_path.iterdir()] == ["o.npz"]

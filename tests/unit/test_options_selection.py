@@ -1,0 +1,194 @@
+"""Option values, matrix.toml tables, target globs and rollout settings: each bad value is one InputError."""
+
+from __future__ import annotations
+
+import math
+
+import click
+import numpy as np
+import pytest
+
+from matrix import config, options, rollouts
+from matrix.errors import InputError
+from matrix.selection import select_targets
+
+KNOWN = ["ort-cpu", "ort-node", "ort-web-wasm", "ort-web-webgl", "ort-web-webgpu", "tflite"]
+
+
+# --- selection -------------------------------------------------------------------------------------
+
+def test_names_and_globs_keep_the_order_given_without_repeats():
+    assert select_targets("tflite,ort-web-*,ort-web-wasm", "", KNOWN) == ["tflite", "ort-web-wasm", "ort-web-webgl", "ort-web-webgpu"]
+    assert select_targets("all", "", KNOWN) == KNOWN
+
+
+def test_skip_globs_remove_targets():
+    assert select_targets("all", "ort-web-*, tflite", KNOWN) == ["ort-cpu", "ort-node"]
+    assert select_targets("ort-*", "*-webgpu", KNOWN) == ["ort-cpu", "ort-node", "ort-web-wasm", "ort-web-webgl"]
+
+
+@pytest.mark.parametrize("spec, skip, words", [
+    ("nope", "", "--targets: unknown target 'nope'"),
+    ("nope-*", "", "--targets: no target matches 'nope-*'"),
+    ("all", "ort-cpux", "--skip: unknown target 'ort-cpux'"),
+    ("ort-cpu", "ort-*", "leaves no target to run"),
+])
+def test_a_selection_that_names_nothing_is_refused(spec, skip, words):
+    with pytest.raises(InputError, match="known: ort-cpu" if "leaves" not in words else "leaves") as raised:
+        select_targets(spec, skip, KNOWN)
+    assert words in str(raised.value)
+
+
+# --- option values ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, size", [("4G", 4 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("67108864", 64 << 20)])
+def test_memory_sizes(text, size):
+    assert options.memory_size(text) == size
+
+
+@pytest.mark.parametrize("text, words", [("lots", "expected a size"), ("1M", "at least 64M"), ("-4G", "expected a size")])
+def test_bad_memory_sizes(text, words):
+    with pytest.raises(InputError, match=words):
+        options.memory_size(text)
+
+
+def test_number_options_name_the_option_and_the_bound():
+    assert options.at_least(1, 1, "--iters") == 1
+    with pytest.raises(InputError, match="--iters 0: must be at least 1"):
+        options.at_least(0, 1, "--iters")
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(InputError, match="--timeout .*above 0"):
+            options.seconds(bad, "--timeout")
+    assert options.non_negative(0.0, "--tie-margin") == 0.0
+    for bad in (-1e-9, math.nan):
+        with pytest.raises(InputError, match="--tie-margin"):
+            options.non_negative(bad, "--tie-margin")
+
+
+@pytest.mark.parametrize("value, number", [(0, 0.0), ("1e-3", 1e-3), (math.inf, math.inf)])
+def test_tolerance_values(value, number):
+    assert options.tolerance_value(value, "x") == number
+
+
+@pytest.mark.parametrize("value", [math.nan, "nan", -1, True, "x", [1], None])
+def test_tolerance_values_that_would_hide_a_fail_are_refused(value):
+    with pytest.raises(InputError, match="tolerance"):
+        options.tolerance_value(value, "where")
+
+
+@pytest.mark.parametrize("key", ["ort-cpu:int8", "ort-cpu:*", "*:fp16", "fp16", "tflite"])
+def test_tolerance_keys_that_match_a_cell(key):
+    options.tolerance_key(key, KNOWN, ("fp32", "fp16", "int8"), "--tolerance")
+
+
+@pytest.mark.parametrize("key, words", [
+    ("*:*", "'\\*:\\*' matches nothing"), ("nope:fp32", "no target 'nope'"), ("ort-cpu:fp8", "no precision 'fp8'"),
+    ("fp8", "matches no target or precision"),
+])
+def test_tolerance_keys_that_match_nothing(key, words):
+    with pytest.raises(InputError, match=words):
+        options.tolerance_key(key, KNOWN, ("fp32", "fp16", "int8"), "--tolerance")
+
+
+def test_writable_dir_creates_and_refuses_a_file(tmp_path):
+    assert options.writable_dir(tmp_path / "a" / "b").is_dir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="exists and is not a folder"):
+        options.writable_dir(tmp_path / "file")
+
+
+# --- matrix.toml -----------------------------------------------------------------------------------
+
+@click.command()
+@click.option("--targets", default="all")
+@click.option("--iters", type=int, default=200)
+@click.option("--obs", type=click.Path())
+@click.option("--env-kwargs", default="")
+@click.option("--config", type=click.Path())
+@click.option("--tolerance", multiple=True)
+def _run(**_):
+    """Stands in for `run`: default_map reads only the command's option names."""
+
+
+def test_config_values_become_option_defaults(tmp_path):
+    table = {"targets": ["ort-cpu", "ort-web-*"], "iters": 50, "obs": "recorded.npy", "env-kwargs": {"g": 9.8}}
+    defaults = config.default_map(_run, tmp_path / "matrix.toml", table)
+    assert defaults == {"targets": "ort-cpu,ort-web-*", "iters": 50, "obs": str(tmp_path / "recorded.npy"),
+                        "env_kwargs": '{"g": 9.8}'}
+
+
+@pytest.mark.parametrize("key", ["itres", "config"])
+def test_unknown_or_file_only_keys_are_refused(tmp_path, key):
+    with pytest.raises(InputError, match=f"unknown setting '{key}'"):
+        config.default_map(_run, tmp_path / "matrix.toml", {key: 1})
+
+
+def test_tolerance_tables_are_validated(tmp_path):
+    path = tmp_path / "matrix.toml"
+    assert config.tolerances({"tolerance": {"ort-cpu:int8": 0.3}}, path) == {"ort-cpu:int8": 0.3}
+    with pytest.raises(InputError, match="must be a table"):
+        config.tolerances({"tolerance": 5}, path)
+    with pytest.raises(InputError, match=r"\[tolerance\] 'fp16': tolerance 'x' is not a number"):
+        config.tolerances({"tolerance": {"fp16": "x"}}, path)
+
+
+def test_unreadable_toml_is_one_input_error(tmp_path):
+    path = tmp_path / "matrix.toml"
+    path.write_text("iters = \n")
+    with pytest.raises(InputError, match="cannot read the config"):
+        options.read_toml(path)
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(InputError, match="not UTF-8"):
+        options.read_toml(path)
+
+
+# --- rollout settings and comparisons --------------------------------------------------------------
+
+@pytest.mark.parametrize("text, value, relative", [("0.05", 0.05, True), ("5%", 0.05, True), (" abs:10 ", 10.0, False), ("0", 0.0, True)])
+def test_return_tolerances(text, value, relative):
+    tolerance = rollouts.ReturnTolerance.parse(text)
+    assert tolerance.value == pytest.approx(value) and tolerance.relative is relative
+
+
+@pytest.mark.parametrize("text", ["five", "-1", "abs:", "nan", "inf", "abs:-2%"])
+def test_bad_return_tolerances(text):
+    with pytest.raises(InputError, match="--return-tolerance"):
+        rollouts.ReturnTolerance.parse(text)
+
+
+def test_divergence_is_the_first_step_beyond_epsilon_or_where_an_episode_ended():
+    reference = np.zeros((5, 2))
+    moved = reference.copy()
+    moved[3, 1] = 2 * rollouts.DIVERGENCE_EPSILON
+    moved[4] = 1.0
+    assert rollouts.divergence_step(moved, reference) == 3
+    assert rollouts.divergence_step(reference + rollouts.DIVERGENCE_EPSILON / 2, reference) is None
+    assert rollouts.divergence_step(reference[:3], reference) == 3  # ended early, no step apart before
+
+
+def test_action_agreement_and_step_drift():
+    reference = np.array([[0.0], [1.0], [2.0], [3.0]])
+    actions = reference + np.array([[0.0], [rollouts.ACTION_EPSILON / 2], [1.0], [0.0]])
+    assert rollouts.action_agreement(actions, reference, discrete=False) == 0.75
+    assert rollouts.action_agreement(actions, reference, discrete=True) == 0.5
+    assert rollouts.action_agreement(actions[:0], reference, discrete=True) is None
+    assert rollouts.step_drift(actions, reference) == pytest.approx([0.0, rollouts.ACTION_EPSILON / 2, 1.0, 0.0])
+
+
+def test_relative_return_delta_has_a_floor():
+    assert rollouts.relative_delta(-330.0, -300.0) == pytest.approx(-0.1)
+    assert rollouts.relative_delta(0.5, 0.0) == 0.5  # |reference| below the floor of 1
+
+
+def test_behaviour_joins_the_verdict_worst_first():
+    from matrix.results import Rollout
+
+    tolerance = rollouts.ReturnTolerance(0.05)
+    far = Rollout(mode="closed-loop", mean_return=-330, reference_mean_return=-300, return_delta=-30, return_delta_rel=-0.1)
+    verdict, reasons = rollouts.with_behaviour("PASS", [], far, tolerance)
+    assert verdict == "FAIL" and reasons[0].startswith("behaviour: mean return -330 vs reference -300 (-10.00%")
+    near = far.model_copy(update={"return_delta_rel": -0.03, "return_delta": -9})
+    assert rollouts.with_behaviour("PASS", [], near, tolerance)[0] == "WARN"
+    assert rollouts.with_behaviour("FAIL", ["drift"], near, tolerance)[0] == "FAIL"
+    assert rollouts.with_behaviour("PASS", [], near, None) == ("PASS", [])
+    assert rollouts.with_behaviour("PASS", [], near, rollouts.ReturnTolerance(20, relative=False)) == ("PASS", [])

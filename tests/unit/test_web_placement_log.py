@@ -1,0 +1,88 @@
+"""Placement read from onnxruntime-web's verbose log: real logs recorded in headless Chromium
+(tests/fixtures/ort_web_logs.json, re-recorded by tests/fixtures/record_ort_web_logs.py)."""
+
+from __future__ import annotations
+
+import pytest
+from saved import fixture_json
+
+from targets import REGISTRY
+from targets.web_support import PlacementRow, kernels_not_found, placement_from_log, placement_rows
+
+JS, CPU = "JsExecutionProvider", "CPUExecutionProvider"
+WEBGPU_LABEL = REGISTRY["ort-web-webgpu"].where_label
+PROBE = {"present": True, "isFallbackAdapter": True, "vendor": "google", "architecture": "swiftshader", "description": ""}
+
+
+def recorded(target: str, policy: str) -> tuple[list[str], list[tuple[str, str]]]:
+    entry = next(r for r in fixture_json("ort_web_logs.json") if r["target"] == target and r["policy"] == policy)
+    return entry["log"], [tuple(node) for node in entry["nodes"]]
+
+
+def test_a_node_without_a_webgpu_kernel_is_listed_on_the_cpu_ep():
+    log, _ = recorded("ort-web-webgpu", "softsign_mlp")
+    placed = placement_from_log(log)
+    assert placed[CPU] == [("Softsign", "soft0")]
+    assert placed[JS] == [("Gemm", "fc0"), ("Gemm", "head"), ("Tanh", "squash"),
+                          ("MemcpyFromHost", "Memcpy"), ("MemcpyToHost", "Memcpy_token_0")]
+
+
+def test_kernel_not_found_lines_are_read_once_though_ort_prints_them_twice():
+    log, _ = recorded("ort-web-webgpu", "softsign_mlp")
+    assert sum("kernel not found" in line for line in log) == 2
+    assert kernels_not_found(log) == [("Softsign", "soft0")]
+
+
+def test_all_nodes_on_one_ep_is_logged_without_names():
+    for target, policy, ep in [("ort-web-webgpu", "softsign_only", CPU), ("ort-web-webgpu", "discrete_mlp", JS),
+                               ("ort-web-wasm", "softsign_mlp", CPU)]:
+        log, _ = recorded(target, policy)
+        assert placement_from_log(log) == {ep: []}, (target, policy)
+    assert kernels_not_found(recorded("ort-web-webgpu", "discrete_mlp")[0]) == []
+
+
+def test_rows_mark_the_cpu_node_as_fallback_and_keep_ort_inserted_nodes():
+    log, nodes = recorded("ort-web-webgpu", "softsign_mlp")
+    rows = placement_rows(nodes, placement_from_log(log), JS, WEBGPU_LABEL)
+    assert rows == [PlacementRow("fc0", "Gemm", WEBGPU_LABEL, False), PlacementRow("soft0", "Softsign", CPU, True),
+                    PlacementRow("head", "Gemm", WEBGPU_LABEL, False), PlacementRow("squash", "Tanh", WEBGPU_LABEL, False)]
+
+
+def test_an_ort_created_node_on_another_ep_gets_its_own_fallback_row():
+    placed = {CPU: [("Cast", "InsertedCast_0")], JS: [("Gemm", "fc0")]}
+    rows = placement_rows([("Gemm", "fc0")], placed, JS, WEBGPU_LABEL)
+    assert rows[-1] == PlacementRow("InsertedCast_0", "Cast", CPU, True)
+
+
+def test_log_prefixes_and_repeats_do_not_matter():
+    lines = ["2026-01-01 00:00:00.1 [V:onnxruntime:, session_state.cc:1 V]  Node(s) placed on [CPUExecutionProvider]. Number of nodes: 1",
+             "2026-01-01 00:00:00.2 [V:onnxruntime:, session_state.cc:2 V]   Round (r)",
+             "2026-01-01 00:00:00.3 [V:onnxruntime:, session_state.cc:2 V]   Round (r)",  # a repeat, later timestamp
+             "unrelated line", "  Sign (not a placement line: the block ended)"]
+    assert placement_from_log(["\n".join(lines)]) == {CPU: [("Round", "r")]}
+
+
+@pytest.mark.parametrize("policy, actual, fallback", [("softsign_mlp", "webgpu", 1), ("discrete_mlp", "webgpu", 0)])
+def test_webgpu_backend_is_read_from_the_rows(policy, actual, fallback):
+    log, nodes = recorded("ort-web-webgpu", policy)
+    placed = placement_from_log(log)
+    rows = (placement_rows(nodes, placed, JS, WEBGPU_LABEL) if placed.get(JS)
+            else [PlacementRow(name, op, WEBGPU_LABEL, False) for op, name in nodes])
+    info = REGISTRY["ort-web-webgpu"].verify_backend(PROBE, log, True, rows)
+    assert (info.requested, info.actual, info.emulated) == ("webgpu", actual, True)
+    assert ("no WebGPU kernel for 1 node(s)" in info.detail) == bool(fallback)
+
+
+def test_a_webgpu_session_whose_every_node_ran_on_the_cpu_ep_ran_on_wasm():
+    log, nodes = recorded("ort-web-webgpu", "softsign_only")
+    rows = [PlacementRow(name, op, CPU, True) for op, name in nodes]
+    info = REGISTRY["ort-web-webgpu"].verify_backend(PROBE, log, True, rows)
+    assert (info.requested, info.actual) == ("webgpu", "wasm")
+    assert info.detail == f"ORT placed no node on {JS}; all ran on {CPU}"
+
+
+def test_no_placement_logged_is_unknown_not_assumed():
+    rows = [PlacementRow("fc0", "Gemm", "not logged", False)]
+    assert REGISTRY["ort-web-webgpu"].verify_backend(PROBE, [], True, rows).actual == "unknown"
+    absent = {"present": False, "reason": "no adapter"}
+    assert REGISTRY["ort-web-webgpu"].verify_backend(absent, [], False, []).actual == "none"
