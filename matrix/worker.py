@@ -14,9 +14,12 @@ hang here costs this cell only.
 
 from __future__ import annotations
 
+import time
+
+WORKER_STARTED = time.time()  # before the heavy imports below: bench/matrix_wall.py shows what they cost
+
 import json
 import sys
-import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
@@ -39,7 +42,7 @@ def stage(name: str, progress: str = "") -> None:
 
 def main(cell_dir: Path) -> None:
     spec = CellSpec(**json.loads((cell_dir / "spec.json").read_text()))
-    measurement: dict = {"stage": "prepare"}
+    measurement: dict = {"stage": "prepare", "timeline": {"worker_started": WORKER_STARTED, "imported": time.time()}}
     arrays: dict[str, np.ndarray] = {}
     try:
         _measure(spec, cell_dir, measurement, arrays)
@@ -50,6 +53,7 @@ def main(cell_dir: Path) -> None:
         measurement["error"] = {"stage": measurement["stage"], "message": _one_line(error)}
         measurement["traceback"] = traceback.format_exc(limit=8)
     finally:
+        measurement["timeline"]["finished"] = time.time()
         _save(cell_dir, measurement, arrays)
 
 
@@ -68,6 +72,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
 
     def enter(name: str) -> None:
         measurement["stage"] = name
+        measurement["timeline"][name] = time.time()  # wall-clock start of each stage, for bench/matrix_wall.py
         _save(cell_dir, measurement, arrays)
         stage(name)
 
