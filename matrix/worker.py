@@ -19,6 +19,7 @@ import time
 WORKER_STARTED = time.time()  # before the heavy imports below: bench/matrix_wall.py shows what they cost
 
 import json
+import os
 import sys
 import traceback
 from dataclasses import asdict
@@ -42,7 +43,7 @@ def stage(name: str, progress: str = "") -> None:
 
 def main(cell_dir: Path) -> None:
     spec = CellSpec(**json.loads((cell_dir / "spec.json").read_text()))
-    measurement: dict = {"stage": "prepare", "timeline": {"worker_started": WORKER_STARTED, "imported": time.time()}}
+    measurement: dict = {"stage": "prepare", "timeline": _first_timeline(), "worker_pid": os.getpid()}
     arrays: dict[str, np.ndarray] = {}
     try:
         _measure(spec, cell_dir, measurement, arrays)
@@ -55,6 +56,15 @@ def main(cell_dir: Path) -> None:
     finally:
         measurement["timeline"]["finished"] = time.time()
         _save(cell_dir, measurement, arrays)
+
+
+_served = []  # cells this process has run: only its first cell paid for the start-up
+
+
+def _first_timeline() -> dict:
+    served_before = bool(_served)
+    _served.append(True)
+    return {"received": time.time()} if served_before else {"worker_started": WORKER_STARTED, "imported": time.time()}
 
 
 def _save(cell_dir: Path, measurement: dict, arrays: dict) -> None:
@@ -202,5 +212,26 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def serve() -> None:
+    """`python -m matrix.worker --serve`: the cells of one target in turn, one cell folder per stdin line.
+
+    The interpreter, the imports and the runtime's own start-up are paid once per target, not per
+    cell. Each cell's stderr (the runtime's native output too) goes to its own worker.log. A cell
+    that crashes this process costs the cells still queued for it only: the parent starts a fresh
+    worker for them (cells.Worker)."""
+    for line in sys.stdin:
+        cell_dir = Path(line.strip())
+        _stderr_to(cell_dir / "worker.log")
+        main(cell_dir)
+        print(json.dumps({"done": str(cell_dir)}), flush=True)
+
+
+def _stderr_to(path: Path) -> None:
+    sys.stderr.flush()
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    serve() if sys.argv[1:] == ["--serve"] else main(Path(sys.argv[1]))
