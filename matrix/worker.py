@@ -111,6 +111,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
 
     enter("open")
     first_batch = observations.take(feeds, spec.chunk or 1, spec.whole_inputs)
+    target.start_runtime()
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads)
     session.run(first_batch)
