@@ -1,4 +1,5 @@
-"""One cell, in its own process: `python -m matrix.worker CELL_DIR`.
+"""One cell in a worker process: `python -m matrix.worker CELL_DIR`, or the cells of one
+target in turn: `python -m matrix.worker --serve` (cell folders on stdin; see serve()).
 
 Reads CELL_DIR/spec.json, drives one target through prepare -> open ->
 contract runs -> parity run -> latency -> placement, and leaves what it
@@ -18,6 +19,7 @@ import time
 
 WORKER_STARTED = time.time()  # before the heavy imports below: bench/matrix_wall.py shows what they cost
 
+import itertools
 import json
 import os
 import sys
@@ -58,13 +60,13 @@ def main(cell_dir: Path) -> None:
         _save(cell_dir, measurement, arrays)
 
 
-_served = []  # cells this process has run: only its first cell paid for the start-up
+_cells_served = itertools.count()  # only the first cell of a process paid for its start-up
 
 
 def _first_timeline() -> dict:
-    served_before = bool(_served)
-    _served.append(True)
-    return {"received": time.time()} if served_before else {"worker_started": WORKER_STARTED, "imported": time.time()}
+    if next(_cells_served):
+        return {"received": time.time()}
+    return {"worker_started": WORKER_STARTED, "imported": time.time()}
 
 
 def _save(cell_dir: Path, measurement: dict, arrays: dict) -> None:
