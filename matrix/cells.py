@@ -163,13 +163,21 @@ class Worker:
             self.process.stdin.flush()
         except OSError:  # it died between cells: its exit is read below like any other
             pass
-        timed_out = not self._await_done(timeout_s, last_stage, on_stage)
-        if timed_out or self.process.poll() is not None:  # hung or dead: its group goes, the next cell starts afresh
-            isolation.kill_group(self.process)
-            returncode, self.process = self.process.returncode, None
-        else:
-            returncode = 0
-        return Ending(returncode, time.perf_counter() - started, timed_out, last_stage[0], timeout_s, self.memory_limit, log)
+        try:
+            ended = self._await_end(timeout_s, last_stage, on_stage)
+        except BaseException:  # the run itself is interrupted: no orphaned runtime
+            self._kill()
+            raise
+        returncode = 0
+        if ended != "done":  # hung or dead: its group goes, the target's next cell starts afresh
+            returncode = self._kill()
+        return Ending(returncode, time.perf_counter() - started, ended == "timeout", last_stage[0], timeout_s,
+                      self.memory_limit, log)
+
+    def _kill(self) -> int:
+        isolation.kill_group(self.process)
+        returncode, self.process = self.process.returncode, None
+        return returncode
 
     def _start(self, env: dict, log: Path) -> None:
         self.stop()
@@ -180,16 +188,18 @@ class Worker:
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=first_log, text=True, env=env)
         threading.Thread(target=_relay, args=(self.process, self.messages), daemon=True).start()
 
-    def _await_done(self, timeout_s: float, last_stage: list, on_stage) -> bool:
-        """True when the cell finished; False on its timeout. A dead worker counts as finished: its exit says why."""
+    def _await_end(self, timeout_s: float, last_stage: list, on_stage) -> str:
+        """"done" when the cell finished, "exited" when the worker died, "timeout" on the cell's timeout."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 message = self.messages.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                return False
-            if message is None or "done" in message:
-                return True
+                return "timeout"
+            if message is None:
+                return "exited"
+            if "done" in message:
+                return "done"
             _on_message(message, last_stage, on_stage)
 
     def stop(self) -> None:
