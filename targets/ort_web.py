@@ -13,6 +13,7 @@ checked, and a software adapter (SwiftShader) is labelled emulated.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import itertools
 import json
@@ -216,13 +217,20 @@ class UserBrowser(RunService):
 # --- one page per cell -----------------------------------------------------------
 
 
+@functools.cache
+def _driver():
+    """One Playwright driver per process: its sync API allows only one per thread, and pages of
+    several bundles (a test session, a benchmark) live side by side."""
+    from playwright.sync_api import sync_playwright
+
+    return sync_playwright().start()
+
+
 class HarnessPage:
     """A fresh context and page in the run's browser (a private browser when no service runs)."""
 
     def __init__(self, bundle: str):
-        from playwright.sync_api import sync_playwright
-
-        self.playwright = sync_playwright().start()
+        self.playwright = _driver()
         try:
             endpoint = os.environ.get(BROWSER_ENDPOINT_ENV) or os.environ.get(CDP_ENV)
             if endpoint:
@@ -247,11 +255,11 @@ class HarnessPage:
         return reply["result"]
 
     def close(self) -> None:
-        for step in ("context", "browser", "server", "playwright"):
+        for step in ("context", "browser", "server"):
             resource = getattr(self, step, None)
             try:
                 if resource is not None:
-                    resource.stop() if step in ("server", "playwright") else resource.close()
+                    resource.stop() if step == "server" else resource.close()
             except Exception:  # noqa: BLE001 — a dead browser has nothing left to close
                 pass
 
@@ -281,6 +289,9 @@ def drop_page(bundle: str) -> None:
 def _close_pages() -> None:
     for bundle in list(_PAGES):
         drop_page(bundle)
+    if _driver.cache_info().currsize:
+        with contextlib.suppress(Exception):
+            _driver().stop()
 
 
 NOT_LOGGED = "not logged"  # placement when ORT printed none: neither accelerator nor fallback is claimed
