@@ -264,31 +264,36 @@ class HarnessPage:
                 pass
 
 
-_PAGES: dict[str, HarnessPage] = {}  # this worker's page per ORT bundle, shared by the variants it serves
+_PAGES: dict[tuple, HarnessPage] = {}  # this worker's page per (ORT bundle, browser), shared by the variants it serves
 _SESSION_KEYS = itertools.count()  # session names unique within a shared page
 
 
 def shared_page(bundle: str) -> HarnessPage:
     """The worker's page for `bundle`, opened on first use: the browser context, the page and
     the ORT bundle's import are paid once per target, not per variant. A page that died is replaced."""
-    page = _PAGES.get(bundle)
-    if page is not None and page.page.is_closed():
-        page.close()
+    key = _page_key(bundle)
+    page = _PAGES.get(key)
+    if page is not None and (page.page.is_closed() or not page.browser.is_connected()):
+        drop_page(bundle)
         page = None
     if page is None:
-        page = _PAGES[bundle] = HarnessPage(bundle)
+        page = _PAGES[key] = HarnessPage(bundle)
     return page
 
 
+def _page_key(bundle: str) -> tuple:
+    return bundle, os.environ.get(BROWSER_ENDPOINT_ENV) or os.environ.get(CDP_ENV)
+
+
 def drop_page(bundle: str) -> None:
-    if (page := _PAGES.pop(bundle, None)) is not None:
+    if (page := _PAGES.pop(_page_key(bundle), None)) is not None:
         page.close()
 
 
 @atexit.register
 def _close_pages() -> None:
-    for bundle in list(_PAGES):
-        drop_page(bundle)
+    while _PAGES:
+        _PAGES.popitem()[1].close()
     if _driver.cache_info().currsize:
         with contextlib.suppress(Exception):
             _driver().stop()
