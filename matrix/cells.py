@@ -7,8 +7,10 @@ or runs out of memory becomes that cell's FAIL row with what is known.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -60,16 +62,21 @@ class CellOutcome:
 
 
 def execute(
-    cell_dir: Path, spec: CellSpec, env: dict[str, str], timeout_s: float, on_stage, memory_limit: int | None = None
+    cell_dir: Path, spec: CellSpec, env: dict[str, str], timeout_s: float, on_stage, memory_limit: int | None = None,
+    worker: Worker | None = None,
 ) -> CellOutcome:
-    """Run the worker; on_stage(name) is called as it reports progress. Files that cannot be
-    written (a full disk) make this cell's FAIL; the run goes on."""
+    """Run the cell in `worker` (a fresh worker process of its own when None); on_stage(name) is
+    called as it reports progress. Files that cannot be written (a full disk) make this cell's
+    FAIL; the run goes on."""
     try:
         _prepare_cell_dir(cell_dir, spec)
     except OSError as error:
         return CellOutcome({"error": {"stage": "start", "message": f"cannot write the cell's files: {error}"}}, {}, 0.0)
-    command = [sys.executable, "-m", "matrix.worker", str(cell_dir)]
-    ending = run_guarded(command, cell_dir / "worker.log", {**os.environ, **env}, timeout_s, memory_limit, on_stage)
+    if worker is not None:
+        ending = worker.serve(cell_dir, {**os.environ, **env}, timeout_s, on_stage)
+    else:
+        command = [sys.executable, "-m", "matrix.worker", str(cell_dir)]
+        ending = run_guarded(command, cell_dir / "worker.log", {**os.environ, **env}, timeout_s, memory_limit, on_stage)
     return CellOutcome(_measurement(cell_dir, ending), _arrays(cell_dir), ending.duration_s)
 
 
@@ -130,6 +137,97 @@ def run_guarded(command, log_path: Path, env: dict, timeout_s: float, memory_lim
             isolation.kill_group(process)
         reader.join(timeout=5)
     return Ending(process.returncode, time.perf_counter() - started, timed_out, last_stage[0], timeout_s, memory_limit, log_path)
+
+
+class Worker:
+    """One worker process serving the cells of one target in turn (`python -m matrix.worker --serve`).
+
+    Isolation stays per target: the process has its own group and memory cap like a one-cell
+    worker, and each cell its own timeout. A cell that crashes it, hangs or runs out of memory
+    ends that process; the target's next cell starts a fresh one, so a crash costs one cell."""
+
+    def __init__(self, memory_limit: int | None, lifetime_s: float):
+        self.memory_limit, self.lifetime_s = memory_limit, lifetime_s  # lifetime: the watchdog's limit off Linux
+        self.process: subprocess.Popen | None = None
+        self.env: dict | None = None
+        self.messages: queue.Queue = queue.Queue()
+
+    def serve(self, cell_dir: Path, env: dict, timeout_s: float, on_stage) -> Ending:
+        started = time.perf_counter()
+        log = cell_dir / "worker.log"
+        if self.process is None or self.process.poll() is not None or env != self.env:
+            self._start(env, log)
+        last_stage = ["start"]
+        try:
+            self.process.stdin.write(f"{cell_dir.resolve()}\n")
+            self.process.stdin.flush()
+        except OSError:  # it died between cells: its exit is read below like any other
+            pass
+        try:
+            ended = self._await_end(timeout_s, last_stage, on_stage)
+        except BaseException:  # the run itself is interrupted: no orphaned runtime
+            self._kill()
+            raise
+        returncode = 0
+        if ended != "done":  # hung or dead: its group goes, the target's next cell starts afresh
+            returncode = self._kill()
+        return Ending(returncode, time.perf_counter() - started, ended == "timeout", last_stage[0], timeout_s,
+                      self.memory_limit, log)
+
+    def _kill(self) -> int:
+        isolation.kill_group(self.process)
+        returncode, self.process = self.process.returncode, None
+        return returncode
+
+    def _start(self, env: dict, log: Path) -> None:
+        self.stop()
+        self.env, self.messages = env, queue.Queue()
+        with open(log, "w") as first_log:  # until the worker sends its stderr to each cell's own log
+            self.process = isolation.start([sys.executable, "-m", "matrix.worker", "--serve"],
+                                           memory_limit=self.memory_limit, timeout_s=self.lifetime_s,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=first_log, text=True, env=env)
+        threading.Thread(target=_relay, args=(self.process, self.messages), daemon=True).start()
+
+    def _await_end(self, timeout_s: float, last_stage: list, on_stage) -> str:
+        """"done" when the cell finished, "exited" when the worker died, "timeout" on the cell's timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                message = self.messages.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return "timeout"
+            if message is None:
+                return "exited"
+            if "done" in message:
+                return "done"
+            _on_message(message, last_stage, on_stage)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()  # end of input: a healthy worker exits on its own
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
+            isolation.kill_group(self.process)  # and nothing it started outlives it
+            self.process = None
+
+
+def _relay(process: subprocess.Popen, messages: queue.Queue) -> None:
+    for line in process.stdout:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue  # a runtime printing to stdout is not a protocol message
+        if isinstance(message, dict):
+            messages.put(message)
+    messages.put(None)  # end of output: the worker exited
+
+
+def _on_message(message: dict, last_stage: list, on_stage) -> None:
+    name = message.get("stage")
+    if name:
+        last_stage[0] = name
+        on_stage(f"{name} ({message['progress']})" if "progress" in message else name)
 
 
 def _follow(process: subprocess.Popen, last_stage: list, on_stage) -> None:

@@ -1,8 +1,10 @@
 """One run: model -> observations -> reference -> cells -> results -> report.
 
 Cells run one after another (a shared 2-core machine gives honest latency only
-that way), each in its own worker process; every finished cell is appended to
-results.jsonl at once, so a run that is killed keeps what it measured.
+that way); the cells of one target share a worker process (cells.Worker), and a
+cell that kills it costs only itself: the target's next cell gets a fresh one.
+Every finished cell is appended to results.jsonl at once, so a run that is
+killed keeps what it measured.
 """
 
 from __future__ import annotations
@@ -149,16 +151,20 @@ def run(config: RunConfig, console: Console) -> RunResults:
     try:
         with _progress(console) as progress:
             for target_name in config.targets:
-                for variant in config.precisions:
-                    cell = finished.get((target_name, variant))
-                    if cell is None:
-                        spec = replace(template, target=target_name, variant=variant)
-                        cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services, progress,
-                                             ref_rollout)
-                        jsonl.append(cell)
-                    else:
-                        progress.add_task(f"{target_name} {variant}: {cell.verdict} (kept)", total=1, completed=1, start=False)
-                    results.cells.append(cell)
+                worker = cells.Worker(config.memory_limit, config.timeout_s * len(config.precisions))
+                try:
+                    for variant in config.precisions:
+                        cell = finished.get((target_name, variant))
+                        if cell is None:
+                            spec = replace(template, target=target_name, variant=variant)
+                            cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services,
+                                             progress, ref_rollout, worker)
+                            jsonl.append(cell)
+                        else:
+                            progress.add_task(f"{target_name} {variant}: {cell.verdict} (kept)", total=1, completed=1, start=False)
+                        results.cells.append(cell)
+                finally:
+                    worker.stop()
         context = assist.AssistContext(config.model, template, ref, base, config.out, config.timeout_s, services.env_for)
         assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
@@ -307,7 +313,8 @@ def _reference_rollout(config: RunConfig, console: Console) -> rollouts.Referenc
     return rollouts.reference_rollout(config.model, plan)
 
 
-def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress, ref_rollout=None):
+def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress, ref_rollout=None,
+              worker: cells.Worker | None = None):
     variant = spec.variant
     label = f"{target.name} {variant}"
     reason = target.unavailable_reason() or target.variant_skip_reason(variant)
@@ -327,7 +334,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
         outcome = cells.CellOutcome({"error": {"stage": "service", "message": f"{type(error).__name__}: {error}"}}, {}, 0.0)
     else:
         cell_dir = config.out / "cells" / f"{target.name}-{variant}"
-        outcome = cells.execute(cell_dir, spec, env, config.timeout_s, on_stage, config.memory_limit)
+        outcome = cells.execute(cell_dir, spec, env, config.timeout_s, on_stage, config.memory_limit, worker)
     cell = cells.judge(
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
         reference=ref, baseline=base, tolerance=config.tolerances.get(target.name, variant),

@@ -1,4 +1,5 @@
-"""One cell, in its own process: `python -m matrix.worker CELL_DIR`.
+"""One cell in a worker process: `python -m matrix.worker CELL_DIR`, or the cells of one
+target in turn: `python -m matrix.worker --serve` (cell folders on stdin; see serve()).
 
 Reads CELL_DIR/spec.json, drives one target through prepare -> open ->
 contract runs -> parity run -> latency -> placement, and leaves what it
@@ -14,9 +15,14 @@ hang here costs this cell only.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
+
+WORKER_STARTED = time.time()  # before the heavy imports below: bench/matrix_wall.py shows what they cost
+
+import itertools
+import json
+import os
+import sys
 import traceback
 from dataclasses import asdict
 from pathlib import Path
@@ -39,7 +45,7 @@ def stage(name: str, progress: str = "") -> None:
 
 def main(cell_dir: Path) -> None:
     spec = CellSpec(**json.loads((cell_dir / "spec.json").read_text()))
-    measurement: dict = {"stage": "prepare"}
+    measurement: dict = {"stage": "prepare", "timeline": _first_timeline(), "worker_pid": os.getpid()}
     arrays: dict[str, np.ndarray] = {}
     try:
         _measure(spec, cell_dir, measurement, arrays)
@@ -50,7 +56,17 @@ def main(cell_dir: Path) -> None:
         measurement["error"] = {"stage": measurement["stage"], "message": _one_line(error)}
         measurement["traceback"] = traceback.format_exc(limit=8)
     finally:
+        measurement["timeline"]["finished"] = time.time()
         _save(cell_dir, measurement, arrays)
+
+
+_cells_served = itertools.count()  # only the first cell of a process paid for its start-up
+
+
+def _first_timeline() -> dict:
+    if next(_cells_served):
+        return {"received": time.time()}
+    return {"worker_started": WORKER_STARTED, "imported": time.time()}
 
 
 def _save(cell_dir: Path, measurement: dict, arrays: dict) -> None:
@@ -68,6 +84,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
 
     def enter(name: str) -> None:
         measurement["stage"] = name
+        measurement["timeline"][name] = time.time()  # wall-clock start of each stage, for bench/matrix_wall.py
         _save(cell_dir, measurement, arrays)
         stage(name)
 
@@ -96,6 +113,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
 
     enter("open")
     first_batch = observations.take(feeds, spec.chunk or 1, spec.whole_inputs)
+    target.start_runtime()
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads)
     session.run(first_batch)
@@ -197,5 +215,26 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def serve() -> None:
+    """`python -m matrix.worker --serve`: the cells of one target in turn, one cell folder per stdin line.
+
+    The interpreter, the imports and the runtime's own start-up are paid once per target, not per
+    cell. Each cell's stderr (the runtime's native output too) goes to its own worker.log. A cell
+    that crashes this process costs the cells still queued for it only: the parent starts a fresh
+    worker for them (cells.Worker)."""
+    for line in sys.stdin:
+        cell_dir = Path(line.strip())
+        _stderr_to(cell_dir / "worker.log")
+        main(cell_dir)
+        print(json.dumps({"done": str(cell_dir)}), flush=True)
+
+
+def _stderr_to(path: Path) -> None:
+    sys.stderr.flush()
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    serve() if sys.argv[1:] == ["--serve"] else main(Path(sys.argv[1]))

@@ -162,5 +162,9 @@ class Target(ABC):
     def _open(self, artifact: Artifact, threads: int) -> Session:
         """The target's session; called only where unavailable_reason() is None."""
 
+    def start_runtime(self) -> None:
+        """Start what every variant's session shares (e.g. a browser page) before cold start is
+        timed, so cold start stays session creation + first inference; the default starts nothing."""
+
     def start_service(self, run_dir: Path) -> RunService | None:
         return None

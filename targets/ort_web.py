@@ -1,8 +1,9 @@
 """onnxruntime-web inside headless Chromium: wasm, WebGL and WebGPU backends.
 
 One Chromium per run (`ChromiumService`, shared by the three targets through
-`service_key`); each cell's worker connects to it over CDP and gets a fresh
-browser context and page, a private local server for the harness, the ORT
+`service_key`); each target's worker connects to it over CDP and gets a fresh
+browser context and page (kept for all the variants it serves; each variant's
+ORT sessions are released after it), a private local server for the harness, the ORT
 dist/ files and this cell's model, and one ORT bundle. Latency is measured in
 the page with performance.now() (cross-origin isolated, so not coarsened);
 placement comes from ORT's own verbose log; the backend that really ran is
@@ -11,7 +12,10 @@ checked, and a software adapter (SwiftShader) is labelled emulated.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
+import itertools
 import json
 import os
 import re
@@ -213,13 +217,20 @@ class UserBrowser(RunService):
 # --- one page per cell -----------------------------------------------------------
 
 
+@functools.cache
+def _driver():
+    """One Playwright driver per process: its sync API allows only one per thread, and pages of
+    several bundles (a test session, a benchmark) live side by side."""
+    from playwright.sync_api import sync_playwright
+
+    return sync_playwright().start()
+
+
 class HarnessPage:
     """A fresh context and page in the run's browser (a private browser when no service runs)."""
 
     def __init__(self, bundle: str):
-        from playwright.sync_api import sync_playwright
-
-        self.playwright = sync_playwright().start()
+        self.playwright = _driver()
         try:
             endpoint = os.environ.get(BROWSER_ENDPOINT_ENV) or os.environ.get(CDP_ENV)
             if endpoint:
@@ -244,13 +255,48 @@ class HarnessPage:
         return reply["result"]
 
     def close(self) -> None:
-        for step in ("context", "browser", "server", "playwright"):
+        for step in ("context", "browser", "server"):
             resource = getattr(self, step, None)
             try:
                 if resource is not None:
-                    resource.stop() if step in ("server", "playwright") else resource.close()
+                    resource.stop() if step == "server" else resource.close()
             except Exception:  # noqa: BLE001 — a dead browser has nothing left to close
                 pass
+
+
+_PAGES: dict[tuple, HarnessPage] = {}  # this worker's page per (ORT bundle, browser), shared by the variants it serves
+_SESSION_KEYS = itertools.count()  # session names unique within a shared page
+
+
+def shared_page(bundle: str) -> HarnessPage:
+    """The worker's page for `bundle`, opened on first use: the browser context, the page and
+    the ORT bundle's import are paid once per target, not per variant. A page that died is replaced."""
+    key = _page_key(bundle)
+    page = _PAGES.get(key)
+    if page is not None and (page.page.is_closed() or not page.browser.is_connected()):
+        drop_page(bundle)
+        page = None
+    if page is None:
+        page = _PAGES[key] = HarnessPage(bundle)
+    return page
+
+
+def _page_key(bundle: str) -> tuple:
+    return bundle, os.environ.get(BROWSER_ENDPOINT_ENV) or os.environ.get(CDP_ENV)
+
+
+def drop_page(bundle: str) -> None:
+    if (page := _PAGES.pop(_page_key(bundle), None)) is not None:
+        page.close()
+
+
+@atexit.register
+def _close_pages() -> None:
+    while _PAGES:
+        _PAGES.popitem()[1].close()
+    if _driver.cache_info().currsize:
+        with contextlib.suppress(Exception):
+            _driver().stop()
 
 
 NOT_LOGGED = "not logged"  # placement when ORT printed none: neither accelerator nor fallback is claimed
@@ -261,14 +307,14 @@ class WebSession(Session):
 
     def __init__(self, target: OrtWebTarget, artifact: Artifact, threads: int):
         self.target, self.artifact, self.threads = target, artifact, threads
-        self.page = HarnessPage(target.bundle)
+        self.page = shared_page(target.bundle)
+        self.sessions: dict[int | None, dict] = {}
         try:
             self.probe = self.page.call("probe", target.backend)
-            self.sessions: dict[int | None, dict] = {}
             if self.probe["present"]:
                 self._session_for(1 if target.fixed_batch else None)
         except BaseException:
-            self.page.close()
+            drop_page(target.bundle)  # a page that failed here is not trusted with the next variant
             raise
 
     def _session_for(self, batch: int | None) -> dict:
@@ -278,7 +324,7 @@ class WebSession(Session):
             model = self.artifact.path
             if batch is not None:
                 model = fixed_batch_model(model, batch, Path(self.artifact.extra["cache_dir"]))
-            key = f"b{batch}"
+            key = f"s{next(_SESSION_KEYS)}-b{batch}"
             url = self.page.server.publish(model)
             opened = self.page.call("open", key, url, self.target.backend, self.threads, True)
             self.sessions[batch] = {"key": key, "log": opened["log"]}
@@ -330,7 +376,12 @@ class WebSession(Session):
         return info
 
     def close(self) -> None:
-        self.page.close()
+        """Release this variant's ORT sessions; the page stays for the next variant of this worker."""
+        try:
+            for opened in self.sessions.values():
+                self.page.call("release", opened["key"])
+        except Exception:  # noqa: BLE001 — a page that cannot release is not reused
+            drop_page(self.target.bundle)
 
 
 class OrtWebTarget(Target):
@@ -352,6 +403,10 @@ class OrtWebTarget(Target):
         artifact = super().prepare(ctx, variant)
         artifact.extra.update(variant=variant, cache_dir=str(ctx.cache_dir))
         return artifact
+
+    def start_runtime(self) -> None:
+        if self.unavailable_reason() is None:
+            shared_page(self.bundle)
 
     def _open(self, artifact: Artifact, threads: int) -> Session:
         return WebSession(self, artifact, threads)

@@ -62,8 +62,21 @@ def _descendants(pid: int, name: str) -> list[psutil.Process]:
 
 
 def _worker_of(run: subprocess.Popen, cell_dir: Path) -> psutil.Process:
-    """The worker process of one cell, once it runs (its command line names the cell folder)."""
-    return _wait_for(lambda: next(iter(_descendants(run.pid, f"matrix.worker {cell_dir}")), None), f"a worker for {cell_dir}")
+    """The worker process while it runs one cell: a worker serves a target's cells in turn and
+    writes each cell's stderr to that cell's worker.log."""
+    log = (cell_dir / "worker.log").resolve()
+
+    def serving() -> psutil.Process | None:
+        return next((worker for worker in _descendants(run.pid, "matrix.worker") if _stderr_is(worker, log)), None)
+
+    return _wait_for(serving, f"a worker for {cell_dir}")
+
+
+def _stderr_is(process: psutil.Process, log: Path) -> bool:
+    try:
+        return any(f.fd == 2 and Path(f.path) == log for f in process.open_files())
+    except psutil.Error:
+        return False
 
 
 def _jsonl(out: Path) -> list[dict]:

@@ -1,0 +1,129 @@
+"""Where the wall time of a full `policy-matrix run` goes, per target and per stage.
+
+Runs the real CLI (a subprocess, exactly as a user does) on bundled example
+policies and reads back what the run left: each cell worker's timeline
+(wall-clock start of every stage, in measurement.json), the reference job's
+files and the report's. Prints, per target, the seconds of each stage summed
+over its variants, then the run's own steps (CLI start-up with model load and
+observations, reference, variants, cells, report), with their sum against the
+measured wall time: what is not inside a named stage shows as "unaccounted".
+
+    .venv/bin/python bench/matrix_wall.py                                   # continuous MLP, every target
+    .venv/bin/python bench/matrix_wall.py --policies pixel_cnn --targets 'ort-*,tract'
+    .venv/bin/python bench/matrix_wall.py --json before.json                # keep the numbers to compare later
+
+The machine's load changes every number: run it twice and compare like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICIES = ROOT / "matrix" / "example_policies"
+CELL_STAGES = ("start", "prepare", "open", "contract", "parity", "rollout", "latency", "placement", "between cells")
+
+
+def run_matrix(policy: Path, targets: str, precisions: str, extra: list[str], out: Path) -> float:
+    command = [sys.executable, "-m", "matrix", "-q", "run", str(policy), "--out", str(out), "--targets", targets,
+               "--precisions", precisions, "--fail-on", "never", *extra]
+    started = time.time()
+    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if finished.returncode != 0:
+        sys.exit(f"policy-matrix run failed ({finished.returncode}): {finished.stderr.strip()[-2000:]}")
+    return started
+
+
+def mtime(path: Path) -> float | None:
+    return path.stat().st_mtime if path.exists() else None
+
+
+def cell_stages(cell_dir: Path, next_start: float | None) -> tuple[dict[str, float], float, float]:
+    """Seconds per stage of one cell, and when its spec was handed over and when it finished."""
+    measurement = json.loads((cell_dir / "measurement.json").read_text())
+    timeline = measurement.get("timeline", {})
+    handed = mtime(cell_dir / "spec.json")
+    ends = [(name, at) for name, at in timeline.items() if name in CELL_STAGES]
+    finished = timeline.get("finished", mtime(cell_dir / "measurement.json"))
+    seconds = {"start": (ends[0][1] if ends else finished) - handed}
+    for (name, at), (_, following) in zip(ends, [*ends[1:], ("finished", finished)]):
+        seconds[name] = following - at
+    if next_start is not None:
+        seconds["between cells"] = next_start - finished
+    return seconds, handed, finished
+
+
+def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    results = json.loads((out / "results.json").read_text())
+    ran = [(c["target"], c["variant"]) for c in results["cells"] if (out / "cells" / f"{c['target']}-{c['variant']}").is_dir()]
+    dirs = [out / "cells" / f"{target}-{variant}" for target, variant in ran]
+    handovers = [mtime(d / "spec.json") for d in dirs]
+    per_target: dict[str, dict[str, float]] = {}
+    last_finished = None
+    for index, ((target, _), cell_dir) in enumerate(zip(ran, dirs)):
+        following = handovers[index + 1] if index + 1 < len(handovers) else None
+        seconds, _, last_finished = cell_stages(cell_dir, following)
+        row = per_target.setdefault(target, {})
+        for name, value in seconds.items():
+            row[name] = row.get(name, 0.0) + value
+    reference_start = mtime(out / "reference" / "reference_spec.json")
+    reference_end = mtime(out / "reference" / "reference.json")
+    first_cell = handovers[0] if handovers else reference_end
+    report_written = mtime(out / "index.html")
+    run_steps = {
+        "cli start, model, observations": reference_start - started,
+        "reference (own process)": reference_end - reference_start,
+        "variants, services": first_cell - reference_end,
+        "cells": (last_finished or first_cell) - first_cell,
+        "report": report_written - (last_finished or first_cell),
+        "exit": ended - report_written,
+    }
+    return per_target, run_steps
+
+
+def print_tables(policy: str, wall: float, per_target, run_steps) -> None:
+    shown = [name for name in CELL_STAGES if any(name in row for row in per_target.values())]
+    print(f"\n== {policy}: wall {wall:.1f} s ==")
+    print(f"{'target':<18}" + "".join(f"{name:>14}" for name in shown) + f"{'total':>10}")
+    for target, row in per_target.items():
+        print(f"{target:<18}" + "".join(f"{row.get(name, 0.0):>14.2f}" for name in shown) + f"{sum(row.values()):>10.2f}")
+    totals = {name: sum(row.get(name, 0.0) for row in per_target.values()) for name in shown}
+    print(f"{'all targets':<18}" + "".join(f"{totals[name]:>14.2f}" for name in shown) + f"{sum(totals.values()):>10.2f}")
+    print()
+    for name, value in run_steps.items():
+        print(f"  {name:<34}{value:>8.2f} s")
+    print(f"  {'sum of steps':<34}{sum(run_steps.values()):>8.2f} s   (wall {wall:.2f} s, "
+          f"unaccounted {wall - sum(run_steps.values()):.2f} s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policies", default="continuous_mlp", help="bundled policies, comma-separated "
+                        f"({', '.join(p.stem for p in sorted(POLICIES.glob('*.onnx')))}) or ONNX paths")
+    parser.add_argument("--targets", default="all")
+    parser.add_argument("--precisions", default="fp32,fp16,int8")
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    parser.add_argument("extra", nargs="*", help="more `policy-matrix run` options, after --")
+    args = parser.parse_args()
+    recorded = {}
+    for name in args.policies.split(","):
+        policy = Path(name) if name.endswith(".onnx") else POLICIES / f"{name}.onnx"
+        with tempfile.TemporaryDirectory(prefix="matrix-wall-") as scratch:
+            out = Path(scratch) / "report"
+            started = run_matrix(policy, args.targets, args.precisions, args.extra, out)
+            ended = time.time()
+            per_target, run_steps = account(out, started, ended)
+        print_tables(policy.stem, ended - started, per_target, run_steps)
+        recorded[policy.stem] = {"wall_s": ended - started, "targets": per_target, "run": run_steps}
+    if args.json:
+        args.json.write_text(json.dumps(recorded, indent=2))
+
+
+if __name__ == "__main__":
+    main()

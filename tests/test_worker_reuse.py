@@ -1,0 +1,86 @@
+"""One worker process serves all variants of a target; a crash in one variant costs that cell only.
+
+Real workers running onnxruntime on the bundled MLP; the crash is a real SIGKILL of the
+worker while it times a cell. Waits are for states (a stage reported), never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from matrix import cells, observations, variants
+from matrix.examples import path as example
+from matrix.model import load
+
+STATE_TIMEOUT_S = 300  # CI is a busy 2-core machine: a state that never comes fails the test
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> cells.CellSpec:
+    folder = tmp_path_factory.mktemp("reuse")
+    info = load(example("continuous_mlp"))
+    observations.save(observations.seeded(info, 16, 0), folder / "obs.npz")
+    paths, errors = variants.produce_all(info, ["fp32", "fp16", "int8"])
+    return cells.CellSpec(target="ort-cpu", variant="fp32", observations=str(folder / "obs.npz"),
+                          onnx_variants={k: str(v) for k, v in paths.items()}, variant_errors=errors,
+                          batch_sizes=[1], warmup=2, iters=10)
+
+
+def _serve(worker: cells.Worker, folder: Path, spec: cells.CellSpec, on_stage=lambda _: None) -> cells.CellOutcome:
+    return cells.execute(folder, spec, {}, 600, on_stage, None, worker)
+
+
+def _pid(folder: Path) -> int:
+    return json.loads((folder / "measurement.json").read_text())["worker_pid"]
+
+
+def test_one_worker_serves_every_variant_and_a_crash_costs_only_its_cell(tmp_path, template):
+    worker = cells.Worker(memory_limit=None, lifetime_s=600)
+    try:
+        fp32 = _serve(worker, tmp_path / "fp32", template)
+        int8 = _serve(worker, tmp_path / "int8", cells.CellSpec(**{**vars(template), "variant": "int8"}))
+        assert fp32.measurement["stage"] == int8.measurement["stage"] == "done"
+        first = _pid(tmp_path / "fp32")
+        assert _pid(tmp_path / "int8") == first  # one process, both variants
+        assert "worker_started" in fp32.measurement["timeline"] and "worker_started" not in int8.measurement["timeline"]
+
+        timing = threading.Event()
+        endless = cells.CellSpec(**{**vars(template), "variant": "fp16", "iters": 50_000_000})  # never ends by itself
+        crashed: list[cells.CellOutcome] = []
+        serving = threading.Thread(target=lambda: crashed.append(
+            _serve(worker, tmp_path / "fp16", endless, lambda stage: stage == "latency" and timing.set())))
+        serving.start()
+        assert timing.wait(STATE_TIMEOUT_S), "the fp16 cell never reached its latency stage"
+        os.kill(first, signal.SIGKILL)
+        serving.join(STATE_TIMEOUT_S)
+        (fp16,) = crashed
+        assert fp16.measurement["error"]["stage"] == "latency"
+        assert fp16.measurement["error"]["message"].startswith("killed by signal 9 (SIGKILL)")
+        assert "outputs/action" in fp16.arrays  # what it measured before the crash is kept
+
+        after = _serve(worker, tmp_path / "fp32-after", template)
+        assert after.measurement["stage"] == "done" and "error" not in after.measurement
+        assert _pid(tmp_path / "fp32-after") != first  # the remaining variants run in a fresh worker
+        assert "worker_started" in after.measurement["timeline"]
+    finally:
+        worker.stop()
+
+
+def test_a_hung_cell_times_out_and_the_next_cell_gets_a_fresh_worker(tmp_path, template):
+    worker = cells.Worker(memory_limit=None, lifetime_s=600)
+    try:
+        before = _serve(worker, tmp_path / "before", template)
+        endless = cells.CellSpec(**{**vars(template), "iters": 50_000_000, "latency_budget_s": 3600.0})
+        hung = cells.execute(tmp_path / "hung", endless, {}, 10, lambda _: None, None, worker)
+        assert hung.measurement["error"]["message"] == "timed out after 10 s (--timeout)"
+        after = _serve(worker, tmp_path / "after", template)
+        assert after.measurement["stage"] == "done" and "worker_started" in after.measurement["timeline"]
+        assert _pid(tmp_path / "after") != _pid(tmp_path / "before")
+    finally:
+        worker.stop()
