@@ -50,6 +50,8 @@ class CellSpec:
     whole_inputs: list[str] = field(default_factory=list)  # inputs fed whole to every call, never sliced
     latency_budget_s: float = 30.0  # per batch size: timing stops here and says how many calls it timed
     rollout: dict | None = None  # rollouts.RolloutPlan as a dict: drive episodes with this cell's session
+    settings: dict[str, str] = field(default_factory=dict)  # runtime knobs handed to target.open ({}: defaults)
+    candidate: str = ""  # which model's variants these are ("" : the first model)
 
 
 @dataclass

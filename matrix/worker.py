@@ -97,7 +97,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
     enter("open")
     first_batch = observations.take(feeds, spec.chunk or 1, spec.whole_inputs)
     started = time.perf_counter_ns()
-    session = target.open(artifact, spec.threads)
+    session = target.open(artifact, spec.threads, spec.settings)
     session.run(first_batch)
     measurement["cold_start_ms"] = (time.perf_counter_ns() - started) / 1e6
     measurement["backend"] = asdict(session.backend())

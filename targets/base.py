@@ -21,6 +21,21 @@ import numpy as np
 VARIANTS = ("fp32", "fp16", "int8")
 
 Feeds = dict[str, np.ndarray]
+Settings = dict[str, str]  # runtime knob -> value for one cell ({}: the target's defaults)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A real runtime setting a target exposes to the settings grid (`--settings TARGET:KNOB=V1,V2`)."""
+
+    meaning: str
+    choices: tuple[str, ...] = ()  # the values it takes; () means a positive integer (a thread count)
+
+    def problem(self, value: str) -> str | None:
+        """None when `value` is one this knob takes, else what it takes."""
+        if self.choices:
+            return None if value in self.choices else f"one of {', '.join(self.choices)}"
+        return None if value.isdigit() and int(value) >= 1 else "a whole number >= 1"
 
 
 class CellSkip(Exception):
@@ -135,6 +150,8 @@ class Target(ABC):
     # True when the artifact is the ONNX variant itself: graph outputs added to it (the
     # intermediates matrix/diagnose.py exposes) reach the runtime unchanged.
     runs_onnx_as_is: ClassVar[bool] = False
+    # Runtime settings this target can vary (the settings grid); a knob it lacks is never run on it.
+    knobs: ClassVar[dict[str, Knob]] = {}
 
     @abstractmethod
     def runtime_version(self) -> str: ...
@@ -152,7 +169,8 @@ class Target(ABC):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact: ...
 
     @abstractmethod
-    def open(self, artifact: Artifact, threads: int) -> Session: ...
+    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+        """`settings` holds values of this target's `knobs` only (checked by the core); {} means defaults."""
 
     def start_service(self, run_dir: Path) -> RunService | None:
         return None

@@ -13,17 +13,30 @@ from typing import ClassVar
 
 import onnxruntime as ort
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
+from .base import Artifact, Knob, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
 
 # Provider options that change the numbers a cell measures, shown on the cell's backend line.
 SHOWN_PROVIDER_OPTIONS = ("use_tf32", "device_id")
 
+# SessionOptions.graph_optimization_level, by the names ORT's documentation uses.
+GRAPH_OPTIMIZATION = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+ORT_KNOBS = {
+    "threads": Knob("SessionOptions.intra_op_num_threads (default: --threads)"),
+    "opt": Knob("SessionOptions.graph_optimization_level (default: all)", tuple(GRAPH_OPTIMIZATION)),
+}
+
 
 class OrtSession(Session):
-    def __init__(self, artifact: Artifact, providers: list, threads: int):
+    def __init__(self, artifact: Artifact, providers: list, threads: int, settings: Settings):
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = int(settings.get("threads", threads))
         options.inter_op_num_threads = 1
+        options.graph_optimization_level = GRAPH_OPTIMIZATION[settings.get("opt", "all")]
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         self.requested = providers[0] if isinstance(providers[0], str) else providers[0][0]
         self.session = ort.InferenceSession(str(artifact.path), options, providers=providers)
@@ -63,6 +76,7 @@ class OrtTarget(Target):
     runs_onnx_as_is = True
     provider: ClassVar[str]
     provider_options: ClassVar[dict[str, str]] = {}
+    knobs = ORT_KNOBS
 
     def runtime_version(self) -> str:
         return f"onnxruntime {ort.__version__}"
@@ -78,10 +92,10 @@ class OrtTarget(Target):
     def providers(self) -> list:
         return [(self.provider, self.provider_options)]
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
         if self.unavailable_reason():
             raise CellSkip(self.unavailable_reason())
-        return OrtSession(artifact, self.providers(), threads)
+        return OrtSession(artifact, self.providers(), threads, settings)
 
 
 class OrtCpu(OrtTarget):
@@ -105,12 +119,12 @@ class OrtCuda(OrtTarget):
         reason = super().unavailable_reason()
         return f"{reason}: install onnxruntime-gpu on a machine with an NVIDIA GPU" if reason else None
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
         # pip's onnxruntime-gpu[cuda,cudnn] brings CUDA as Python packages; preload_dlls finds them
         # (ORT >= 1.21), so no LD_LIBRARY_PATH is needed.
         if hasattr(ort, "preload_dlls") and not self.unavailable_reason():
             ort.preload_dlls()
-        return super().open(artifact, threads)
+        return super().open(artifact, threads, settings)
 
 
 class OrtCudaTf32(OrtCuda):

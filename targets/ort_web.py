@@ -351,7 +351,7 @@ class OrtWebTarget(Target):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         return Artifact(path=ctx.onnx_variant(variant), extra={"variant": variant, "cache_dir": str(ctx.cache_dir)})
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
         if reason := self.unavailable_reason():
             raise CellSkip(reason)
         return WebSession(self, artifact, threads)
