@@ -72,6 +72,8 @@ def default_map(command: click.Command, path: Path, table: dict) -> dict:
 
 
 def _as_option_value(value, param: click.Option, base: Path):
+    if isinstance(value, list) and param.multiple:  # repeatable options (candidate, settings, budget) take the list
+        return [_as_option_value(item, param, base) for item in value]
     if isinstance(value, list):
         value = ",".join(str(item) for item in value)
     if isinstance(value, dict):  # a table given to a JSON option (env-kwargs)
