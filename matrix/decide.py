@@ -5,8 +5,8 @@ meets the quality bar when its verdict is PASS or WARN (drift within tolerance,
 the action contract, and the return tolerance when rollouts ran), and it is not
 an "int8" artifact with nothing quantized. Budgets add limits per target:
 `--budget 'ort-cpu=p50:200us'`, `'*=p99:2ms'`, `'tflite=size:1MB'` (latency at
-the smallest timed batch). Among configurations meeting all of them, `--prefer`
-orders: latency (the fastest; p50s within SAME_SPEED of it count as equally
+the smallest timed batch). Among configurations meeting all of them (a PASS
+before a WARN), `--prefer` orders: latency (the fastest; p50s within SAME_SPEED of it count as equally
 fast, and the smaller artifact wins among those), size, or accuracy. Emulated
 adapters' latency never decides: it cannot meet a latency budget and does not
 rank. When nothing meets the budget, the closest configuration is named with
@@ -175,17 +175,18 @@ def _ranked(meeting: list[DecisionChoice], prefer: str) -> list[DecisionChoice]:
 
 
 def _best(choices: list[DecisionChoice], prefer: str) -> DecisionChoice:
+    choices = [c for c in choices if c.verdict == "PASS"] or choices  # a clean PASS beats a WARN
     if prefer == "size":
         return min(choices, key=lambda c: (_or_inf(c.size_bytes), _p50(c), _quality_gap(c)))
     if prefer == "accuracy":
         return min(choices, key=lambda c: (_quality_gap(c), _p50(c), _or_inf(c.size_bytes)))
-    fastest = min(_p50(c) for c in choices)
-    fast_enough = [c for c in choices if _p50(c) <= fastest * (1 + SAME_SPEED)]
+    fastest = min((_p50(c) for c in choices if not c.emulated), default=math.inf)
+    fast_enough = [c for c in choices if c.emulated or _p50(c) <= fastest * (1 + SAME_SPEED)]
     return min(fast_enough, key=lambda c: (_or_inf(c.size_bytes), _p50(c), _quality_gap(c)))
 
 
 def _p50(choice: DecisionChoice) -> float:
-    """Emulated latency never decides: every emulated configuration counts as equally fast."""
+    """Emulated latency never decides: every emulated configuration counts as equally fast (as fast as any)."""
     return 0.0 if choice.emulated else _or_inf(choice.p50_us)
 
 

@@ -261,9 +261,11 @@ class Regression(Record):
     variant: str
     kind: str  # verdict | drift | latency | fallback
     detail: str
+    configuration: str = ""  # candidate and settings of the cell, when not the defaults
 
     def __str__(self) -> str:
-        return f"{self.host} {self.target} {self.variant} [{self.kind}] {self.detail}"
+        where = f"{self.variant} {self.configuration}" if self.configuration else self.variant
+        return f"{self.host} {self.target} {where} [{self.kind}] {self.detail}"
 
 
 class RunResults(Record):

@@ -40,6 +40,7 @@ class OrtSession(Session):
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         self.requested = providers[0] if isinstance(providers[0], str) else providers[0][0]
         self.session = ort.InferenceSession(str(artifact.path), options, providers=providers)
+        self.settings_given = bool(settings)
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Feeds) -> Feeds:
@@ -69,6 +70,10 @@ class OrtSession(Session):
         options = self.session.get_provider_options().get(actual, {})
         shown = {key: options[key] for key in SHOWN_PROVIDER_OPTIONS if key in options}
         detail = ", ".join(f"{key}={value}" for key, value in shown.items())
+        if self.settings_given:  # read back from the session: what the runtime really uses
+            applied = self.session.get_session_options()
+            detail = ", ".join(part for part in (detail, f"intra_op_num_threads={applied.intra_op_num_threads}",
+                                                 f"graph_optimization_level={applied.graph_optimization_level.name}") if part)
         return BackendInfo(requested=self.requested, actual=actual, detail=detail)
 
 
