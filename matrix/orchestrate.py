@@ -11,7 +11,6 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
-import math
 import os
 import platform
 import sys
@@ -383,10 +382,10 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
     judged_by_behaviour = bool(spec.candidate and config.rollout)
     cell = cells.judge(
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
-        reference=ref, baseline=base,
-        tolerance=math.inf if judged_by_behaviour else config.tolerances.get(target.name, variant),
-        tie_margin=config.tie_margin, min_agreement=0.0 if judged_by_behaviour else config.min_agreement,
+        reference=ref, baseline=base, tolerance=config.tolerances.get(target.name, variant),
+        tie_margin=config.tie_margin, min_agreement=config.min_agreement,
         reference_rollout=ref_rollout, rollout_plan=config.rollout, return_tolerance=config.return_tolerance,
+        parity_judged=not judged_by_behaviour,
     )
     cell.candidate, cell.settings = spec.candidate, spec.settings
     if judged_by_behaviour:
