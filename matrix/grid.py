@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from targets.base import Settings, Target
 
 from .errors import InputError
-from .results import settings_label  # noqa: F401  (the grid's name for one combination, used by the orchestrator)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from .lint import lint
 from .model import ModelInfo
 from .options import default_memory_limit
 from .reference import Reference
-from .results import Cell, Host, LintResult, RunResults, append_jsonl
+from .results import Cell, Host, LintResult, RunResults, append_jsonl, settings_label
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
 
@@ -155,7 +155,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     try:
         with _progress(console) as progress:
             for target_name, candidate, variant, knobs in configurations:
-                cell = finished.get((target_name, variant, candidate, grid.settings_label(knobs)))
+                cell = finished.get((target_name, variant, candidate, settings_label(knobs)))
                 if cell is None:
                     spec = replace(template, target=target_name, variant=variant, candidate=candidate, settings=knobs)
                     if candidate:
@@ -198,14 +198,14 @@ def _print_grid(config: RunConfig, size: int, console: Console) -> None:
         axes.append(f"{1 + len(config.candidates)} models ({escape(', '.join(c.path.name for c in config.candidates))} "
                     f"judged against {escape(config.model.path.name)})")
     for target, combos in config.settings_grid.describe()["settings"].items():
-        axes.append(f"{target} settings {' | '.join(grid.settings_label(k) for k in combos)}")
+        axes.append(f"{target} settings {' | '.join(settings_label(k) for k in combos)}")
     console.print(f"[bold]grid[/]: {size} configurations: {'; '.join(axes)}", highlight=False)
     for pruned in config.settings_grid.pruned:
         console.print(f"[dim]not run: {escape(pruned)} (that target has no such setting)[/]", highlight=False)
 
 
 def _cell_label(target: str, variant: str, candidate: str, knobs: dict[str, str]) -> str:
-    return " ".join(part for part in (target, variant, candidate, grid.settings_label(knobs)) if part)
+    return " ".join(part for part in (target, variant, candidate, settings_label(knobs)) if part)
 
 
 def run_identity(config: RunConfig) -> dict:

@@ -12,8 +12,10 @@ run any target the same way: files in, JSON out.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import ClassVar
 
 import numpy as np
@@ -21,7 +23,8 @@ import numpy as np
 VARIANTS = ("fp32", "fp16", "int8")
 
 Feeds = dict[str, np.ndarray]
-Settings = dict[str, str]  # runtime knob -> value for one cell ({}: the target's defaults)
+Settings = Mapping[str, str]  # runtime knob -> value for one cell (empty: the target's defaults)
+NO_SETTINGS: Settings = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ class Target(ABC):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact: ...
 
     @abstractmethod
-    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         """`settings` holds values of this target's `knobs` only (checked by the core); {} means defaults."""
 
     def start_service(self, run_dir: Path) -> RunService | None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from matrix.isolated_env import PinnedWheel, ensure_env, env_python, run_json
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
 
 HERE = Path(__file__).parent
 REQUIREMENTS = HERE / "requirements" / "coreml.txt"
@@ -146,7 +146,7 @@ class CoremlTarget(Target):
         (ctx.workdir / "coreml_ops.json").write_text(json.dumps(record["ops"], indent=1))
         return artifact_from(path, record, variant, cached)
 
-    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         raise CellSkip("coreml is conversion only; the coreml-* targets predict (on macOS)")
 
 
@@ -166,7 +166,7 @@ class CoremlPredictTarget(CoremlTarget):
             artifact.extra["helper"] = PredictHelper()  # imports done before open() is timed
         return artifact
 
-    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         # Core ML chooses its own threads: `threads` has no Core ML counterpart.
         if self.unavailable_reason():
             raise CellSkip(self.unavailable_reason())

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import onnxruntime as ort
 
-from .base import Artifact, Knob, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, CellSkip, Feeds, Knob, PlacementRow, PrepareContext, Session, Settings, Target
 
 # Provider options that change the numbers a cell measures, shown on the cell's backend line.
 SHOWN_PROVIDER_OPTIONS = ("use_tf32", "device_id")
@@ -97,7 +97,7 @@ class OrtTarget(Target):
     def providers(self) -> list:
         return [(self.provider, self.provider_options)]
 
-    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         if self.unavailable_reason():
             raise CellSkip(self.unavailable_reason())
         return OrtSession(artifact, self.providers(), threads, settings)
@@ -124,7 +124,7 @@ class OrtCuda(OrtTarget):
         reason = super().unavailable_reason()
         return f"{reason}: install onnxruntime-gpu on a machine with an NVIDIA GPU" if reason else None
 
-    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         # pip's onnxruntime-gpu[cuda,cudnn] brings CUDA as Python packages; preload_dlls finds them
         # (ORT >= 1.21), so no LD_LIBRARY_PATH is needed.
         if hasattr(ort, "preload_dlls") and not self.unavailable_reason():

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
 from .web_support import (
     HARNESS_DIR,
     decode_outputs,
@@ -105,7 +105,7 @@ class OrtNode(Target):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         return Artifact(path=ctx.onnx_variant(variant))
 
-    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         if reason := self.unavailable_reason():
             raise CellSkip(reason)
         return NodeSession(artifact, threads, self.backend, self.ort_ep)

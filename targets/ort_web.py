@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from matrix import isolation
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, RunService, Session, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, RunService, Session, Settings, Target
 from .web_support import (
     HarnessServer,
     decode_outputs,
@@ -351,7 +351,7 @@ class OrtWebTarget(Target):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         return Artifact(path=ctx.onnx_variant(variant), extra={"variant": variant, "cache_dir": str(ctx.cache_dir)})
 
-    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         if reason := self.unavailable_reason():
             raise CellSkip(reason)
         return WebSession(self, artifact, threads)

@@ -39,7 +39,7 @@ import onnx
 
 from matrix import isolated_env
 
-from .base import Artifact, Knob, BackendInfo, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, Knob, PlacementRow, PrepareContext, Session, Settings, Target
 
 REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
 CONVERT_SCRIPT = Path(__file__).parent / "tflite_convert.py"
@@ -116,7 +116,7 @@ class TfliteTarget(Target):
         artifact.notes += flex_notes(artifact.op_inventory)
         return artifact
 
-    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         xnnpack = settings.get("xnnpack", "on" if self.xnnpack else "off") == "on"
         return TfliteSession(artifact, int(settings.get("threads", threads)), xnnpack)
 

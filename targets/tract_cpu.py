@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 import onnx
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
 
 WHERE = "tract (CPU)"
 
@@ -96,7 +96,7 @@ class TractCpu(Target):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
 
-    def open(self, artifact: Artifact, threads: int, settings: Settings) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         if reason := self.unavailable_reason():
             raise CellSkip(reason)
         return TractSession(artifact)
