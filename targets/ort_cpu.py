@@ -32,7 +32,7 @@ ORT_KNOBS = {
 
 
 class OrtSession(Session):
-    def __init__(self, artifact: Artifact, providers: list, threads: int, settings: Settings):
+    def __init__(self, artifact: Artifact, providers: list, threads: int, settings: Settings = NO_SETTINGS):
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(settings.get("threads", threads))
         options.inter_op_num_threads = 1

@@ -93,7 +93,7 @@ def test_int8_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, t
 
 
 def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_recommended():
-    from matrix import decide
+    from matrix import decide as shipping
     from matrix.results import LatencyStats, RunResults
 
     counted = variants.quantization(policies.minmax_clip_mlp())
@@ -108,9 +108,9 @@ def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_reco
     assert verdict == "WARN" and "nothing quantized" in reasons[0]
     int8.verdict = verdict
     results = RunResults(tool_version="t", created="now", model={}, hosts=[], settings={}, lints=[], cells=[int8, fp32])
-    (decision,) = decide.decide_all(results, [])
+    (decision,) = shipping.decide_all(results, [])
     assert decision.chosen.variant == "fp32" and decision.runner_up is None  # the faster-or-equal int8 is out
-    assert decide.decide_target("h", "t", [int8], [], "latency").closest.misses == ["int8 in name only: nothing quantized"]
+    assert shipping.decide_target("h", "t", [int8], [], "latency").closest.misses == ["int8 in name only: nothing quantized"]
 
 
 # --- discrete actions ------------------------------------------------------------------------
