@@ -298,7 +298,7 @@ def summary_markdown(results: RunResults) -> str:
     lines += report_behaviour.summary_lines(results)
     problems = [c for c in results.cells if c.verdict in ("FAIL", "WARN")]
     if problems:
-        lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(c.target)} {_md(c.variant)}: {_md(c.reasons[0])}"
+        lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(_label(c, False))}: {_md(c.reasons[0])}"
                                     for c in problems if c.reasons]
     return "\n".join(lines) + "\n"
 
