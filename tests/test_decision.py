@@ -192,3 +192,12 @@ def test_with_env_a_candidate_is_judged_by_its_return_not_by_its_step_by_step_ag
     (decision,) = results.decision
     assert "return tolerance" in decision.quality_bar and decision.chosen.candidate in ("", "close.onnx")
     assert {decision.chosen.candidate, decision.runner_up.candidate} == {"", "close.onnx"}, done.stderr
+
+
+def test_merge_decides_again_with_the_shards_budgets(distilled_run, tmp_path):
+    out, _ = distilled_run
+    done = run_cli("merge", out, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    (decision,) = schema.load(tmp_path / "results.json").decision
+    assert decision.budgets == ["p50 ≤ 100 ms"] and decision.chosen.candidate == "student.onnx"
+    assert "decision ort-cpu: ship student.onnx fp32" in done.stderr
