@@ -40,11 +40,14 @@ class AssistContext:
 def after_cells(results: RunResults, context: AssistContext, diagnose_cells: bool, assist: bool, console: Console) -> None:
     for cell in results.cells:
         _explain(cell, context.model)
+    # Diagnosis and preparations rerun the first model with default settings (the context's template):
+    # only its own default-settings cells are what they would explain.
+    plain = [c for c in results.cells if not c.candidate and not c.settings]
     if diagnose_cells:
-        for cell in [c for c in results.cells if diagnose.wants_diagnosis(c)]:
+        for cell in [c for c in plain if diagnose.wants_diagnosis(c)]:
             _diagnose(cell, context, console)
     if assist:
-        for cell in [c for c in results.cells if preparations.wants_fixes(c)]:
+        for cell in [c for c in plain if preparations.wants_fixes(c)]:
             _fix(cell, context, console)
 
 

@@ -52,6 +52,8 @@ class CellSpec:
     whole_inputs: list[str] = field(default_factory=list)  # inputs fed whole to every call, never sliced
     latency_budget_s: float = 30.0  # per batch size: timing stops here and says how many calls it timed
     rollout: dict | None = None  # rollouts.RolloutPlan as a dict: drive episodes with this cell's session
+    settings: dict[str, str] = field(default_factory=dict)  # runtime knobs handed to target.open ({}: defaults)
+    candidate: str = ""  # which model's variants these are ("" : the first model)
 
 
 @dataclass
@@ -308,8 +310,10 @@ def judge(
     reference: Reference, baseline: dict[str, np.ndarray] | None, tolerance: float,
     tie_margin: float = DEFAULT_TIE_MARGIN, min_agreement: float = DEFAULT_MIN_AGREEMENT,
     reference_rollout: rollouts.ReferenceRollout | None = None, rollout_plan: rollouts.RolloutPlan | None = None,
-    return_tolerance: rollouts.ReturnTolerance | None = None,
+    return_tolerance: rollouts.ReturnTolerance | None = None, parity_judged: bool = True,
 ) -> Cell:
+    """parity_judged=False: drift and agreement are measured and shown, but the verdict comes from
+    everything else (a candidate with rollouts: its return against the reference is the bar)."""
     m = _unfinished(outcome.measurement, outcome.duration_s)
     cell = Cell(
         host=host, target=target, variant=variant, verdict="SKIP", predicts=predicts,
@@ -329,9 +333,15 @@ def judge(
         cell.parity = _parity(outcome.arrays, reference, baseline, tie_margin)
         cell.contract = contract.check(model, outcome.arrays, reference.outputs)
         cell.rollout = rollouts.summarise(m.get("rollout"), outcome.arrays, reference_rollout, rollout_plan)
-    cell.verdict, cell.reasons = decide(cell, tolerance, min_agreement)
+    cell.verdict, cell.reasons = decide(cell if parity_judged else _parity_shown_only(cell), tolerance, min_agreement)
     cell.verdict, cell.reasons = rollouts.with_behaviour(cell.verdict, cell.reasons, cell.rollout, return_tolerance)
     return cell
+
+
+def _parity_shown_only(cell: Cell) -> Cell:
+    """The cell as the verdict sees it when its parity is shown, not judged: no drift, no flips."""
+    shown = [p.model_copy(update={"max_abs": 0.0, "flips": 0}) for p in cell.parity]
+    return cell.model_copy(update={"parity": shown})
 
 
 def _unfinished(measurement: dict, duration_s: float) -> dict:

@@ -213,6 +213,17 @@ BROWSER_PATH_OPTION = click.option(
               help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it.")
 @click.option("--diagnose", is_flag=True, help="For cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference.")
 @click.option("--assist", is_flag=True, help="For FAILed cells: try graph preparations (onnxsim, opset 17, rewrites) on the same target.")
+@click.option("--candidate", "candidate_paths", multiple=True, type=click.Path(path_type=Path),
+              help="Another model with MODEL's interface (e.g. a distilled student), run through the same grid and judged "
+                   "against MODEL's float64 reference (repeatable).")
+@click.option("--settings", "settings_specs", multiple=True,
+              help="Runtime settings grid, TARGET:KNOB=V1,V2 (repeatable; TARGET may be a glob): ort-cpu/ort-cuda threads=N "
+                   "and opt=disable|basic|extended|all; tflite threads=N and xnnpack=on|off. A knob a target lacks is not run on it.")
+@click.option("--budget", "budget_specs", multiple=True,
+              help="TARGET=METRIC:VALUE the decision must meet (repeatable; '*' globs): p50:200us, p99:2ms (smallest timed "
+                   "batch), size:1MB.")
+@click.option("--prefer", type=click.Choice(["latency", "size", "accuracy"]), default="latency", show_default=True,
+              help="Among configurations meeting every budget, ship the fastest, the smallest or the most accurate.")
 @FAIL_ON_OPTION
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
@@ -221,8 +232,11 @@ BROWSER_PATH_OPTION = click.option(
 @BROWSER_PATH_OPTION
 def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
-        return_tolerance, trajectory, diagnose, assist, fail_on, baseline, latency_threshold, drift_factor):
+        return_tolerance, trajectory, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer, fail_on, baseline,
+        latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
+    from . import candidates as candidate_models
+    from . import decide
     from . import model as model_loader
     from . import results as schema
     from .merge import shard_path as merge_shard_path
@@ -233,6 +247,9 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
     target_names = _target_names(targets, skip)
     required = _required(require, target_names)
     limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
+    budgets = decide.parse_budgets(list(budget_specs))
+    decide.check_budget_targets(budgets, target_names)
+    settings_grid = _settings_grid(list(settings_specs), target_names)
     settings = RunConfig(  # cheap option checks first, the model (slow to load) last
         targets=target_names,
         precisions=_precisions(precisions),
@@ -253,9 +270,11 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
         resume=resume is not None,
         diagnose=diagnose,
         assist=assist,
+        settings_grid=settings_grid,
         model=model_loader.load(model),
     )
     model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
+    settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
     rollout_options = {"env": env, "episodes": episodes, "env_kwargs": env_kwargs, "clip_actions": clip_actions,
                        "return_tolerance": return_tolerance, "trajectory": trajectory}
     settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options)
@@ -266,7 +285,17 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
             results = run_matrix(settings, console)
         except OSError as error:  # a full disk (or read-only cache) before any cell ran: cells handle their own
             raise InputError(f"cannot write {error.filename or settings.out}: {error.strerror or error}") from None
+        results.settings["decision"] = {"budgets": list(budget_specs), "prefer": prefer}
+        results.decision = decide.decide_all(results, budgets, prefer)
         _finish(results, settings.out, fail_on, baseline_results, thresholds, required)
+
+
+def _settings_grid(specs: list[str], target_names: list[str]):
+    import targets as registry
+
+    from . import grid
+
+    return grid.build(grid.parse(specs), [registry.get(name) for name in target_names])
 
 
 def _out_dir(out: Path | None, resume: Path | None, model: Path) -> Path:
@@ -331,9 +360,14 @@ def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
     from .merge import merge as merge_shards
     from .merge import shard_path as merge_shard_path
 
+    from .decide import decide_all, parse_budgets
+
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
     thresholds = _thresholds(drift_factor, latency_threshold)
-    _finish(merge_shards(list(shards)), options.writable_dir(out), fail_on, baseline_results, thresholds)
+    merged = merge_shards(list(shards))
+    asked = merged.settings.get("decision", {})  # the first shard's budgets decide over every host's cells
+    merged.decision = decide_all(merged, parse_budgets(list(asked.get("budgets", []))), asked.get("prefer", "latency"))
+    _finish(merged, options.writable_dir(out), fail_on, baseline_results, thresholds)
 
 
 @app.command()
@@ -363,6 +397,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
     """Compare with the baseline, write the report, print the tally and exit with the verdict."""
     from . import results as schema
     from .compare import compare as compare_results
+    from .decide import summary_lines
     from .report import write_all
 
     if baseline is not None:
@@ -376,6 +411,8 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
         for cell in results.cells:
             console.print(f"{cell.verdict:4} {cell.target} {cell.variant}: {escape('; '.join(cell.reasons))}", highlight=False)
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
+    for line in summary_lines(results):
+        console.print(escape(line), highlight=False)
     _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
     if "interrupted_after_cells" in results.settings:

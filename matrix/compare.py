@@ -1,6 +1,6 @@
 """Regressions of a run (or merged runs) against a baseline, cell by cell.
 
-Cells are matched by (host, target, variant). A regression is one of:
+Cells are matched by (host, target, variant, candidate, settings). A regression is one of:
 - verdict: the cell passed (PASS/WARN/CONVERTED) and now FAILs;
 - drift: max drift grew by more than `drift_factor` (and above float32 noise),
   or crossed the tolerance;
@@ -34,7 +34,8 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
     for cell in current.cells:
         old = before.get(cell.key)
         if old is not None:
-            found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind, detail=detail)
+            found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind, detail=detail,
+                                 configuration=cell.configuration)
                       for kind, detail in _changes(old, cell, thresholds)]
     return found
 

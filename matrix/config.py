@@ -58,7 +58,7 @@ def default_map(command: click.Command, path: Path, table: dict) -> dict:
     Lists become the comma-separated text the options take; relative paths are
     taken from the file's folder. An unknown key is an error, not a silent no-op.
     """
-    params = {param.name: param for param in command.params if isinstance(param, click.Option)}
+    params = _by_option_name(command)
     defaults = {}
     for key, value in table.items():
         name = key.replace("-", "_")
@@ -67,11 +67,24 @@ def default_map(command: click.Command, path: Path, table: dict) -> dict:
         if name not in params or name in NOT_FROM_FILE:
             known = ", ".join(sorted(n.replace("_", "-") for n in params if n not in NOT_FROM_FILE))
             raise InputError(f"{path}: unknown setting {key!r}; known: {known}, and a [tolerance] table")
-        defaults[name] = _as_option_value(value, params[name], path.parent)
+        defaults[params[name].name] = _as_option_value(value, params[name], path.parent)
     return defaults
 
 
+def _by_option_name(command: click.Command) -> dict[str, click.Option]:
+    """Options by the name a user types (`--candidate` -> candidate), whatever the parameter is called in code."""
+    params = {}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            for flag in param.opts:
+                if flag.startswith("--"):
+                    params[flag[2:].replace("-", "_")] = param
+    return params
+
+
 def _as_option_value(value, param: click.Option, base: Path):
+    if isinstance(value, list) and param.multiple:  # repeatable options (candidate, settings, budget) take the list
+        return [_as_option_value(item, param, base) for item in value]
     if isinstance(value, list):
         value = ",".join(str(item) for item in value)
     if isinstance(value, dict):  # a table given to a JSON option (env-kwargs)

@@ -29,13 +29,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 import targets as registry
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, observations, reference, reference_job, rollouts, variants
+from . import __version__, assist, cells, grid, observations, reference, reference_job, rollouts, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
 from .options import default_memory_limit
 from .reference import Reference
-from .results import Cell, Host, LintResult, RunResults, append_jsonl
+from .results import Cell, Host, LintResult, RunResults, append_jsonl, settings_label
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
 
@@ -63,6 +63,8 @@ class RunConfig:
     return_tolerance: rollouts.ReturnTolerance = field(default_factory=rollouts.ReturnTolerance)
     diagnose: bool = False  # first divergent node of drifting cells (matrix/diagnose.py)
     assist: bool = False  # graph preparations tried on failing cells (matrix/preparations.py)
+    candidates: list[ModelInfo] = field(default_factory=list)  # --candidate: same interface, judged against `model`
+    settings_grid: grid.Grid = field(default_factory=lambda: grid.Grid({}))  # --settings: runtime knobs per target
 
 
 def host_info(label: str) -> Host:
@@ -132,6 +134,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     onnx_variants, variant_errors = variants.produce_all(model, config.precisions)
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
+    candidate_variants = {c.path.name: variants.produce_all(c, config.precisions) for c in config.candidates}
     template = cells.CellSpec(
         target="", variant="", observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
@@ -144,27 +147,33 @@ def run(config: RunConfig, console: Console) -> RunResults:
     if config.rollout:
         results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe()}
     results.settings["run_id"] = run_id
+    configurations = _configurations(config)
+    results.grid = _grid_record(config, len(configurations))
+    _print_grid(config, len(configurations), console)
     jsonl = Journal(config.out / "results.jsonl", run_id, model.sha256, console)
     if finished:
         console.print(f"[bold]resume[/]: keeping {len(finished)} finished cells of run {run_id}")
     services = Services(config.out)
     try:
         with _progress(console) as progress:
-            for target_name in config.targets:
-                worker = cells.Worker(config.memory_limit, config.timeout_s * len(config.precisions))
-                try:
-                    for variant in config.precisions:
-                        cell = finished.get((target_name, variant))
-                        if cell is None:
-                            spec = replace(template, target=target_name, variant=variant)
-                            cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services,
-                                             progress, ref_rollout, worker)
-                            jsonl.append(cell)
-                        else:
-                            progress.add_task(f"{target_name} {variant}: {cell.verdict} (kept)", total=1, completed=1, start=False)
-                        results.cells.append(cell)
-                finally:
-                    worker.stop()
+            workers = TargetWorkers(config, configurations)
+            try:
+                for target_name, candidate, variant, knobs in configurations:
+                    cell = finished.get((target_name, variant, candidate, settings_label(knobs)))
+                    if cell is None:
+                        spec = replace(template, target=target_name, variant=variant, candidate=candidate, settings=knobs)
+                        if candidate:
+                            spec.onnx_variants = {k: str(v) for k, v in candidate_variants[candidate][0].items()}
+                            spec.variant_errors = candidate_variants[candidate][1]
+                        cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services,
+                                         progress, ref_rollout, workers.for_target(target_name))
+                        jsonl.append(cell)
+                    else:
+                        progress.add_task(f"{_cell_label(target_name, variant, candidate, knobs)}: {cell.verdict} (kept)",
+                                          total=1, completed=1, start=False)
+                    results.cells.append(cell)
+            finally:
+                workers.stop()
         context = assist.AssistContext(config.model, template, ref, base, config.out, config.timeout_s, services.env_for)
         assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
@@ -175,6 +184,56 @@ def run(config: RunConfig, console: Console) -> RunResults:
     finally:
         services.stop_all()
     return results
+
+
+class TargetWorkers:
+    """One worker process per target, serving its cells in grid order (the grid lists each target's
+    cells together); the previous target's worker stops when the next target starts."""
+
+    def __init__(self, config: RunConfig, configurations: list):
+        self.config = config
+        self.cells_per_target = {target: sum(c[0] == target for c in configurations) for target in config.targets}
+        self.target, self.worker = None, None
+
+    def for_target(self, target: str) -> cells.Worker:
+        if target != self.target:
+            self.stop()
+            lifetime = self.config.timeout_s * self.cells_per_target.get(target, 1)
+            self.target, self.worker = target, cells.Worker(self.config.memory_limit, lifetime)
+        return self.worker
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        self.target, self.worker = None, None
+
+
+def _configurations(config: RunConfig) -> list[tuple[str, str, str, dict[str, str]]]:
+    """(target, candidate, variant, settings) in run order: a deterministic grid, known before it starts."""
+    candidates = ["", *(c.path.name for c in config.candidates)]
+    return [(target, candidate, variant, knobs) for target in config.targets for candidate in candidates
+            for variant in config.precisions for knobs in config.settings_grid.for_target(target)]
+
+
+def _grid_record(config: RunConfig, size: int) -> dict:
+    return {"grid_version": 1, "configurations": size, "candidates": [c.path.name for c in config.candidates],
+            "candidate_sha256": {c.path.name: c.sha256 for c in config.candidates}, **config.settings_grid.describe()}
+
+
+def _print_grid(config: RunConfig, size: int, console: Console) -> None:
+    axes = [f"{len(config.targets)} targets", f"{len(config.precisions)} precisions"]
+    if config.candidates:
+        axes.append(f"{1 + len(config.candidates)} models ({escape(', '.join(c.path.name for c in config.candidates))} "
+                    f"judged against {escape(config.model.path.name)})")
+    for target, combos in config.settings_grid.describe()["settings"].items():
+        axes.append(f"{target} settings {' | '.join(settings_label(k) for k in combos)}")
+    console.print(f"[bold]grid[/]: {size} configurations: {'; '.join(axes)}", highlight=False)
+    for pruned in config.settings_grid.pruned:
+        console.print(f"[dim]not run: {escape(pruned)} (that target has no such setting)[/]", highlight=False)
+
+
+def _cell_label(target: str, variant: str, candidate: str, knobs: dict[str, str]) -> str:
+    return " ".join(part for part in (target, variant, candidate, settings_label(knobs)) if part)
 
 
 def run_identity(config: RunConfig) -> dict:
@@ -191,11 +250,22 @@ def run_identity(config: RunConfig) -> dict:
             **source, "targets": config.targets, "precisions": config.precisions, "batch_sizes": config.batch_sizes,
             "warmup": config.warmup, "iters": config.iters, "threads": config.threads, "timeout_s": config.timeout_s,
             "tolerances": config.tolerances.overrides, "host_label": config.host_label, "memory_limit": config.memory_limit,
+            **_grid_identity(config),
         },
     }
 
 
-def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str], Cell]]:
+def _grid_identity(config: RunConfig) -> dict:
+    """Only the axes a run uses: a plain run resumes a run recorded before these axes existed."""
+    identity = {}
+    if config.candidates:
+        identity["candidates"] = [c.sha256 for c in config.candidates]
+    if config.settings_grid.settings:
+        identity["settings_grid"] = config.settings_grid.describe()["settings"]
+    return identity
+
+
+def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str, str, str], Cell]]:
     """The run id recorded in `out` and its finished cells, after checking they are comparable."""
     try:
         recorded = json.loads((out / RUN_FILE).read_text())
@@ -232,13 +302,13 @@ class Journal:
             self.broken = True
 
     @staticmethod
-    def finished(path: Path, run_id: str, model_sha256: str) -> dict[tuple[str, str], Cell]:
+    def finished(path: Path, run_id: str, model_sha256: str) -> dict[tuple[str, str, str, str], Cell]:
         cells = {}
         for line in _json_lines(path):
             if line.get("run_id") == run_id and line.get("model_sha256") == model_sha256:
                 with contextlib.suppress(ValueError):
                     cell = Cell.model_validate(line)
-                    cells[(cell.target, cell.variant)] = cell
+                    cells[(cell.target, cell.variant, cell.candidate, cell.settings_label)] = cell
         return cells
 
 
@@ -316,11 +386,13 @@ def _reference_rollout(config: RunConfig, console: Console) -> rollouts.Referenc
 def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress, ref_rollout=None,
               worker: cells.Worker | None = None):
     variant = spec.variant
-    label = f"{target.name} {variant}"
+    label = escape(_cell_label(target.name, variant, spec.candidate, spec.settings))
     reason = target.unavailable_reason() or target.variant_skip_reason(variant)
     if reason:
         progress.add_task(f"{label}: [dim]SKIP[/]", total=1, completed=1, start=False)
-        return cells.skipped(host=host, target=target.name, variant=variant, reason=reason, runtime_version=_version(target))
+        cell = cells.skipped(host=host, target=target.name, variant=variant, reason=reason, runtime_version=_version(target))
+        cell.candidate, cell.settings = spec.candidate, spec.settings
+        return cell
     task = progress.add_task(label, total=len(cells.STAGES))
 
     def on_stage(name: str) -> None:
@@ -333,17 +405,33 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
     except Exception as error:  # a service that cannot start costs its cells only
         outcome = cells.CellOutcome({"error": {"stage": "service", "message": f"{type(error).__name__}: {error}"}}, {}, 0.0)
     else:
-        cell_dir = config.out / "cells" / f"{target.name}-{variant}"
+        cell_dir = config.out / "cells" / _cell_dir_name(spec)
         outcome = cells.execute(cell_dir, spec, env, config.timeout_s, on_stage, config.memory_limit, worker)
+    # A student differs from its teacher step by step: with rollouts, the return tolerance is its bar.
+    judged_by_behaviour = bool(spec.candidate and config.rollout)
     cell = cells.judge(
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
         reference=ref, baseline=base, tolerance=config.tolerances.get(target.name, variant),
         tie_margin=config.tie_margin, min_agreement=config.min_agreement,
         reference_rollout=ref_rollout, rollout_plan=config.rollout, return_tolerance=config.return_tolerance,
+        parity_judged=not judged_by_behaviour,
     )
+    cell.candidate, cell.settings = spec.candidate, spec.settings
+    if judged_by_behaviour:
+        cell.notes.append(f"candidate: drift against {config.model.path.name}'s reference is shown, not judged; "
+                          "its return against that reference decides")
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "CONVERTED": "blue"}[cell.verdict]
     progress.update(task, completed=len(cells.STAGES), description=f"{label}: [{colour}]{cell.verdict}[/]")
     return cell
+
+
+def _cell_dir_name(spec: cells.CellSpec) -> str:
+    """A plain cell keeps its readable folder; other axes add a short hash (never a user's string as a path)."""
+    name = f"{spec.target}-{spec.variant}"
+    if not spec.candidate and not spec.settings:
+        return name
+    axes = json.dumps([spec.candidate, spec.settings], sort_keys=True)
+    return f"{name}-{hashlib.sha256(axes.encode()).hexdigest()[:10]}"
 
 
 def _version(target: Target) -> str:

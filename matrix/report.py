@@ -26,13 +26,17 @@ from . import charts
 from .results import VERDICTS, Cell, LatencyStats, RunResults
 from .verdict import DEFAULT_TOLERANCE
 
-from . import assist_report, report_behaviour
+from . import assist_report, decide, report_behaviour, report_decision
 
 COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
 
 
 def write_all(results: RunResults, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
+    if not results.decision:  # results made without a decision (an older shard): decide with the budgets it records
+        asked = results.settings.get("decision", {})
+        results.decision = decide.decide_all(results, decide.parse_budgets(list(asked.get("budgets", []))),
+                                             asked.get("prefer", "latency"))
     write_atomic(out / "results.json", results.model_dump_json(indent=2))
     write_atomic(out / "results.csv", table(results).to_csv(index=False))
     write_atomic(out / "latency.csv", latency_table(results).to_csv(index=False))
@@ -59,7 +63,8 @@ def table(results: RunResults) -> pd.DataFrame:
         latency = {f"p50_us_b{s.batch}": s.p50_us for s in cell.latency} | {f"p99_us_b{s.batch}": s.p99_us for s in cell.latency}
         discrete = [p for p in cell.parity if p.kind == "discrete"]
         rows.append({
-            "host": cell.host, "target": cell.target, "variant": cell.variant, "verdict": cell.verdict,
+            "host": cell.host, "target": cell.target, "variant": cell.variant,
+            "candidate": cell.candidate, "settings": cell.settings_label, "verdict": cell.verdict,
             "runtime": cell.runtime_version, "max_abs_drift": cell.max_drift, "tolerance": cell.tolerance,
             "vs_ort_cpu_fp32": max((p.vs_baseline_max_abs for p in cell.parity if p.vs_baseline_max_abs is not None), default=None),
             "action_agreement": min((p.agreement for p in discrete), default=None),
@@ -82,47 +87,17 @@ def _quantized(cell: Cell, count: str) -> int | None:
     return counted.get(count) if counted else None
 
 
-LATENCY_COLUMNS = ["host", "target", "variant", "verdict", "batch", "n", "p50_us", "p90_us", "p99_us", "mean_us",
+LATENCY_COLUMNS = ["host", "target", "variant", "candidate", "settings", "verdict", "batch", "n", "p50_us", "p90_us", "p99_us", "mean_us",
                    "std_us", "min_us", "emulated"]
 
 
 def latency_table(results: RunResults) -> pd.DataFrame:
     """Long format, one row per cell x batch size: pivot it without knowing which batch sizes ran."""
-    rows = [{"host": cell.host, "target": cell.target, "variant": cell.variant, "verdict": cell.verdict,
+    rows = [{"host": cell.host, "target": cell.target, "variant": cell.variant, "candidate": cell.candidate,
+             "settings": cell.settings_label, "verdict": cell.verdict,
              **stats.model_dump(), "emulated": bool(cell.backend and cell.backend.emulated)}
             for cell in results.cells for stats in cell.latency]
     return pd.DataFrame(rows, columns=LATENCY_COLUMNS)
-
-
-SAME_SPEED = 0.10  # p50s within 10% of the fastest count as equally fast
-
-
-def recommendations(results: RunResults) -> list[dict]:
-    """Per host and target: among cells that meet tolerance and contract (PASS preferred
-    to WARN) and are within SAME_SPEED of the fastest p50 (smallest timed batch), the
-    smallest artifact."""
-    qualifying: dict[tuple[str, str], list[Cell]] = defaultdict(list)
-    for cell in results.cells:
-        if cell.verdict in ("PASS", "WARN") and cell.latency and not any(c.ok is False for c in cell.contract) \
-                and not _unquantized(cell):
-            qualifying[(cell.host, cell.target)].append(cell)
-    rows = []
-    for (host, target), cells in sorted(qualifying.items()):
-        cells = [c for c in cells if c.verdict == "PASS"] or cells  # a clean PASS beats a WARN
-        fastest = min(c.latency[0].p50_us for c in cells)
-        fast_enough = [c for c in cells if c.latency[0].p50_us <= fastest * (1 + SAME_SPEED) or _emulated(c)]
-        best = min(fast_enough, key=lambda c: (c.artifact.size_bytes if c.artifact else 0, c.latency[0].p50_us))
-        rows.append({"host": host, "target": target, "variant": best.variant, "p50_us": best.latency[0].p50_us,
-                     "batch": best.latency[0].batch, "drift": best.max_drift,
-                     "size": best.artifact.size_bytes if best.artifact else None, "verdict": best.verdict,
-                     "emulated": _emulated(best)})
-    return rows
-
-
-def _unquantized(cell: Cell) -> bool:
-    """An "int8" artifact with nothing quantized is never recommended as int8."""
-    counted = cell.artifact.quantization if cell.artifact else None
-    return cell.variant == "int8" and counted is not None and not (counted.get("quantized_ops") or counted.get("quantized_weights"))
 
 
 def _emulated(cell: Cell) -> bool:
@@ -134,11 +109,12 @@ def _verdict_grid(results: RunResults) -> dict[str, dict]:
     grid: dict[str, dict] = {}
     for cell in results.cells:
         host = grid.setdefault(cell.host, {"targets": [], "variants": [], "cells": {}})
-        if cell.target not in host["targets"]:
-            host["targets"].append(cell.target)
+        row = " · ".join(part for part in (cell.target, cell.configuration) if part)  # one row per candidate and settings
+        if row not in host["targets"]:
+            host["targets"].append(row)
         if cell.variant not in host["variants"]:
             host["variants"].append(cell.variant)
-        host["cells"][(cell.target, cell.variant)] = cell
+        host["cells"][(row, cell.variant)] = cell
     return grid
 
 
@@ -165,7 +141,8 @@ def _placement_matrix(results: RunResults) -> dict:
 
 
 def _label(cell: Cell, multi_host: bool) -> str:
-    return f"{cell.host} · {cell.target} {cell.variant}" if multi_host else f"{cell.target} {cell.variant}"
+    label = f"{cell.target} {cell.variant}" + (f" · {cell.configuration}" if cell.configuration else "")
+    return f"{cell.host} · {label}" if multi_host else label
 
 
 def cell_anchors(results: RunResults) -> dict[tuple[str, str, str], str]:
@@ -272,7 +249,7 @@ def render_html(results: RunResults) -> str:
         results=results, grid=_verdict_grid(results), colours=COLOURS, verdicts=VERDICTS,
         counts={v: sum(c.verdict == v for c in results.cells) for v in VERDICTS},
         drift_svg=drift_chart(results), latency_svg=latency_chart(results),
-        placement=_placement_matrix(results), recommendations=recommendations(results),
+        placement=_placement_matrix(results), decision=report_decision.context(results),
         contract_names=list(dict.fromkeys(check.name for c in results.cells for check in c.contract)),
         multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, regressions=results.regressions,
         runtimes=sorted({(c.host, c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
@@ -304,6 +281,8 @@ def summary_markdown(results: RunResults) -> str:
     lines = [f"## policy-matrix: {_md_code(model['name'])}", "", f"sha256 `{model['sha256'][:16]}…` · {_md(results.created)}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
+    if results.decision:
+        lines += ["### Decision", ""] + [f"- {_md(line)}" for line in decide.summary_lines(results)] + [""]
     for variant, error in results.variant_errors.items():
         lines += [f"> **The tool could not make the {variant} variant** (its cells are SKIP): {_md(error)}", ""]
     if results.regressions:
@@ -319,7 +298,7 @@ def summary_markdown(results: RunResults) -> str:
     lines += report_behaviour.summary_lines(results)
     problems = [c for c in results.cells if c.verdict in ("FAIL", "WARN")]
     if problems:
-        lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(c.target)} {_md(c.variant)}: {_md(c.reasons[0])}"
+        lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(_label(c, False))}: {_md(c.reasons[0])}"
                                     for c in problems if c.reasons]
     return "\n".join(lines) + "\n"
 
@@ -371,7 +350,7 @@ def write_junit(results: RunResults, path: Path) -> None:
         suite.set("tests", str(len(cells) + len(regressions)))
         suite.set("failures", str(sum(c.verdict == "FAIL" for c in cells) + len(regressions)))
         for cell in cells:
-            case = ET.SubElement(suite, "testcase", classname=f"{host}.{cell.target}", name=f"{cell.target} {cell.variant}",
+            case = ET.SubElement(suite, "testcase", classname=f"{host}.{cell.target}", name=_label(cell, False),
                                  time=f"{cell.duration_s:.3f}")
             message = "; ".join(cell.reasons)
             if cell.verdict == "FAIL":

@@ -181,15 +181,63 @@ class Cell(Record):
     rollout: Rollout | None = None
     diagnosis: Diagnosis | None = None  # --diagnose: first divergent node of a drifting cell
     fixes: list[FixAttempt] = Field(default_factory=list)  # --assist: preparations tried on a failing cell
+    candidate: str = ""  # --candidate: which model ran ("" is the first model, the one under test)
+    settings: dict[str, str] = Field(default_factory=dict)  # --settings: runtime knobs of this cell ({}: defaults)
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.host, self.target, self.variant)
+    def key(self) -> tuple[str, str, str, str, str]:
+        """A cell's identity: with candidates and settings, (host, target, variant) alone collide."""
+        return (self.host, self.target, self.variant, self.candidate, self.settings_label)
+
+    @property
+    def settings_label(self) -> str:
+        return settings_label(self.settings)
+
+    @property
+    def configuration(self) -> str:
+        """The non-default axes, e.g. "student.onnx · threads=2": empty for a plain run's cell."""
+        return " · ".join(part for part in (self.candidate, self.settings_label) if part)
 
     @property
     def max_drift(self) -> float | None:
         drifts = [p.max_abs for p in self.parity if p.kind == "continuous"]
         return max(drifts) if drifts else None
+
+
+def settings_label(settings: dict[str, str]) -> str:
+    return ",".join(f"{knob}={value}" for knob, value in sorted(settings.items()))
+
+
+class DecisionChoice(Record):
+    """One configuration of a target, with the numbers it was judged on."""
+
+    candidate: str = ""
+    variant: str
+    settings: dict[str, str] = Field(default_factory=dict)
+    verdict: str
+    batch: int | None = None  # the smallest timed batch: its p50/p99 are the ones budgets apply to
+    p50_us: float | None = None
+    p99_us: float | None = None
+    size_bytes: int | None = None
+    drift: float | None = None  # max |action - float64 reference of the first model|
+    return_delta: float | None = None  # mean return minus the reference's, when rollouts ran
+    emulated: bool = False  # software adapter: its latency never decides
+    misses: list[str] = Field(default_factory=list)  # budgets (or quality) it does not meet
+
+
+class Decision(Record):
+    """Per host and target: the cheapest configuration meeting every budget (decide.py)."""
+
+    decision_version: int = 1
+    host: str
+    target: str
+    prefer: str  # latency | size | accuracy: the order among configurations that meet every budget
+    budgets: list[str] = Field(default_factory=list)  # as given, e.g. "p50<=200us"
+    chosen: DecisionChoice | None = None
+    runner_up: DecisionChoice | None = None
+    closest: DecisionChoice | None = None  # when nothing meets the budget: what came nearest, and why it misses
+    considered: int = 0
+    quality_bar: str = ""  # what "quality" meant for this target (drift tolerance or return tolerance)
 
 
 class Host(Record):
@@ -213,9 +261,11 @@ class Regression(Record):
     variant: str
     kind: str  # verdict | drift | latency | fallback
     detail: str
+    configuration: str = ""  # candidate and settings of the cell, when not the defaults
 
     def __str__(self) -> str:
-        return f"{self.host} {self.target} {self.variant} [{self.kind}] {self.detail}"
+        where = f"{self.variant} {self.configuration}" if self.configuration else self.variant
+        return f"{self.host} {self.target} {where} [{self.kind}] {self.detail}"
 
 
 class RunResults(Record):
@@ -230,6 +280,9 @@ class RunResults(Record):
     regressions: list[Regression] = Field(default_factory=list)  # filled when compared with a baseline
     # variants the tool itself could not make (its problem, reported once; their cells are SKIP)
     variant_errors: dict[str, str] = Field(default_factory=dict)
+    # Optional and additive (older readers ignore them): the grid that ran and what it decided.
+    grid: dict = Field(default_factory=dict)  # candidates, settings per target, number of configurations
+    decision: list[Decision] = Field(default_factory=list)
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2))

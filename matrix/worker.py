@@ -115,7 +115,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
     first_batch = observations.take(feeds, spec.chunk or 1, spec.whole_inputs)
     target.start_runtime()
     started = time.perf_counter_ns()
-    session = target.open(artifact, spec.threads)
+    session = target.open(artifact, spec.threads, spec.settings)
     session.run(first_batch)
     measurement["cold_start_ms"] = (time.perf_counter_ns() - started) / 1e6
     measurement["backend"] = asdict(session.backend())

@@ -12,8 +12,10 @@ run any target the same way: files in, JSON out.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import ClassVar
 
 import numpy as np
@@ -21,6 +23,22 @@ import numpy as np
 VARIANTS = ("fp32", "fp16", "int8")
 
 Feeds = dict[str, np.ndarray]
+Settings = Mapping[str, str]  # runtime knob -> value for one cell (empty: the target's defaults)
+NO_SETTINGS: Settings = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A real runtime setting a target exposes to the settings grid (`--settings TARGET:KNOB=V1,V2`)."""
+
+    meaning: str
+    choices: tuple[str, ...] = ()  # the values it takes; () means a positive integer (a thread count)
+
+    def problem(self, value: str) -> str | None:
+        """None when `value` is one this knob takes, else what it takes."""
+        if self.choices:
+            return None if value in self.choices else f"one of {', '.join(self.choices)}"
+        return None if value.isdigit() and int(value) >= 1 else "a whole number >= 1"
 
 
 class CellSkip(Exception):
@@ -135,6 +153,8 @@ class Target(ABC):
     # True when the artifact is the ONNX variant itself: graph outputs added to it (the
     # intermediates matrix/diagnose.py exposes) reach the runtime unchanged.
     runs_onnx_as_is: ClassVar[bool] = False
+    # Runtime settings this target can vary (the settings grid); a knob it lacks is never run on it.
+    knobs: ClassVar[dict[str, Knob]] = {}
 
     @abstractmethod
     def runtime_version(self) -> str: ...
@@ -152,15 +172,16 @@ class Target(ABC):
         """Default: the core's ONNX variant as it is, with the time the core took to make it."""
         return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
 
-    def open(self, artifact: Artifact, threads: int) -> Session:
+    def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         """A cell that cannot run on this host is a SKIP with the reason, checked here once for every target."""
         if reason := self.unavailable_reason():
             raise CellSkip(reason)
-        return self._open(artifact, threads)
+        return self._open(artifact, threads, settings)
 
     @abstractmethod
-    def _open(self, artifact: Artifact, threads: int) -> Session:
-        """The target's session; called only where unavailable_reason() is None."""
+    def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
+        """The target's session; called only where unavailable_reason() is None. `settings` holds values of
+        this target's `knobs` only (checked by the core); {} means defaults."""
 
     def start_runtime(self) -> None:
         """Start what every variant's session shares (e.g. a browser page) before cold start is

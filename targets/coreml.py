@@ -29,7 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, CellSkip, Feeds, PlacementRow, PrepareContext, Session, Settings, Target
 from .isolated_env import PinnedWheel, ensure_env, env_python, run_json
 
 HERE = Path(__file__).parent
@@ -159,7 +159,7 @@ class CoremlTarget(Target):
         (ctx.workdir / "coreml_ops.json").write_text(json.dumps(record["ops"], indent=1))
         return artifact_from(path, record, variant, cached)
 
-    def _open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         raise CellSkip("coreml is conversion only; the coreml-* targets predict (on macOS)")
 
 
@@ -179,7 +179,7 @@ class CoremlPredictTarget(CoremlTarget):
             artifact.extra["helper"] = PredictHelper()  # imports done before open() is timed
         return artifact
 
-    def _open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         # Core ML chooses its own threads: `threads` has no Core ML counterpart.
         return CoremlSession(artifact, self.compute_units, self.accelerators, artifact.extra.pop("helper", None))
 

@@ -13,20 +13,34 @@ from typing import ClassVar
 
 import onnxruntime as ort
 
-from .base import Artifact, BackendInfo, Feeds, PlacementRow, Session, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, Knob, PlacementRow, Session, Settings, Target
 
 # Provider options that change the numbers a cell measures, shown on the cell's backend line.
 SHOWN_PROVIDER_OPTIONS = ("use_tf32", "device_id")
 
+# SessionOptions.graph_optimization_level, by the names ORT's documentation uses.
+GRAPH_OPTIMIZATION = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+ORT_KNOBS = {
+    "threads": Knob("SessionOptions.intra_op_num_threads (default: --threads)"),
+    "opt": Knob("SessionOptions.graph_optimization_level (default: all)", tuple(GRAPH_OPTIMIZATION)),
+}
+
 
 class OrtSession(Session):
-    def __init__(self, artifact: Artifact, providers: list, threads: int):
+    def __init__(self, artifact: Artifact, providers: list, threads: int, settings: Settings = NO_SETTINGS):
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = int(settings.get("threads", threads))
         options.inter_op_num_threads = 1
+        options.graph_optimization_level = GRAPH_OPTIMIZATION[settings.get("opt", "all")]
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         self.requested = providers[0] if isinstance(providers[0], str) else providers[0][0]
         self.session = ort.InferenceSession(str(artifact.path), options, providers=providers)
+        self.settings_given = bool(settings)
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Feeds) -> Feeds:
@@ -56,6 +70,10 @@ class OrtSession(Session):
         options = self.session.get_provider_options().get(actual, {})
         shown = {key: options[key] for key in SHOWN_PROVIDER_OPTIONS if key in options}
         detail = ", ".join(f"{key}={value}" for key, value in shown.items())
+        if self.settings_given:  # read back from the session: what the runtime really uses
+            applied = self.session.get_session_options()
+            detail = ", ".join(part for part in (detail, f"intra_op_num_threads={applied.intra_op_num_threads}",
+                                                 f"graph_optimization_level={applied.graph_optimization_level.name}") if part)
         return BackendInfo(requested=self.requested, actual=actual, detail=detail)
 
 
@@ -63,6 +81,7 @@ class OrtTarget(Target):
     runs_onnx_as_is = True
     provider: ClassVar[str]
     provider_options: ClassVar[dict[str, str]] = {}
+    knobs = ORT_KNOBS
 
     def runtime_version(self) -> str:
         return f"onnxruntime {ort.__version__}"
@@ -75,8 +94,8 @@ class OrtTarget(Target):
     def providers(self) -> list:
         return [(self.provider, self.provider_options)]
 
-    def _open(self, artifact: Artifact, threads: int) -> Session:
-        return OrtSession(artifact, self.providers(), threads)
+    def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
+        return OrtSession(artifact, self.providers(), threads, settings)
 
 
 class OrtCpu(OrtTarget):
@@ -100,12 +119,12 @@ class OrtCuda(OrtTarget):
         reason = super().unavailable_reason()
         return f"{reason}: install onnxruntime-gpu on a machine with an NVIDIA GPU" if reason else None
 
-    def _open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         # pip's onnxruntime-gpu[cuda,cudnn] brings CUDA as Python packages; preload_dlls finds them
         # (ORT >= 1.21), so no LD_LIBRARY_PATH is needed.
         if hasattr(ort, "preload_dlls"):
             ort.preload_dlls()
-        return super()._open(artifact, threads)
+        return super()._open(artifact, threads, settings)
 
 
 class OrtCudaTf32(OrtCuda):

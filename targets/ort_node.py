@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .base import Artifact, BackendInfo, Feeds, PlacementRow, Session, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
 from .web_support import (
     HARNESS_DIR,
     decode_outputs,
@@ -102,5 +102,5 @@ class OrtNode(Target):
             return "Node.js is not installed (needs node >= 18 on PATH; Debian: apt-get install nodejs)"
         return missing_npm_package("onnxruntime-node")
 
-    def _open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         return NodeSession(artifact, threads, self.backend, self.ort_ep)

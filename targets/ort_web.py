@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from matrix import isolation
 
-from .base import Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, RunService, Session, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, RunService, Session, Settings, Target
 from .web_support import (
     HarnessServer,
     decode_outputs,
@@ -408,7 +408,7 @@ class OrtWebTarget(Target):
         if self.unavailable_reason() is None:
             shared_page(self.bundle)
 
-    def _open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         return WebSession(self, artifact, threads)
 
     def start_service(self, run_dir: Path) -> RunService | None:

@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 
 from . import isolated_env
-from .base import Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, Session, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, Knob, PlacementRow, PrepareContext, Session, Settings, Target
 
 REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
 CONVERT_SCRIPT = Path(__file__).parent / "tflite_convert.py"
@@ -75,6 +75,12 @@ class TfliteTarget(Target):
     # Which conversion produces this target's files: "dynamic" (fp32/fp16/int8 dynamic-range)
     # or "full" (full-integer int8 calibrated on the observation set).
     recipe: ClassVar[str] = "dynamic"
+    knobs = {
+        "threads": Knob("Interpreter(num_threads=...) (default: --threads)"),
+        # The same switch as the tflite-noxnn target, as a grid axis of this one (tflite-noxnn stays a
+        # target of its own: earlier results and --targets globs name it).
+        "xnnpack": Knob("XNNPACK delegate on (LiteRT's default) or off (builtin kernels only)", ("on", "off")),
+    }
 
     def runtime_version(self) -> str:
         return f"ai-edge-litert {litert_version() or 'missing'} ({converter_pin()})"
@@ -109,14 +115,16 @@ class TfliteTarget(Target):
         artifact.notes += flex_notes(artifact.op_inventory)
         return artifact
 
-    def _open(self, artifact: Artifact, threads: int) -> Session:
-        return TfliteSession(artifact, threads, self.xnnpack)
+    def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
+        xnnpack = settings.get("xnnpack", "on" if self.xnnpack else "off") == "on"
+        return TfliteSession(artifact, int(settings.get("threads", threads)), xnnpack)
 
 
 class TfliteNoXnnpack(TfliteTarget):
     name = "tflite-noxnn"
     summary = "onnx2tf -> LiteRT interpreter, builtin kernels only (XNNPACK delegate off)"
     xnnpack = False
+    knobs = {"threads": TfliteTarget.knobs["threads"]}  # XNNPACK is off by definition here
 
 
 class TfliteInt8Full(TfliteTarget):

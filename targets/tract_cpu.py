@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 import onnx
 
-from .base import Artifact, BackendInfo, Feeds, PlacementRow, Session, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
 
 WHERE = "tract (CPU)"
 
@@ -101,5 +101,5 @@ class TractCpu(Target):
             return "the tract package is not installed: run `policy-matrix setup core` (or pip install 'policy-matrix[tract]')"
         return None
 
-    def _open(self, artifact: Artifact, threads: int) -> Session:
+    def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         return TractSession(artifact)

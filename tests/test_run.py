@@ -150,12 +150,10 @@ def test_matrix_toml_sets_tolerances_and_a_broken_one_exits_2(tmp_path):
 
 
 def test_recommendation_prefers_the_smallest_of_equally_fast_passing_variants(ort_cpu_runs):
-    from matrix import report
-
     results = schema.load(ort_cpu_runs["pixel_cnn"] / "results.json")
-    (row,) = report.recommendations(results)
+    (decision,) = results.decision  # decided with no budget: quality and the default --prefer latency
     cells = {c.variant: c for c in results.cells}
-    chosen = cells[row["variant"]]
+    chosen = cells[decision.chosen.variant]
     fastest = min(c.latency[0].p50_us for c in cells.values())
     assert chosen.verdict == "PASS" and chosen.latency[0].p50_us <= fastest * 1.1
     smaller_and_as_fast = [c for c in cells.values() if c.artifact.size_bytes < chosen.artifact.size_bytes

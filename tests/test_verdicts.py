@@ -95,7 +95,7 @@ def test_int8_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, t
 
 
 def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_recommended():
-    from matrix import report
+    from matrix import decide as shipping
     from matrix.results import LatencyStats, RunResults
 
     counted = variants.quantization(policies.minmax_clip_mlp())
@@ -110,7 +110,9 @@ def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_reco
     assert verdict == "WARN" and "nothing quantized" in reasons[0]
     int8.verdict = verdict
     results = RunResults(tool_version="t", created="now", model={}, hosts=[], settings={}, lints=[], cells=[int8, fp32])
-    assert [row["variant"] for row in report.recommendations(results)] == ["fp32"]
+    (decision,) = shipping.decide_all(results, [])
+    assert decision.chosen.variant == "fp32" and decision.runner_up is None  # the faster-or-equal int8 is out
+    assert shipping.decide_target("h", "t", [int8], [], "latency").closest.misses == ["int8 in name only: nothing quantized"]
 
 
 # --- discrete actions ------------------------------------------------------------------------
@@ -281,7 +283,7 @@ def test_a_failed_tflite_int8_step_leaves_fp32_and_fp16_standing(built, tmp_path
 
 def test_a_tflite_int8_file_with_nothing_quantized_warns_and_is_never_recommended(built, tmp_path):
     _tflite_or_skip()
-    from matrix import report, results
+    from matrix import results
 
     done = run_cli("run", built("side_input_policy"), "--targets", "tflite", "--precisions", "fp32,int8", *FAST, "--out", tmp_path)
     cells = _cells(tmp_path)
@@ -289,8 +291,9 @@ def test_a_tflite_int8_file_with_nothing_quantized_warns_and_is_never_recommende
     assert int8["artifact"]["quantization"]["quantized_weights"] == 0, int8["artifact"]
     assert int8["verdict"] == "WARN" and "nothing quantized" in " ".join(int8["reasons"]), int8["reasons"]
     assert any("int8 in name only" in note for note in int8["artifact"]["notes"])
-    rows = report.recommendations(results.load(tmp_path / "results.json"))
-    assert all(row["variant"] != "int8" for row in rows), (rows, done.stderr)
+    decisions = results.load(tmp_path / "results.json").decision
+    assert decisions and all(d.chosen.variant != "int8" for d in decisions if d.chosen), (decisions, done.stderr)
+    assert all(d.runner_up is None or d.runner_up.variant != "int8" for d in decisions)
 
 
 def test_coreml_conversion_only_cell_is_converted_and_notes_the_tools_workaround(built, tmp_path):

@@ -75,7 +75,7 @@ def test_one_worker_serves_every_variant_and_a_crash_costs_only_its_cell(tmp_pat
 def test_a_hung_cell_times_out_and_the_next_cell_gets_a_fresh_worker(tmp_path, template):
     worker = cells.Worker(memory_limit=None, lifetime_s=600)
     try:
-        before = _serve(worker, tmp_path / "before", template)
+        _serve(worker, tmp_path / "before", template)
         endless = cells.CellSpec(**{**vars(template), "iters": 50_000_000, "latency_budget_s": 3600.0})
         hung = cells.execute(tmp_path / "hung", endless, {}, 10, lambda _: None, None, worker)
         assert hung.measurement["error"]["message"] == "timed out after 10 s (--timeout)"
