@@ -56,8 +56,9 @@ class LegendItem:
 
 def dot_plot(rows: list[Row], axis_title: str, tick_label, legend: list[LegendItem] = ()) -> Markup:
     """Rows of dots on one shared log x axis; `tick_label(10**k)` names each decade."""
-    values = [v for row in rows for m in row.marks for v in (m.value, m.range_to) if v is not None and v > 0]
-    values += [row.tick for row in rows if row.tick]
+    # The axis spans the finite values; an infinite one (NaN outputs, --tolerance X=inf) sits on its right edge.
+    values = [v for row in rows for m in row.marks for v in (m.value, m.range_to) if v is not None and 0 < v < math.inf]
+    values += [row.tick for row in rows if row.tick and row.tick < math.inf]
     if not rows:
         return Markup("")
     low, high = _decades(values)

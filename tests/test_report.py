@@ -127,3 +127,15 @@ def test_chart_text_is_escaped():
                               hostile, lambda v: hostile))
     assert "<img" not in svg and svg.count("&lt;img") == 5 + 2  # label, title, note, axis title and its aria-label + two decade labels
     assert 'href="#a&#34;b"' in svg
+
+
+def test_an_infinite_value_or_tolerance_sits_on_the_right_edge():
+    """NaN outputs give an infinite drift and `--tolerance X=inf` an infinite tick: the axis spans the
+    finite values and the infinite ones are drawn at its end, never a crash."""
+    from matrix import charts
+
+    rows = [charts.Row("a", [charts.Mark(float("inf"), "inf drift", "#000")], tick=float("inf")),
+            charts.Row("b", [charts.Mark(1e-4, "finite", "#000")], tick=1e-3)]
+    svg = str(charts.dot_plot(rows, "drift", lambda v: f"{v:g}"))
+    assert "nan" not in svg.lower() and "inf drift" in svg
+    assert ">0.0001<" in svg and ">0.001<" in svg  # decades come from the finite values
