@@ -13,6 +13,8 @@ from decision_policies import student, teacher
 from matrix import decide, results as schema
 from matrix.examples import path as example
 
+pytestmark = [pytest.mark.slow]  # CLI runs in subprocesses
+
 FAST = ("--iters", "30", "--warmup", "5", "--precisions", "fp32")
 
 
@@ -134,6 +136,7 @@ def test_settings_are_pruned_where_they_cannot_apply_and_typos_exit_2(tmp_path):
         assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.tflite_env
 def test_tflite_threads_are_a_settings_axis(tmp_path):
     import targets
 

@@ -18,6 +18,8 @@ from matrix import cells, observations, variants
 from matrix.examples import path as example
 from matrix.model import load
 
+pytestmark = [pytest.mark.slow]  # real worker processes, killed and timed out
+
 STATE_TIMEOUT_S = 300  # CI is a busy 2-core machine: a state that never comes fails the test
 
 
