@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import numpy as np
 from filelock import FileLock, Timeout
 from rich.console import Console
 from rich.markup import escape
@@ -128,9 +129,9 @@ def run(config: RunConfig, console: Console) -> RunResults:
     chunk = 0 if symbolic else observations.batch_multiple(model)
 
     console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds, whole)} observations")
-    ref, base = _isolated_reference(config, obs_path, chunk, console)
+    _announce_reference_rollout(config, console)
+    ref, base, ref_rollout = _isolated_reference(config, obs_path, chunk, console)
     reference.save(ref, config.out / "reference.npz")
-    ref_rollout = _reference_rollout(config, console)
     onnx_variants, variant_errors = variants.produce_all(model, config.precisions)
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
@@ -327,13 +328,14 @@ def _json_lines(path: Path) -> list[dict]:
     return lines
 
 
-def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, console) -> tuple[Reference, dict | None]:
-    """The reference and the baseline in a guarded process (see matrix.reference_job)."""
+def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, console):
+    """The reference, the baseline and the reference's rollout in a guarded process (see matrix.reference_job)."""
     folder = config.out / "reference"
     folder.mkdir(exist_ok=True)
-    for stale in ("reference.npz", "baseline.npz", "reference.json"):
+    for stale in ("reference.npz", "baseline.npz", "rollout.npz", "reference.json"):
         (folder / stale).unlink(missing_ok=True)
-    spec = {"model": str(config.model.path.resolve()), "observations": str(obs_path.resolve()), "chunk": chunk}
+    spec = {"model": str(config.model.path.resolve()), "observations": str(obs_path.resolve()), "chunk": chunk,
+            "rollout": config.rollout.as_dict() if config.rollout else None}
     (folder / "reference_spec.json").write_text(json.dumps(spec))
     ending = cells.run_guarded([sys.executable, "-m", "matrix.reference_job", str(folder)], folder / "reference.log",
                                dict(os.environ), config.timeout_s, config.memory_limit, lambda stage: None)
@@ -342,10 +344,22 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, console) 
         reason = cells.name_out_of_memory(report["error"], config.memory_limit) if "error" in report else ending.describe()
         raise InputError(f"the float64 reference of {config.model.path.name} could not be computed: {reason}")
     outputs, margins = reference_job.load(folder / "reference.npz")
-    if (folder / "baseline.npz").exists():
-        return Reference(outputs, margins), reference_job.load(folder / "baseline.npz")[0]
-    console.print(f"[yellow]ORT CPU fp32 baseline failed[/]: {report.get('baseline_error') or ending.describe()}")
-    return Reference(outputs, margins), None
+    base = reference_job.load(folder / "baseline.npz")[0] if (folder / "baseline.npz").exists() else None
+    if base is None:
+        console.print(f"[yellow]ORT CPU fp32 baseline failed[/]: {report.get('baseline_error') or ending.describe()}")
+    return Reference(outputs, margins), base, _reference_rollout(config, folder, report, ending)
+
+
+def _reference_rollout(config: RunConfig, folder: Path, report: dict, ending) -> rollouts.ReferenceRollout | None:
+    if config.rollout is None:
+        return None
+    if "rollout_error" in report:
+        raise InputError(report["rollout_error"])
+    if "rollout" not in report:
+        raise InputError(f"the float64 reference rollout of {config.model.path.name} did not finish: {ending.describe()}")
+    with np.load(folder / "rollout.npz", allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    return rollouts.reference_from(report["rollout"], arrays)
 
 
 def _observation_set(config: RunConfig) -> observations.Feeds:
@@ -373,14 +387,13 @@ def _empty_results(config: RunConfig, feeds, template: cells.CellSpec) -> RunRes
     )
 
 
-def _reference_rollout(config: RunConfig, console: Console) -> rollouts.ReferenceRollout | None:
-    """The float64 reference drives the same episodes: the behavioural ground truth."""
+def _announce_reference_rollout(config: RunConfig, console: Console) -> None:
+    """The float64 reference drives the same episodes (the behavioural ground truth), in the reference job."""
     plan = config.rollout
     if plan is None:
-        return None
+        return
     what = f"replay of {Path(plan.trajectory).name}" if plan.open_loop else f"{plan.episodes} episodes of {plan.env}"
     console.print(f"[bold]reference rollout[/]: float64 policy, {what}", highlight=False)
-    return rollouts.reference_rollout(config.model, plan)
 
 
 def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress, ref_rollout=None,

@@ -5,7 +5,8 @@ They evaluate the user's model, so they get the same protection as a cell
 (timeout, memory cap, death with the runner): a model with a Loop of 10^12
 iterations or one that allocates a gigabyte per call ends this process, not
 the run's. Reads DIR/reference_spec.json, writes DIR/reference.npz,
-DIR/baseline.npz (when ORT could run it) and DIR/reference.json.
+DIR/baseline.npz (when ORT could run it), DIR/rollout.npz (with --env or
+--trajectory: the reference's episodes) and DIR/reference.json.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from . import model as model_loader
-from . import observations, reference
+from . import observations, reference, rollouts
+from .errors import InputError
 
 
 def stage(name: str) -> None:
@@ -43,7 +45,21 @@ def main(folder: Path) -> None:
             save(folder / "baseline.npz", _prefixed("outputs", reference.baseline(info, feeds, spec["chunk"])))
         except Exception as error:  # the matrix still runs; that column stays empty
             report["baseline_error"] = _one_line(error)
+        if spec.get("rollout"):
+            stage("rollout")
+            _rollout(info, rollouts.RolloutPlan.from_dict(spec["rollout"]), folder, report)
     (folder / "reference.json").write_text(json.dumps(report))
+
+
+def _rollout(info, plan, folder: Path, report: dict) -> None:
+    """The float64 policy drives the cells' episodes here too, under the same guard as the reference."""
+    try:
+        measured, arrays = rollouts.reference_drive(info, plan)
+    except InputError as error:
+        report["rollout_error"] = str(error)
+        return
+    save(folder / "rollout.npz", arrays)
+    report["rollout"] = measured
 
 
 def save(path: Path, arrays: dict) -> None:

@@ -331,14 +331,22 @@ class ReferenceRollout:
 
 def reference_rollout(model: ModelInfo, plan: RolloutPlan) -> ReferenceRollout:
     """What the float64 reference does in the same episodes: the behavioural ground truth."""
-    step = reference_step(model)
+    return reference_from(*reference_drive(model, plan))
+
+
+def reference_drive(model: ModelInfo, plan: RolloutPlan) -> tuple[dict, dict[str, np.ndarray]]:
+    """The reference's episodes as the worker protocol's plain record (it runs in the guarded reference job)."""
     try:
-        if plan.open_loop:
-            return ReferenceRollout(actions=replay(step, plan))
-        return ReferenceRollout(episodes=run_episodes(step, plan))
+        return drive(reference_step(model), plan, lambda progress: None)
     except (ValueError, TypeError, AssertionError) as error:  # the env refused the policy's own actions
         what = "the trajectory" if plan.open_loop else f"--env {plan.env!r}"
         raise InputError(f"the float64 reference policy cannot drive {what}: {' '.join(str(error).split())[:300]}") from None
+
+
+def reference_from(measured: dict, arrays: dict[str, np.ndarray]) -> ReferenceRollout:
+    if "rollout/replay_actions" in arrays:
+        return ReferenceRollout(actions=arrays["rollout/replay_actions"])
+    return ReferenceRollout(episodes=episodes_from(arrays, measured))
 
 
 # --- worker <-> core: episodes as plain arrays ---------------------------------------------------

@@ -303,3 +303,13 @@ def test_a_policy_whose_actions_do_not_fit_the_env_is_bad_input(tmp_path):
     onnx.save(model, tmp_path / "two_floats.onnx")
     done = run_cli("run", tmp_path / "two_floats.onnx", "--targets", "ort-cpu", "--env", "CartPole-v1", "--out", tmp_path / "out")
     assert done.returncode == 2 and "one integer per step" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_reference_rollout_runs_under_the_timeout(policy_dir, tmp_path):
+    """The float64 policy's episodes run in the guarded reference job: 200 CartPole episodes of up to
+    500 steps through onnx.reference cannot finish in 3 s, and the run ends in one line, not a hang."""
+    done = run_cli("run", policy_dir / "cartpole.onnx", "--targets", "ort-cpu", "--precisions", "fp32", "--n-obs", "8",
+                   "--env", "CartPole-v1", "--episodes", "200", "--timeout", "3", "--out", tmp_path, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "timed out after 3 s" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "results.json").exists()  # no cell ran
