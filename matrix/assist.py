@@ -20,7 +20,7 @@ from rich.console import Console
 
 import targets as registry
 
-from . import cells, diagnose, messages, preparations
+from . import cells, diagnose, guarded, messages, preparations
 from .model import ModelInfo
 from .reference import Reference
 from .results import Cell, RunResults
@@ -33,7 +33,7 @@ class AssistContext:
     reference: Reference
     baseline: dict | None
     out: Path
-    timeout_s: float
+    limits: guarded.Limits
     env_for: object  # Services.env_for: the run's shared services (one browser)
 
 
@@ -67,8 +67,8 @@ def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
     console.print(f"[bold]diagnose[/]: {cell.target} {cell.variant}: intermediates against float64")
     folder = context.out / "diagnosis" / _slug(f"{cell.host}-{cell.target}-{cell.variant}")
     try:
-        cell.diagnosis = diagnose.diagnose_cell(cell, context.template, context.model.proto, folder,
-                                                context.env_for(target), context.timeout_s)
+        cell.diagnosis = diagnose.diagnose_cell(cell, context.template, context.model, folder,
+                                                context.env_for(target), context.limits)
     except Exception as error:  # the tool's own failure: said once, the cell's verdict stands
         cell.reasons.append(f"diagnosis could not be made (policy-matrix): {type(error).__name__}: {error}")
         return
@@ -90,7 +90,7 @@ def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
 
     try:
         env = context.env_for(target)
-        cell.fixes = preparations.try_fixes(cell, context.model, context.template, judge, folder, context.out, env, context.timeout_s)
+        cell.fixes = preparations.try_fixes(cell, context.model, context.template, judge, folder, context.out, env, context.limits)
     except Exception as error:  # the tool's own failure, never the runtime's verdict
         cell.reasons.append(f"graph preparations could not be tried (policy-matrix): {type(error).__name__}: {error}")
         return

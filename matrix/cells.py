@@ -110,7 +110,7 @@ class Ending:
         if self.returncode < 0:
             number = -self.returncode
             return f"killed by signal {number} ({_signal_name(number)}) after {self.duration_s:.1f} s" + (f": {tail}" if tail else "")
-        return f"worker exited with code {self.returncode}" + (f": {tail}" if tail else "")
+        return f"exited with code {self.returncode}" + (f": {tail}" if tail else "")
 
     def _log_tail(self) -> str:
         try:
@@ -245,7 +245,7 @@ def _follow(process: subprocess.Popen, last_stage: list, on_stage) -> None:
 
 
 MEMORY_WORDS = ("MemoryError", "bad_alloc", "Unable to allocate", "Failed to allocate", "Cannot allocate memory",
-                "out of memory", "std::length_error")
+                "out of memory", "std::length_error", "Memory allocation still failed")  # the last: OpenBLAS
 
 
 def _looks_out_of_memory(text: str) -> bool:

@@ -30,7 +30,9 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
-from . import cells, observations, reference
+from . import cells, guarded, observations, reference
+from . import model as model_loader
+from .model import ModelInfo
 from .preparations import constants
 from .verdict import WARN_FRACTION
 from .results import Cell, Diagnosis, NodeDrift
@@ -75,6 +77,19 @@ def reference_intermediates(proto: onnx.ModelProto, feeds: observations.Feeds) -
     names = _node_outputs(wide.graph)
     values = ReferenceEvaluator(wide).run(names, {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()})
     return dict(zip(names, values))
+
+
+def _guarded_intermediates(model: ModelInfo, subset_path: Path, folder: Path, limits: guarded.Limits) -> dict[str, np.ndarray]:
+    """reference_intermediates in a guarded process (matrix.guarded); arrays come back by index, names in JSON."""
+    answer = guarded.run("intermediates", {"model": str(model.path.resolve()), "observations": str(subset_path)}, folder, limits)
+    with np.load(folder / "intermediates.npz", allow_pickle=False) as data:
+        return {name: data[str(i)] for i, name in enumerate(answer["names"])}
+
+
+def guarded_step(spec: dict, folder: Path) -> dict:
+    values = reference_intermediates(model_loader.load(Path(spec["model"])).proto, observations.read(Path(spec["observations"])))
+    observations.save({str(i): value for i, value in enumerate(values.values())}, folder / "intermediates.npz")
+    return {"names": list(values)}
 
 
 def compare(
@@ -214,20 +229,23 @@ def _node_outputs(graph: onnx.GraphProto) -> list[str]:
 # --- running it through the cell's own target ------------------------------------------
 
 
-def diagnose_cell(cell: Cell, template: cells.CellSpec, original: onnx.ModelProto, folder: Path, env: dict, timeout_s: float) -> Diagnosis:
+def diagnose_cell(cell: Cell, template: cells.CellSpec, model: ModelInfo, folder: Path, env: dict, limits: guarded.Limits) -> Diagnosis:
     """Expose the cell variant's intermediates, run them on the cell's target, compare with float64."""
     folder.mkdir(parents=True, exist_ok=True)
+    original = model.proto
     variant = onnx.load(template.onnx_variants[cell.variant])
     feeds = _subset(template)
+    subset_path = folder / "observations.npz"
+    observations.save(feeds, subset_path)
     level = (cell.tolerance or 0.0) * (1.0 if cell.verdict == "FAIL" else WARN_FRACTION)
     diagnosis = Diagnosis(runtime=cell.target, observations=observations.count(feeds), threshold_rule=THRESHOLD_RULE, level=level)
-    outcome = _run_exposed(cell, template, variant, _node_outputs(original.graph), feeds, folder, env, timeout_s)
+    outcome = _run_exposed(cell, template, variant, _node_outputs(original.graph), subset_path, folder, env, limits)
     error = outcome.measurement.get("error")
     if error:
         diagnosis.note = f"the {cell.target} runtime could not run the graph with exposed intermediates: {error['message']}"
         return diagnosis
     actual = {key[len("outputs/"):]: value for key, value in outcome.arrays.items() if key.startswith("outputs/")}
-    expected = reference_intermediates(original, feeds)
+    expected = _guarded_intermediates(model, subset_path, folder / "float64", limits)
     diagnosis.nodes, diagnosis.first = compare(original, variant, expected, actual, level, cell.variant)
     if diagnosis.first is not None and not diagnosis.first.cause and cell.backend and "no shader-f16" in cell.backend.detail:
         diagnosis.first.cause = ("the WebGPU adapter has no shader-f16 feature, yet onnxruntime-web runs the fp16 kernels "
@@ -237,17 +255,16 @@ def diagnose_cell(cell: Cell, template: cells.CellSpec, original: onnx.ModelProt
     return diagnosis
 
 
-def _run_exposed(cell, template, variant, names, feeds, folder: Path, env, timeout_s) -> cells.CellOutcome:
+def _run_exposed(cell, template, variant, names, subset_path: Path, folder: Path, env, limits: guarded.Limits) -> cells.CellOutcome:
     """The exposed graph through the cell's own target, in a worker like any cell (one timed call, no contract runs)."""
-    exposed_path, subset_path = folder / "exposed.onnx", folder / "observations.npz"
+    exposed_path = folder / "exposed.onnx"
     onnx.save(expose_intermediates(variant, names), str(exposed_path))
-    observations.save(feeds, subset_path)
     spec = replace(
         template, target=cell.target, variant=cell.variant, observations=str(subset_path),
         onnx_variants={**template.onnx_variants, cell.variant: str(exposed_path)},
         batch_sizes=[template.chunk or 1], symbolic_batch=False, warmup=0, iters=1,
     )
-    return cells.execute(folder / "cell", spec, env, timeout_s, lambda stage: None)
+    return cells.execute(folder / "cell", spec, env, limits.timeout_s, lambda stage: None, memory_limit=limits.memory_limit)
 
 
 def _largest(nodes: list[NodeDrift]) -> str:

@@ -30,7 +30,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 import targets as registry
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, grid, observations, reference, reference_job, rollouts, variants
+from . import __version__, assist, cells, grid, guarded, observations, reference, reference_job, rollouts, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -66,6 +66,11 @@ class RunConfig:
     assist: bool = False  # graph preparations tried on failing cells (matrix/preparations.py)
     candidates: list[ModelInfo] = field(default_factory=list)  # --candidate: same interface, judged against `model`
     settings_grid: grid.Grid = field(default_factory=lambda: grid.Grid({}))  # --settings: runtime knobs per target
+
+    @property
+    def limits(self) -> guarded.Limits:
+        """What bounds every process that touches the model: cells, the reference and the tool's own steps."""
+        return guarded.Limits(self.timeout_s, self.memory_limit)
 
 
 def host_info(label: str) -> Host:
@@ -132,10 +137,10 @@ def run(config: RunConfig, console: Console) -> RunResults:
     _announce_reference_rollout(config, console)
     ref, base, ref_rollout = _isolated_reference(config, obs_path, chunk, console)
     reference.save(ref, config.out / "reference.npz")
-    onnx_variants, variant_errors = variants.produce_all(model, config.precisions)
+    onnx_variants, variant_errors = _variants_of(model, config, "model")
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
-    candidate_variants = {c.path.name: variants.produce_all(c, config.precisions) for c in config.candidates}
+    candidate_variants = {c.path.name: _variants_of(c, config, f"candidate-{i}") for i, c in enumerate(config.candidates)}
     template = cells.CellSpec(
         target="", variant="", observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
@@ -175,7 +180,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
                     results.cells.append(cell)
             finally:
                 workers.stop()
-        context = assist.AssistContext(config.model, template, ref, base, config.out, config.timeout_s, services.env_for)
+        context = assist.AssistContext(config.model, template, ref, base, config.out, config.limits, services.env_for)
         assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
         results.settings["interrupted_after_cells"] = len(results.cells)
@@ -326,6 +331,11 @@ def _json_lines(path: Path) -> list[dict]:
             if isinstance(data, dict):
                 lines.append(data)
     return lines
+
+
+def _variants_of(model: ModelInfo, config: RunConfig, slot: str) -> tuple[dict[str, Path], dict[str, str]]:
+    """The model's ONNX variants, made under the run's --timeout and memory cap (see matrix.variants)."""
+    return variants.produce_guarded(model, config.precisions, config.out / "variants" / slot, config.limits)
 
 
 def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, console):

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import cells
+from . import cells, guarded
 from . import model as model_loader
 from . import variants as core_variants
 from .model import ModelInfo
@@ -311,23 +311,40 @@ FIXED = ("PASS", "CONVERTED")
 
 def try_fixes(
     cell: Cell, info: ModelInfo, template: cells.CellSpec, judge: Callable[[cells.CellOutcome, Cell, ModelInfo], Cell],
-    folder: Path, report_root: Path, env: dict, timeout_s: float,
+    folder: Path, report_root: Path, env: dict, limits: guarded.Limits,
 ) -> list[FixAttempt]:
     """Try the candidates on one failing cell, cheapest first, until one PASSes."""
     folder.mkdir(parents=True, exist_ok=True)
     attempts = []
-    for name, prepared in candidates(info.proto):
+    for name, prepared in _guarded_candidates(info, folder / "candidates", limits):
         if prepared.error:
             attempts.append(FixAttempt(preparation=name, verdict="SKIP", reasons=[f"the preparation itself failed: {prepared.error}"]))
             continue
-        attempt = _attempt(cell, info, template, judge, folder, report_root, env, timeout_s, name, prepared)
+        attempt = _attempt(cell, info, template, judge, folder, report_root, env, limits, name, prepared)
         attempts.append(attempt)
         if attempt.verdict in FIXED:
             break
     return attempts
 
 
-def _attempt(cell, info, template, judge, folder, report_root, env, timeout_s, name, prepared: Prepared) -> FixAttempt:
+def _guarded_candidates(info: ModelInfo, folder: Path, limits: guarded.Limits) -> list[tuple[str, Prepared]]:
+    """`candidates` in a guarded process (matrix.guarded): onnxsim runs the model to check its folding."""
+    answer = guarded.run("preparations", {"model": str(info.path.resolve())}, folder, limits)
+    return [(row["name"], Prepared(onnx.load(str(folder / row["file"])), row["steps"], row["fixed_batch"],
+                                   {k: tuple(v) for k, v in row["host_argmax"].items()}, row["error"]))
+            for row in answer["candidates"]]
+
+
+def guarded_step(spec: dict, folder: Path) -> dict:
+    rows = []
+    for i, (name, prepared) in enumerate(candidates(model_loader.load(Path(spec["model"])).proto)):
+        onnx.save(prepared.proto, str(folder / f"{i}.onnx"))
+        rows.append({"name": name, "file": f"{i}.onnx", "steps": prepared.steps, "fixed_batch": prepared.fixed_batch,
+                     "host_argmax": prepared.host_argmax, "error": prepared.error})
+    return {"candidates": rows}
+
+
+def _attempt(cell, info, template, judge, folder, report_root, env, limits: guarded.Limits, name, prepared: Prepared) -> FixAttempt:
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     path = folder / f"{slug}.onnx"
     onnx.save(prepared.proto, str(path))
@@ -335,7 +352,7 @@ def _attempt(cell, info, template, judge, folder, report_root, env, timeout_s, n
                          host_step=_host_step(prepared))
     try:
         prepared_info = model_loader.load(path)
-        paths, errors = core_variants.produce_all(prepared_info, [cell.variant])
+        paths, errors = core_variants.produce_guarded(prepared_info, [cell.variant], folder / f"{slug}-variants", limits)
     except Exception as error:  # the tool made an unusable graph: its problem, not the runtime's
         attempt.reasons = [f"the prepared graph is unusable: {_one_line(error)}"]
         return attempt
@@ -345,7 +362,7 @@ def _attempt(cell, info, template, judge, folder, report_root, env, timeout_s, n
         variant_errors=errors, symbolic_batch=batch is None, chunk=batch or template.chunk,
         batch_sizes=[batch] if batch else template.batch_sizes,
     )
-    outcome = cells.execute(folder / slug, spec, env, timeout_s, lambda stage: None)
+    outcome = cells.execute(folder / slug, spec, env, limits.timeout_s, lambda stage: None, memory_limit=limits.memory_limit)
     _host_argmax(outcome.arrays, prepared.host_argmax)
     judged = judge(outcome, cell, dc_replace(info, inputs=prepared_info.inputs))
     attempt.verdict, attempt.reasons, attempt.drift = judged.verdict, judged.reasons, judged.max_drift

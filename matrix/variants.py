@@ -17,6 +17,10 @@ then fully converted with the interface restored by explicit Casts. A variant
 that still fails is the tool's problem: its cells are skipped with the reason,
 never failed on a runtime's account. An int8 file in which nothing was
 quantized is not int8 either (`quantization`).
+
+A run makes them in a guarded process (`produce_guarded`, see matrix.guarded):
+the check loads each variant in ONNX Runtime, which folds constants while it
+loads, so it gets the cells' timeout and memory cap.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import onnxruntime
 from onnxconverter_common import float16
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
+from . import guarded
+from . import model as model_loader
 from .model import ModelInfo
 from .paths import cache_dir
 
@@ -60,6 +66,20 @@ def produce_all(model: ModelInfo, variants: list[str]) -> tuple[dict[str, Path],
         except Exception as error:  # a converter's failure is the tool's problem, reported once
             errors[variant] = f"{variant} conversion failed: {type(error).__name__}: {error}".splitlines()[0]
     return paths, errors
+
+
+def produce_guarded(model: ModelInfo, variants: list[str], folder: Path, limits: guarded.Limits) -> tuple[dict[str, Path], dict[str, str]]:
+    """`produce_all` in a guarded process; a step that dies leaves every variant unmade, with why."""
+    try:
+        answer = guarded.run("variants", {"model": str(model.path.resolve()), "variants": variants}, folder, limits)
+    except guarded.StepFailed as error:
+        return {}, {variant: f"making the variants did not finish: {error}" for variant in dict.fromkeys(["fp32", *variants])}
+    return {k: Path(v) for k, v in answer["paths"].items()}, answer["errors"]
+
+
+def guarded_step(spec: dict, folder: Path) -> dict:
+    paths, errors = produce_all(model_loader.load(Path(spec["model"])), spec["variants"])
+    return {"paths": {k: str(v) for k, v in paths.items()}, "errors": errors}
 
 
 def _fp32(model: ModelInfo, out: Path) -> None:
