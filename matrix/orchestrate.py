@@ -17,6 +17,7 @@ import os
 import platform
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -135,12 +136,13 @@ def run(config: RunConfig, console: Console) -> RunResults:
 
     console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds, whole)} observations")
     _announce_reference_rollout(config, console)
-    ref, base, ref_rollout = _isolated_reference(config, obs_path, chunk, console)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
+        made = pool.submit(_all_variants, config)
+        ref, base, ref_rollout = _isolated_reference(config, obs_path, chunk, console)
+        (onnx_variants, variant_errors), candidate_variants = made.result()
     reference.save(ref, config.out / "reference.npz")
-    onnx_variants, variant_errors = _variants_of(model, config, "model")
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
-    candidate_variants = {c.path.name: _variants_of(c, config, f"candidate-{i}") for i, c in enumerate(config.candidates)}
     template = cells.CellSpec(
         target="", variant="", observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
@@ -331,6 +333,12 @@ def _json_lines(path: Path) -> list[dict]:
             if isinstance(data, dict):
                 lines.append(data)
     return lines
+
+
+def _all_variants(config: RunConfig) -> tuple[tuple[dict[str, Path], dict[str, str]], dict[str, tuple]]:
+    """The model's variants, and each candidate's by file name."""
+    candidates = {c.path.name: _variants_of(c, config, f"candidate-{i}") for i, c in enumerate(config.candidates)}
+    return _variants_of(config.model, config, "model"), candidates
 
 
 def _variants_of(model: ModelInfo, config: RunConfig, slot: str) -> tuple[dict[str, Path], dict[str, str]]:
