@@ -199,46 +199,58 @@ def _reshape_allowzero(prepared: Prepared) -> bool:
 
 
 def _gemm_bias_rank1(prepared: Prepared) -> bool:
-    graph = prepared.proto.graph
-    initializers = {tensor.name: tensor for tensor in graph.initializer}
-    changed = []
-    for node in graph.node:
-        if node.op_type != "Gemm" or len(node.input) < 3 or node.input[2] not in initializers:
-            continue
+    def rank1(node: onnx.NodeProto, initializers: dict) -> str | None:
+        if len(node.input) < 3 or node.input[2] not in initializers:
+            return None
         bias = numpy_helper.to_array(initializers[node.input[2]])
         if bias.ndim != 0:
-            continue
+            return None
         weights = initializers.get(node.input[1])
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        width = numpy_helper.to_array(weights).shape[0 if trans_b else 1] if weights is not None else 1
-        name = f"{node.input[2]}/rank1"
-        graph.initializer.append(numpy_helper.from_array(np.full((width,), bias, bias.dtype), name))
-        node.input[2] = name
-        changed.append(node.name or node.output[0])
-    _drop_unused_initializers(graph)
-    if changed:
-        prepared.steps.append(f"rank-0 Gemm bias -> rank 1: {', '.join(changed)}")
-    return bool(changed)
+        width = _gemm_width(node, numpy_helper.to_array(weights)) if weights is not None else 1
+        return _add_initializer(prepared.proto.graph, np.full((width,), bias, bias.dtype), f"{node.input[2]}/rank1")
+
+    return _rewrite_gemm_biases(prepared, rank1, "rank-0 Gemm bias -> rank 1")
 
 
 def _gemm_zero_bias(prepared: Prepared) -> bool:
     """An explicit zero bias for a Gemm without input C (onnxruntime-web's WebGL Gemm needs one)."""
+    def zero(node: onnx.NodeProto, initializers: dict) -> str | None:
+        if (len(node.input) > 2 and node.input[2]) or node.input[1] not in initializers:
+            return None
+        weights = numpy_helper.to_array(initializers[node.input[1]])
+        zeros = np.zeros((_gemm_width(node, weights),), weights.dtype)
+        return _add_initializer(prepared.proto.graph, zeros, f"{node.name or node.output[0]}/zero_bias")
+
+    return _rewrite_gemm_biases(prepared, zero, "explicit zero bias for Gemm without one")
+
+
+def _rewrite_gemm_biases(prepared: Prepared, new_bias: Callable[[onnx.NodeProto, dict], str | None], step: str) -> bool:
+    """Give each Gemm for which `new_bias` makes one (an initializer's name) that bias as input C."""
     graph = prepared.proto.graph
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     changed = []
-    for node in graph.node:
-        if node.op_type != "Gemm" or (len(node.input) > 2 and node.input[2]) or node.input[1] not in initializers:
+    for node in [n for n in graph.node if n.op_type == "Gemm"]:
+        bias = new_bias(node, initializers)
+        if bias is None:
             continue
-        weights = numpy_helper.to_array(initializers[node.input[1]])
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        name = f"{node.name or node.output[0]}/zero_bias"
-        graph.initializer.append(numpy_helper.from_array(np.zeros((weights.shape[0 if trans_b else 1],), weights.dtype), name))
         del node.input[2:]
-        node.input.append(name)
+        node.input.append(bias)
         changed.append(node.name or node.output[0])
+    _drop_unused_initializers(graph)
     if changed:
-        prepared.steps.append(f"explicit zero bias for Gemm without one: {', '.join(changed)}")
+        prepared.steps.append(f"{step}: {', '.join(changed)}")
     return bool(changed)
+
+
+def _gemm_width(node: onnx.NodeProto, weights: np.ndarray) -> int:
+    """A Gemm's output width: B's columns, or its rows when transB."""
+    trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+    return weights.shape[0 if trans_b else 1]
+
+
+def _add_initializer(graph: onnx.GraphProto, value: np.ndarray, name: str) -> str:
+    graph.initializer.append(numpy_helper.from_array(value, name))
+    return name
 
 
 def _softsign(prepared: Prepared) -> bool:
