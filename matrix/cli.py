@@ -211,6 +211,8 @@ BROWSER_PATH_OPTION = click.option(
               help="Largest mean-return distance from the reference: 0.05 or 5% (relative, default 0.05) or abs:10.")
 @click.option("--trajectory", type=click.Path(path_type=Path),
               help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it.")
+@click.option("--initial-state", type=click.Path(path_type=Path),
+              help="Recurrent state each episode starts from (.npz: one array per state input); default zeros.")
 @click.option("--diagnose", is_flag=True, help="For cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference.")
 @click.option("--assist", is_flag=True, help="For FAILed cells: try graph preparations (onnxsim, opset 17, rewrites) on the same target.")
 @click.option("--candidate", "candidate_paths", multiple=True, type=click.Path(path_type=Path),
@@ -232,7 +234,7 @@ BROWSER_PATH_OPTION = click.option(
 @BROWSER_PATH_OPTION
 def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
-        return_tolerance, trajectory, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer, fail_on, baseline,
+        return_tolerance, trajectory, initial_state, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer, fail_on, baseline,
         latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
     from . import candidates as candidate_models
@@ -276,7 +278,7 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
     model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
     settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
     rollout_options = {"env": env, "episodes": episodes, "env_kwargs": env_kwargs, "clip_actions": clip_actions,
-                       "return_tolerance": return_tolerance, "trajectory": trajectory}
+                       "return_tolerance": return_tolerance, "trajectory": trajectory, "initial_state": initial_state}
     settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options)
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
@@ -332,7 +334,7 @@ def _rollout_settings(info, seed: int, given: dict):
     if env and trajectory:
         raise InputError("--env and --trajectory exclude each other: closed loop with an env, or open loop along a recording")
     if not env and not trajectory:
-        given = sorted(key for key in ("episodes", "env_kwargs", "clip_actions") if chosen.get(key) is not None)
+        given = sorted(key for key in ("episodes", "env_kwargs", "clip_actions", "initial_state") if chosen.get(key) is not None)
         if given:
             raise InputError(f"--{given[0].replace('_', '-')} needs --env (an environment to drive)")
         return None, return_tolerance
@@ -343,6 +345,8 @@ def _rollout_settings(info, seed: int, given: dict):
         clip_actions=bool(chosen.get("clip_actions", False)),
         trajectory=str(Path(trajectory).resolve()) if trajectory else "",
     )
+    if chosen.get("initial_state"):
+        rollouts.set_initial_state(plan, Path(chosen["initial_state"]))
     rollouts.check(plan)
     return plan, return_tolerance
 

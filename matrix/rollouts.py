@@ -6,7 +6,8 @@ matter. Here a `step(feeds) -> outputs` callable (a cell's own session at batch 
 or the float64 reference) drives a Gymnasium environment; episode i resets with
 seed + i (Stable-Baselines3's evaluation convention), so every cell and host
 sees the same initial states. A recurrent policy (an input/output state pair)
-carries its state from step to step, starting from zeros.
+carries its state from step to step, starting from zeros or the values given
+(`--initial-state`).
 
 Without an environment, a recorded observation sequence is replayed open loop
 (`--trajectory`) and the drift of each step's action is reported along it.
@@ -24,6 +25,7 @@ import math
 import os
 import sys
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -54,6 +56,7 @@ class StatePair:
     output: str
     shape: list[int]  # without the batch dimension
     dtype: str
+    initial: list | None = None  # --initial-state: the values every episode starts from (None: zeros)
 
 
 @dataclass
@@ -71,6 +74,7 @@ class RolloutPlan:
     clip_actions: bool = False
     states: list[StatePair] = field(default_factory=list)
     trajectory: str = ""  # .npy of recorded observations, replayed open loop instead of an env
+    initial_state: str = ""  # the --initial-state file's name, for the report (the values are in `states`)
 
     @classmethod
     def from_dict(cls, data: dict) -> "RolloutPlan":
@@ -85,11 +89,12 @@ class RolloutPlan:
 
     def describe(self) -> dict:
         """The run's settings entry: what a reader needs to reproduce the episodes."""
+        states = {"states": [s.input for s in self.states], "initial_state": self.initial_state or "zeros"} if self.states else {}
         if self.open_loop:
-            return {"mode": "open-loop", "trajectory": Path(self.trajectory).name, "states": [s.input for s in self.states]}
+            return {"mode": "open-loop", "trajectory": Path(self.trajectory).name, **states}
         return {"mode": "closed-loop", "env": self.env, "env_kwargs": self.env_kwargs, "episodes": self.episodes,
                 "seeds": f"{self.seed}..{self.seed + self.episodes - 1}", "clip_actions": self.clip_actions,
-                "states": [s.input for s in self.states], "divergence_epsilon": DIVERGENCE_EPSILON}
+                **states, "divergence_epsilon": DIVERGENCE_EPSILON}
 
 
 # --- the plan: which input is the observation, which output the action, which pairs are state ---
@@ -244,7 +249,34 @@ class Episode:
 
 
 def initial_state(plan: RolloutPlan) -> Feeds:
-    return {s.input: np.zeros([1, *s.shape], dtype=s.dtype) for s in plan.states}
+    return {s.input: np.zeros([1, *s.shape], dtype=s.dtype) if s.initial is None
+            else np.asarray(s.initial, dtype=s.dtype).reshape([1, *s.shape]) for s in plan.states}
+
+
+def set_initial_state(plan: RolloutPlan, path: Path) -> None:
+    """--initial-state FILE.npz: one array per state input, with or without its batch of 1; others start at zeros."""
+    pairs = {s.input: s for s in plan.states}
+    if not pairs:
+        raise InputError(f"--initial-state {path.name}: the model has no recurrent state pair to start")
+    try:
+        data = np.load(path, allow_pickle=False)  # a user's file: never unpickled
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not named arrays")
+        with data:
+            given = {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise InputError(f"--initial-state {path}: not a readable .npz file ({error})") from None
+    for name, value in given.items():
+        pair = pairs.get(name)
+        if pair is None:
+            raise InputError(f"--initial-state: {name[:100]!r} is not a recurrent state input; those are {sorted(pairs)}")
+        if value.dtype.kind not in "biuf" or list(value.shape) not in (pair.shape, [1, *pair.shape]):
+            raise InputError(f"--initial-state: {name!r} is {value.dtype} {list(value.shape)}; the state is "
+                             f"{pair.dtype} {[1, *pair.shape]}")
+        if not np.isfinite(value.astype(np.float64)).all():
+            raise InputError(f"--initial-state: {name!r} holds non-finite values")
+        pair.initial = value.astype(pair.dtype).reshape(pair.shape).tolist()
+    plan.initial_state = path.name
 
 
 def run_episode(step: Step, env, plan: RolloutPlan, seed: int) -> Episode:

@@ -9,6 +9,7 @@ browser's wasm backend.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,47 @@ def test_a_recurrent_policy_carries_its_state(policy_dir):
     assert record.action_agreement == 1.0 and record.return_delta == 0.0
 
 
+def test_a_given_initial_state_starts_every_episode_of_the_cell_and_the_reference(policy_dir, tmp_path):
+    np.savez(tmp_path / "start.npz", h_in=np.array([1.0]))
+    the_plan = plan(policy_dir / "recurrent.onnx", "CartPole-v1", episodes=2)
+    rollouts.set_initial_state(rollouts.RolloutPlan.from_dict(the_plan.as_dict()), tmp_path / "start.npz")  # a copy
+    assert the_plan.states[0].initial is None
+    rollouts.set_initial_state(the_plan, tmp_path / "start.npz")
+    the_plan = rollouts.RolloutPlan.from_dict(json.loads(json.dumps(the_plan.as_dict())))  # as a worker reads it
+    for episode in rollouts.run_episodes(ort_step(policy_dir / "recurrent.onnx"), the_plan):
+        assert list(episode.actions[:6]) == [1, 0, 1, 0, 1, 0]  # the given state first
+    reference = rollouts.reference_rollout(model_loader.load(policy_dir / "recurrent.onnx"), the_plan)
+    assert [list(e.actions[:2]) for e in reference.episodes] == [[1, 0], [1, 0]]
+    assert the_plan.describe()["initial_state"] == "start.npz"
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"c_in": np.zeros(1)}, "'c_in' is not a recurrent state input; those are ['h_in']"),
+    ({"h_in": np.zeros(3)}, "'h_in' is float64 [3]; the state is float32 [1, 1]"),
+    ({"h_in": np.array([np.nan])}, "'h_in' holds non-finite values"),
+    ({"h_in": np.array(["on"])}, "'h_in' is <U2 [1]"),
+])
+def test_a_wrong_initial_state_is_one_line(policy_dir, tmp_path, arrays, message):
+    np.savez(tmp_path / "start.npz", **arrays)
+    with pytest.raises(InputError, match=re.escape(message)):
+        rollouts.set_initial_state(plan(policy_dir / "recurrent.onnx", "CartPole-v1"), tmp_path / "start.npz")
+
+
+def test_an_initial_state_is_refused_where_it_cannot_apply(policy_dir, tmp_path):
+    np.save(tmp_path / "pickled.npy", np.array([{"h_in": 1}], dtype=object))  # not an .npz, and a pickle inside
+    with pytest.raises(InputError, match="not a readable .npz file"):
+        rollouts.set_initial_state(plan(policy_dir / "recurrent.onnx", "CartPole-v1"), tmp_path / "pickled.npy")
+    np.save(tmp_path / "plain.npy", np.ones(1))
+    with pytest.raises(InputError, match="not a readable .npz file"):
+        rollouts.set_initial_state(plan(policy_dir / "recurrent.onnx", "CartPole-v1"), tmp_path / "plain.npy")
+    np.savez(tmp_path / "start.npz", h_in=np.ones(1))
+    with pytest.raises(InputError, match="has no recurrent state pair"):
+        rollouts.set_initial_state(plan(policy_dir / "cartpole.onnx", "CartPole-v1"), tmp_path / "start.npz")
+    done = run_cli("run", policy_dir / "recurrent.onnx", "--targets", "ort-cpu", "--initial-state", tmp_path / "start.npz",
+                   "--out", tmp_path / "out")
+    assert done.returncode == 2 and "--initial-state needs --env" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_clipping_is_applied_only_when_asked_and_counted():
     from gymnasium import spaces
 
@@ -243,11 +285,16 @@ def test_open_loop_replay_reports_drift_per_step(policy_dir, tmp_path):
     assert "Open loop" in (tmp_path / "out" / "index.html").read_text()
 
 
-def test_cli_carries_recurrent_state_through_the_worker(policy_dir, tmp_path):
-    data = _run(policy_dir / "recurrent.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32",
-                "--env", "CartPole-v1", "--episodes", "2")
+@pytest.mark.parametrize("given", [False, True])
+def test_cli_carries_recurrent_state_through_the_worker(policy_dir, tmp_path, given):
+    np.savez(tmp_path / "start.npz", h_in=np.ones((1, 1), np.float32))
+    start = ("--initial-state", str(tmp_path / "start.npz")) if given else ()
+    data = _run(policy_dir / "recurrent.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
+                "--env", "CartPole-v1", "--episodes", "2", *start)
     cell = data["cells"][0]
     assert data["settings"]["rollout"]["states"] == ["h_in"]
+    # the toggle's actions invert with its start: agreement with the reference means both started alike
+    assert data["settings"]["rollout"]["initial_state"] == ("start.npz" if given else "zeros")
     assert cell["rollout"]["action_agreement"] == 1.0 and cell["rollout"]["return_delta"] == 0.0
     assert cell["verdict"] != "FAIL", cell["reasons"]
 
