@@ -18,26 +18,52 @@ The machine's load changes every number: run it twice and compare like with like
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import psutil  # the dev extra's; it reads the run's process tree
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "matrix" / "example_policies"
 CELL_STAGES = ("start", "prepare", "open", "contract", "parity", "rollout", "latency", "placement", "between cells")
 
 
-def run_matrix(policy: Path, targets: str, precisions: str, extra: list[str], out: Path) -> float:
+def run_matrix(policy: Path, targets: str, precisions: str, extra: list[str], out: Path) -> tuple[float, int]:
+    """When the run started, and the peak resident memory of its whole process tree (runner, reference,
+    tool steps, workers, browser), summed over the processes alive at each 0.1 s sample."""
     command = [sys.executable, "-m", "matrix", "-q", "run", str(policy), "--out", str(out), "--targets", targets,
                "--precisions", precisions, "--fail-on", "never", *extra]
     started = time.time()
-    finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    if finished.returncode != 0:
-        sys.exit(f"policy-matrix run failed ({finished.returncode}): {finished.stderr.strip()[-2000:]}")
-    return started
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as process:
+        peak = [0]
+        sampler = threading.Thread(target=_sample_rss, args=(process.pid, peak), daemon=True)
+        sampler.start()
+        stderr = process.stderr.read()
+        process.wait()
+        sampler.join()
+    if process.returncode != 0:
+        sys.exit(f"policy-matrix run failed ({process.returncode}): {stderr.strip()[-2000:]}")
+    return started, peak[0]
+
+
+def _sample_rss(pid: int, peak: list[int]) -> None:
+    try:
+        root = psutil.Process(pid)
+        while root.is_running() and root.status() != psutil.STATUS_ZOMBIE:
+            total = 0
+            for process in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += process.memory_info().rss
+            peak[0] = max(peak[0], total)
+            time.sleep(0.1)
+    except psutil.Error:  # the run ended between two samples
+        pass
 
 
 def mtime(path: Path) -> float | None:
@@ -78,8 +104,8 @@ def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str
     report_written = mtime(out / "index.html")
     run_steps = {
         "cli start, model, observations": reference_start - started,
-        "reference (own process)": reference_end - reference_start,
-        "variants, services": first_cell - reference_end,
+        "reference and variants (own processes)": reference_end - reference_start,
+        "services": first_cell - reference_end,
         "cells": (last_finished or first_cell) - first_cell,
         "report": report_written - (last_finished or first_cell),
         "exit": ended - report_written,
@@ -87,9 +113,9 @@ def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str
     return per_target, run_steps
 
 
-def print_tables(policy: str, wall: float, per_target, run_steps) -> None:
+def print_tables(policy: str, wall: float, peak_rss: int, per_target, run_steps) -> None:
     shown = [name for name in CELL_STAGES if any(name in row for row in per_target.values())]
-    print(f"\n== {policy}: wall {wall:.1f} s ==")
+    print(f"\n== {policy}: wall {wall:.1f} s, peak RSS of the run's processes {peak_rss / 2**30:.2f} GiB ==")
     print(f"{'target':<18}" + "".join(f"{name:>14}" for name in shown) + f"{'total':>10}")
     for target, row in per_target.items():
         print(f"{target:<18}" + "".join(f"{row.get(name, 0.0):>14.2f}" for name in shown) + f"{sum(row.values()):>10.2f}")
@@ -97,8 +123,8 @@ def print_tables(policy: str, wall: float, per_target, run_steps) -> None:
     print(f"{'all targets':<18}" + "".join(f"{totals[name]:>14.2f}" for name in shown) + f"{sum(totals.values()):>10.2f}")
     print()
     for name, value in run_steps.items():
-        print(f"  {name:<34}{value:>8.2f} s")
-    print(f"  {'sum of steps':<34}{sum(run_steps.values()):>8.2f} s   (wall {wall:.2f} s, "
+        print(f"  {name:<40}{value:>8.2f} s")
+    print(f"  {'sum of steps':<40}{sum(run_steps.values()):>8.2f} s   (wall {wall:.2f} s, "
           f"unaccounted {wall - sum(run_steps.values()):.2f} s)")
 
 
@@ -116,11 +142,11 @@ def main() -> None:
         policy = Path(name) if name.endswith(".onnx") else POLICIES / f"{name}.onnx"
         with tempfile.TemporaryDirectory(prefix="matrix-wall-") as scratch:
             out = Path(scratch) / "report"
-            started = run_matrix(policy, args.targets, args.precisions, args.extra, out)
+            started, peak_rss = run_matrix(policy, args.targets, args.precisions, args.extra, out)
             ended = time.time()
             per_target, run_steps = account(out, started, ended)
-        print_tables(policy.stem, ended - started, per_target, run_steps)
-        recorded[policy.stem] = {"wall_s": ended - started, "targets": per_target, "run": run_steps}
+        print_tables(policy.stem, ended - started, peak_rss, per_target, run_steps)
+        recorded[policy.stem] = {"wall_s": ended - started, "peak_rss_bytes": peak_rss, "targets": per_target, "run": run_steps}
     if args.json:
         args.json.write_text(json.dumps(recorded, indent=2))
 

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import math
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .preparations import DEPLOYMENT_BATCH  # noqa: E402
-from .report_behaviour import figure_svg  # noqa: E402
-from .results import Diagnosis, RunResults  # noqa: E402
+from .report_behaviour import figure_svg, pyplot
+from .results import Diagnosis, RunResults
 
 BEFORE, DIVERGED, AFTER = "#9aa0a6", "#d64545", "#e8a0a0"
 
 
 def context(results: RunResults) -> dict:
     charts = {cell.key: node_drift_chart(cell.diagnosis) for cell in results.cells if cell.diagnosis and cell.diagnosis.nodes}
+    if not any(cell.fixes for cell in results.cells):
+        return {"node_charts": charts}
+    from .preparations import DEPLOYMENT_BATCH  # onnx and onnxruntime come with it: only for a Fixes section
+
     return {"node_charts": charts, "deployment_batch": DEPLOYMENT_BATCH}
 
 
@@ -34,6 +32,7 @@ def node_drift_chart(diagnosis: Diagnosis) -> str:
         colours.append(DIVERGED if node.node == first else AFTER if seen_first else BEFORE)
     labels = [f"{n.node} ({n.op_type})" for n in nodes]
     values = [ceiling if not math.isfinite(n.drift) else max(n.drift, 1e-12) for n in nodes]
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(8, 0.9 + 0.28 * len(nodes)))
     axes.barh(labels, values, color=colours)
     axes.scatter([n.threshold for n in nodes], labels, marker="|", s=160, color="#222", label="threshold", zorder=3)

@@ -44,7 +44,7 @@ def returns_chart(results: RunResults) -> str:
         return ""
     multi = len(results.hosts) > 1
     labels = ["float64 reference"] + [_label(c, multi) for c in cells]
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(8, 0.9 + 0.32 * len(labels)))
     reference = cells[0].rollout
     axes.scatter([e.reference_return for e in reference.episodes], [labels[0]] * len(reference.episodes),
@@ -61,8 +61,8 @@ def returns_chart(results: RunResults) -> str:
     return figure_svg(figure, plt)
 
 
-def _pyplot():
-    """matplotlib, imported only when a run has episodes to draw (it costs ~0.9 s to import). The other
+def pyplot():
+    """matplotlib, imported only when a run has episodes or a diagnosis to draw (it costs ~0.9 s to import). The other
     charts are hand-made SVG on log axes; returns need a linear axis that crosses zero, which matplotlib
     draws without more code here."""
     import matplotlib
