@@ -98,7 +98,10 @@ def _target_names(value: str, skip: str = "") -> list[str]:
 
     from .selection import select_targets
 
-    return select_targets(value, skip, list(registry.REGISTRY))
+    chosen = select_targets(value, skip, list(registry.REGISTRY))
+    for label in chosen:  # a malformed @release, or one on a target that has none, is bad input
+        registry.get(label)
+    return chosen
 
 
 def _precisions(value: str) -> list[str]:

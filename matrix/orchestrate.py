@@ -28,6 +28,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import targets as registry
+from targets import versions
 from targets.base import RunService, Target
 
 from . import __version__, assist, cells, grid, observations, reference, reference_job, rollouts, variants
@@ -400,7 +401,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
               worker: cells.Worker | None = None):
     variant = spec.variant
     label = escape(_cell_label(target.name, variant, spec.candidate, spec.settings))
-    reason = target.unavailable_reason() or target.variant_skip_reason(variant)
+    reason = target.unavailable_reason() or target.variant_skip_reason(variant) or versions.install_problem(target)
     if reason:
         progress.add_task(f"{label}: [dim]SKIP[/]", total=1, completed=1, start=False)
         cell = cells.skipped(host=host, target=target.name, variant=variant, reason=reason, runtime_version=_version(target))
@@ -414,7 +415,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
             progress.update(task, completed=cells.STAGES.index(stage_name), description=f"{label}: {name}")
 
     try:
-        env = services.env_for(target)
+        env = {**services.env_for(target), **versions.worker_env(target)}
     except Exception as error:  # a service that cannot start costs its cells only
         outcome = cells.CellOutcome({"error": {"stage": "service", "message": f"{type(error).__name__}: {error}"}}, {}, 0.0)
     else:
@@ -424,7 +425,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
     judged_by_behaviour = bool(spec.candidate and config.rollout)
     cell = cells.judge(
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
-        reference=ref, baseline=base, tolerance=config.tolerances.get(target.name, variant),
+        reference=ref, baseline=base, tolerance=config.tolerances.get(versions.base_name(target.name), variant),
         tie_margin=config.tie_margin, min_agreement=config.min_agreement,
         reference_rollout=ref_rollout, rollout_plan=config.rollout, return_tolerance=config.return_tolerance,
         parity_judged=not judged_by_behaviour,

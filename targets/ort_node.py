@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from .versions import NpmRelease
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
 from .web_support import (
     HARNESS_DIR,
@@ -27,6 +28,7 @@ from .web_support import (
 )
 
 RUNNER = HARNESS_DIR / "node" / "runner.mjs"
+NODE_FLOOR = "1.17.0"  # pinned releases (`ort-node@1.20.1`), measured: see README "Runtime versions"
 
 
 @functools.cache
@@ -74,7 +76,8 @@ class NodeSession(Session):
     def backend(self) -> BackendInfo:
         placed = placement_from_log(self.log)
         actual = self.backend_name if self.ort_ep in placed else ", ".join(placed) or "unknown"
-        return BackendInfo(self.backend_name, actual, detail=f"node {self.opened['versions'].get('nodejs', '')}")
+        loaded = self.opened["versions"]  # as the runtime reports itself: a pinned release shows here
+        return BackendInfo(self.backend_name, actual, detail=f"onnxruntime-node {loaded.get('node', '?')}, node {loaded.get('nodejs', '')}")
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -93,6 +96,8 @@ class OrtNode(Target):
     summary = "onnxruntime-node (Node.js), CPU execution provider"
     backend = "cpu"
     ort_ep = "CPUExecutionProvider"
+    release = NpmRelease("onnxruntime-node", floor=NODE_FLOOR,
+                         why_floor="the oldest release whose placement log and env.versions the runner reads")
 
     def runtime_version(self) -> str:
         return f"onnxruntime-node {npm_package_version('onnxruntime-node') or '(not installed)'}, node {node_version() or '(missing)'}"

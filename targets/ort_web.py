@@ -31,6 +31,7 @@ from typing import ClassVar
 
 from matrix import isolation
 
+from .versions import NpmRelease
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, RunService, Session, Settings, Target
 from .web_support import (
     HarnessServer,
@@ -52,6 +53,9 @@ BROWSER_PATH_ENV = "POLICY_MATRIX_BROWSER_PATH"  # a Chrome / Chromium executabl
 # A software (SwiftShader) adapter's latency means nothing and a conv policy at
 # batch 64 takes ~0.3 s per call there: time a few calls, not the run's hundreds.
 EMULATED_WARMUP, EMULATED_ITERS = 3, 20
+# Pinned releases (`ort-web-wasm@1.22.0`): 1.19.0 is the first to ship the ES-module bundles the page
+# imports (ort.wasm.min.mjs, ort.webgl.min.mjs, ort.min.mjs); 1.17 and 1.18 have none.
+WEB_FLOOR = "1.19.0"
 SYSTEM_CHROMIUM = (
     "/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",  # Debian, Ubuntu, CI runners
     "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome", "/Applications/Chromium.app/Contents/MacOS/Chromium",
@@ -366,6 +370,8 @@ class WebSession(Session):
         rows = self.placement() if self.sessions else []
         info = self.target.verify_backend(self.probe, self._first_log(), bool(self.sessions), rows)
         info.timer_resolution_us = self.page.versions.get("timerStepUs")
+        loaded = self.page.versions.get("version", {}).get("web")  # as the page's ORT reports itself
+        info.detail = "; ".join(filter(None, [info.detail, f"onnxruntime-web {loaded} in the page" if loaded else ""]))
         if info.emulated:
             info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
         if self.target.backend == "webgpu" and self.artifact.extra.get("variant") == "fp16" and not self.probe.get("shaderF16"):
@@ -392,6 +398,9 @@ class OrtWebTarget(Target):
     ort_ep: ClassVar[str | None]  # ORT's name for the EP in its placement log
     where_label: ClassVar[str]
     fixed_batch: ClassVar[bool] = False
+    release: ClassVar[NpmRelease] = NpmRelease(
+        "onnxruntime-web", floor=WEB_FLOOR,
+        why_floor="the oldest release with the ES-module bundles the page imports (ort.wasm.min.mjs, ort.webgl.min.mjs)")
 
     def runtime_version(self) -> str:
         return f"onnxruntime-web {npm_package_version('onnxruntime-web') or '(not installed)'}, {chromium_version()}"
