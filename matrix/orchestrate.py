@@ -38,6 +38,7 @@ from .model import ModelInfo
 from .options import default_memory_limit
 from .reference import Reference
 from .results import Cell, Host, LintResult, RunResults, append_jsonl, settings_label
+from .runtime_versions import base_name
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
 
@@ -425,7 +426,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
     judged_by_behaviour = bool(spec.candidate and config.rollout)
     cell = cells.judge(
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
-        reference=ref, baseline=base, tolerance=config.tolerances.get(versions.base_name(target.name), variant),
+        reference=ref, baseline=base, tolerance=config.tolerances.get(base_name(target.name), variant),
         tie_margin=config.tie_margin, min_agreement=config.min_agreement,
         reference_rollout=ref_rollout, rollout_plan=config.rollout, return_tolerance=config.return_tolerance,
         parity_judged=not judged_by_behaviour,

@@ -25,8 +25,8 @@ def _matching(pattern: str, known: list[str], option: str) -> list[str]:
 
 def _matching_labels(pattern: str, known: list[str], option: str) -> list[str]:
     """Targets a pattern matches, each with the pattern's @release when it has one."""
-    names, _, version = pattern.partition("@")
-    return [f"{name}@{version}" if version else name for name in _matching(names, known, option)]
+    names, pinned_to, version = pattern.partition("@")
+    return [f"{name}{pinned_to}{version}" for name in _matching(names, known, option)]
 
 
 def select_targets(spec: str, skip: str, known: list[str]) -> list[str]:

@@ -25,8 +25,8 @@ REGISTRY: dict[str, Target] = {
 
 def get(name: str) -> Target:
     """A registered target, or one pinned to a release: `ort-cpu@1.20.1` (see targets/versions.py)."""
-    base, _, version = name.partition("@")
-    if not version:
+    base, pinned_to, _ = name.partition("@")
+    if not pinned_to:
         return REGISTRY[name]
     from .versions import pinned
 

@@ -28,7 +28,7 @@ from .web_support import (
 )
 
 RUNNER = HARNESS_DIR / "node" / "runner.mjs"
-NODE_FLOOR = "1.17.0"  # pinned releases (`ort-node@1.20.1`), measured: see README "Runtime versions"
+NODE_FLOOR = "1.17.0"  # pinned releases (`ort-node@1.20.1`): the oldest tried, and it runs the harness (measured)
 
 
 @functools.cache
@@ -97,7 +97,7 @@ class OrtNode(Target):
     backend = "cpu"
     ort_ep = "CPUExecutionProvider"
     release = NpmRelease("onnxruntime-node", floor=NODE_FLOOR,
-                         why_floor="the oldest release whose placement log and env.versions the runner reads")
+                         why_floor="the oldest release tried with the runner (1.17.0 runs it)")
 
     def runtime_version(self) -> str:
         return f"onnxruntime-node {npm_package_version('onnxruntime-node') or '(not installed)'}, node {node_version() or '(missing)'}"

@@ -52,19 +52,9 @@ class VersionUnavailable(CellSkip):
     """The release cannot be installed here: the installer's words are the cell's SKIP reason."""
 
 
-def split_label(label: str) -> tuple[str, str]:
-    """'ort-cpu@1.20.1' -> ('ort-cpu', '1.20.1'); 'ort-cpu' -> ('ort-cpu', '')."""
-    name, _, version = label.partition(SEPARATOR)
-    return name, version
-
-
-def base_name(label: str) -> str:
-    return split_label(label)[0]
-
-
 def check_version(label: str) -> str:
     """The version part of `label`, or bad input when it is not a release number."""
-    version = split_label(label)[1]
+    version = label.partition(SEPARATOR)[2]
     if len(version) > 64 or not _VERSION.match(version):
         raise InputError(f"--targets {label!r}: {version!r} is not a release number (expected NAME@X.Y.Z, e.g. ort-cpu@1.20.1)")
     return version
@@ -200,6 +190,9 @@ def install_problem(target: Target) -> str | None:
     """None when the target's pinned release is installed (installing it now if needed), else why not."""
     if not is_pinned(target):
         return None
+    release = release_of(target)
+    if _release_key(target.pinned_version) < _release_key(release.floor):
+        return f"not run: {target.name} is older than the harness supports ({release.package} >= {release.floor}: {release.why_floor})"
     if target.name not in _INSTALL_FAILED:
         try:
             worker_env(target)
