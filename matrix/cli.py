@@ -435,10 +435,16 @@ def _print_regressions(found) -> None:
 
 @app.command("targets")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list on stdout (name, runtime, available, reason, summary).")
-def list_targets(as_json: bool) -> None:
+@click.option("--versions", "versions_of", metavar="TARGET",
+              help="List the releases of TARGET's runtime the registry offers (PyPI or npm) that the harness supports: "
+                   "run one with --targets TARGET@VERSION.")
+def list_targets(as_json: bool, versions_of: str | None) -> None:
     """Every known target, and whether it can run here (or what to do about it)."""
     import targets as registry
 
+    if versions_of:
+        _list_versions(versions_of, as_json)
+        return
     rows = [{"name": target.name, "runtime": _safe_version(target), "available": reason is None, "reason": reason,
              "summary": target.summary}
             for target in registry.REGISTRY.values() for reason in [target.unavailable_reason()]]
@@ -452,6 +458,27 @@ def list_targets(as_json: bool) -> None:
         status = "[green]available[/]" if row["available"] else f"[yellow]{escape(row['reason'])}[/]"
         table.add_row(escape(row["name"]), escape(row["runtime"]), status, escape(row["summary"]))
     _stdout().print(table)
+
+
+def _list_versions(name: str, as_json: bool) -> None:
+    import subprocess
+
+    import targets as registry
+    from targets import versions
+
+    if name not in registry.REGISTRY:
+        raise InputError(f"--versions: unknown target {name!r}; known: {', '.join(registry.REGISTRY)}")
+    target = registry.get(name)
+    try:
+        offered = versions.supported_versions(target)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
+        raise InputError(f"--versions {name}: cannot list releases: {error}") from None
+    if as_json:
+        _print_json(offered)
+        return
+    release = versions.release_of(target)
+    click.echo(f"{name} runs {release.package}; releases from {release.floor} on ({release.why_floor}):")
+    click.echo(" ".join(offered))
 
 
 def _print_json(data) -> None:
