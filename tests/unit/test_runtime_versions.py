@@ -183,3 +183,15 @@ def test_the_report_shows_the_versions_section_escaped(shard):
     assert "ort-cpu@1.20.1" in section and "1.50×" in section
     assert "<script>alert" not in section and "&lt;script&gt;" in section
     assert 'id="versions"' not in render_html(shard)
+
+
+def test_settings_of_a_target_apply_to_its_pinned_releases():
+    import targets
+    from matrix import grid
+
+    selected = [targets.get("ort-cpu@1.20.1"), targets.get("ort-cpu"), targets.get("tract")]
+    built = grid.build(grid.parse(["ort-cpu:threads=1,2"]), selected)
+    assert built.for_target("ort-cpu@1.20.1") == built.for_target("ort-cpu") == [{"threads": "1"}, {"threads": "2"}]
+    assert built.for_target("tract") == [{}]
+    only_pinned = grid.build(grid.parse(["ort-cpu@1.20.1:opt=basic"]), selected)
+    assert only_pinned.for_target("ort-cpu@1.20.1") == [{"opt": "basic"}] and only_pinned.for_target("ort-cpu") == [{}]
