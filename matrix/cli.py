@@ -146,20 +146,20 @@ def _use_user_browser(context: click.Context, parameter: click.Parameter, value:
     """--browser-endpoint / --browser-path reach the browser targets (and their cell workers) through the environment."""
     if not value:
         return
-    from targets import ort_web  # only when asked: keeps the CLI's start-up free of the browser code
+    from targets import chromium  # only when asked: keeps the CLI's start-up free of the browser code
 
     if parameter.name == "browser_endpoint":
         try:
-            ort_web.user_browser_version(value)
+            chromium.user_browser_version(value)
         except ValueError as error:
             raise click.BadParameter(str(error), param=parameter) from None
         except OSError as error:
             raise click.BadParameter(f"no DevTools endpoint answers at {value} ({error})", param=parameter) from None
-        os.environ[ort_web.BROWSER_ENDPOINT_ENV] = value
+        os.environ[chromium.BROWSER_ENDPOINT_ENV] = value
     else:
         if not os.access(value, os.X_OK):
             raise click.BadParameter(f"{value} is not an executable file", param=parameter)
-        os.environ[ort_web.BROWSER_PATH_ENV] = value
+        os.environ[chromium.BROWSER_PATH_ENV] = value
 
 
 BROWSER_ENDPOINT_OPTION = click.option(
