@@ -178,7 +178,8 @@ BROWSER_PATH_OPTION = click.option(
               callback=run_config_file.load_into,
               help="Settings file (default ./matrix.toml, else [tool.policy-matrix] in ./pyproject.toml).")
 @click.option("--targets", default="all", show_default=True,
-              help="Comma-separated target names or globs (ort-web-*), or 'all'.")
+              help="Comma-separated target names or globs (ort-web-*), or 'all'. NAME@VERSION runs that release of the "
+                   "runtime beside the default (ort-cpu@1.20.1,ort-cpu); `policy-matrix targets --versions NAME` lists them.")
 @click.option("--skip", default="", help="Comma-separated target names or globs to leave out.")
 @click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated variants: fp32, fp16, int8.")
 @click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")

@@ -416,7 +416,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
             progress.update(task, completed=cells.STAGES.index(stage_name), description=f"{label}: {name}")
 
     try:
-        env = {**services.env_for(target), **versions.worker_env(target)}
+        env = services.env_for(target)
     except Exception as error:  # a service that cannot start costs its cells only
         outcome = cells.CellOutcome({"error": {"stage": "service", "message": f"{type(error).__name__}: {error}"}}, {}, 0.0)
     else:
@@ -464,6 +464,10 @@ class Services:
         self.running: dict[str, RunService] = {}
 
     def env_for(self, target: Target) -> dict[str, str]:
+        """What a worker of `target` needs: its service's endpoint, and a pinned release's environment."""
+        return {**self._service_env(target), **versions.worker_env(target)}
+
+    def _service_env(self, target: Target) -> dict[str, str]:
         key = target.service_key
         if key is None:
             return {}
