@@ -259,12 +259,8 @@ def render_html(results: RunResults) -> str:
         noisy_ratio=NOISY_P99_OVER_P50, is_noisy=noisy, duration=_duration, script=script, script_hash=_csp_hash(script),
         behaviour=_behaviour_context(results),
         assist=assist_report.context(results),
-        versions=runtime_versions.comparisons(results), drift=_drift_text,
+        versions=runtime_versions.comparisons(results), quality=runtime_versions.quality,
     )
-
-
-def _drift_text(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2e}"
 
 
 def _behaviour_context(results: RunResults) -> dict:

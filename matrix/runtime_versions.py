@@ -53,6 +53,11 @@ class VersionComparison:
     only_in_one: int = 0  # nodes listed by one release only (fusions differ between releases)
 
     @property
+    def placement_compared(self) -> bool:
+        """Both releases reported placement (a SKIP or a failed open reports none: nothing to compare)."""
+        return bool(self.reference.placement and self.other.placement)
+
+    @property
     def latency_ratios(self) -> dict[int, float]:
         """Batch -> other's p50 / reference's p50 (above 1: the other release is slower)."""
         before = {s.batch: s.p50_us for s in self.reference.latency}
@@ -75,6 +80,14 @@ def comparisons(results: RunResults) -> list[VersionComparison]:
                 moved, only = placement_diff(reference, other)
                 found.append(VersionComparison(host, target, variant, configuration, reference, other, moved, only))
     return found
+
+
+def quality(cell: Cell) -> str:
+    """The cell's distance from the reference as the report states it: max drift, or the agreement of discrete actions."""
+    if cell.max_drift is not None:
+        return f"{cell.max_drift:.2e}"
+    agreement = [p.agreement for p in cell.parity if p.agreement is not None]
+    return f"{min(agreement):.1%} agree" if agreement else "–"
 
 
 def placement_diff(reference: Cell, other: Cell) -> tuple[list[tuple[str, str, str]], int]:

@@ -195,3 +195,12 @@ def test_settings_of_a_target_apply_to_its_pinned_releases():
     assert built.for_target("tract") == [{}]
     only_pinned = grid.build(grid.parse(["ort-cpu@1.20.1:opt=basic"]), selected)
     assert only_pinned.for_target("ort-cpu@1.20.1") == [{"opt": "basic"}] and only_pinned.for_target("ort-cpu") == [{}]
+
+
+def test_a_skipped_release_has_no_placement_to_compare(shard):
+    results = _with_release(shard, "99.0.0", 1.0, None)
+    skipped = results.cells[-1]
+    skipped.verdict, skipped.placement, skipped.latency, skipped.parity = "SKIP", [], [], []
+    row = runtime_versions.comparisons(results)[0]
+    assert not row.placement_compared and row.latency_ratios == {}
+    assert runtime_versions.quality(skipped) == "–" and runtime_versions.quality(row.reference).endswith("e-07")
