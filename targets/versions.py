@@ -5,7 +5,7 @@ cell's target everywhere (grid, tables, results.json), and the cell keeps the ex
 string the runtime reports. No suffix means the project's pinned default.
 
 Where the release comes from (measured on Linux x86_64, Python 3.11):
-- Python runtimes (onnxruntime, tract): `pip install --no-deps --target DIR PACKAGE==VERSION`,
+- Python runtimes (onnxruntime, tract, ai-edge-litert): `pip install --no-deps --target DIR PACKAGE==VERSION`,
   put first on the cell worker's PYTHONPATH. The worker is the same `matrix.worker --serve` in
   the project's venv, so --timeout and the memory cap cover it alike, and everything else
   (numpy, onnx) stays the project's. An overlay, not a venv: onnxruntime 1.20.1 imports beside
@@ -33,6 +33,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from matrix.errors import InputError
 from matrix.paths import cache_dir
 
@@ -42,9 +44,10 @@ from .isolated_env import build_once
 SEPARATOR = "@"
 PINNED_ENV = "POLICY_MATRIX_PINNED"  # the label whose environment a worker was started in
 NODE_MODULES_ENV = "POLICY_MATRIX_NODE_MODULES"  # the pinned npm release's node_modules (web_support reads it)
-# Digits first, then only letters, digits and . - + (PEP 440 and semver, e.g. 1.22.0-dev.20250409-89f8206ba4):
-# the version becomes part of a folder name and an installer argument, so nothing else gets through.
-_VERSION = re.compile(r"^\d+(\.\d+){1,3}([-+.]?[0-9A-Za-z]+)*$")
+# X.Y.Z, then only letters, digits and . - + (PEP 440 and semver, e.g. 1.22.0-dev.20250409-89f8206ba4):
+# the version becomes part of a folder name and an installer argument, so nothing else gets through; and a
+# shorter one (1.22) is a range to npm, not one release.
+_VERSION = re.compile(r"^\d+\.\d+\.\d+([-+.]?[0-9A-Za-z]+)*$")
 INSTALL_TIMEOUT_S = 900
 
 
@@ -98,6 +101,13 @@ class PipRelease:
     def loaded_version(self) -> str:
         return importlib.metadata.version(self.package)
 
+    def same_release(self, loaded: str, wanted: str) -> bool:
+        """PEP 440 equality: pip installs 1.22.0rc1 for 1.22.0-rc1."""
+        try:
+            return Version(loaded) == Version(wanted)
+        except InvalidVersion:
+            return loaded == wanted
+
     def registry_versions(self) -> list[str]:
         done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", self.package, "--disable-pip-version-check"],
                               capture_output=True, text=True, timeout=120)
@@ -140,6 +150,9 @@ class NpmRelease:
     def loaded_version(self) -> str:
         manifest = Path(os.environ.get(NODE_MODULES_ENV, "")) / self.package / "package.json"
         return json.loads(manifest.read_text())["version"] if manifest.is_file() else "(none)"
+
+    def same_release(self, loaded: str, wanted: str) -> bool:
+        return loaded == wanted
 
     def registry_versions(self) -> list[str]:
         npm = shutil.which("npm")
@@ -223,7 +236,7 @@ def check_loaded(target: Target) -> None:
         loaded = release.loaded_version()
     except importlib.metadata.PackageNotFoundError:
         loaded = "(none)"
-    if os.environ.get(PINNED_ENV) != target.name or loaded != target.pinned_version:
+    if os.environ.get(PINNED_ENV) != target.name or not release.same_release(loaded, target.pinned_version):
         raise CellSkip(f"not run: the tool's problem: the worker for {target.name} loaded {release.package} {loaded}, "
                        f"not {target.pinned_version}")
 

@@ -101,7 +101,7 @@ def test_bad_model_exits_2_with_one_line(case, command, tmp_path):
         (["--targets", "ort-cpu@1.x"], "is not a release number"),
         (["--targets", "ort-cpu@../../etc"], "is not a release number"),
         (["--targets", "no-such-target@1.20.1"], "unknown target"),
-        (["--targets", "coreml@9.0"], "cannot be pinned to a release"),
+        (["--targets", "coreml@9.0.0"], "cannot be pinned to a release"),
     ],
 )
 def test_bad_options_exit_2(args, expected, tmp_path):

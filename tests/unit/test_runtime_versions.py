@@ -36,7 +36,7 @@ def test_an_unknown_name_with_a_release_is_still_an_unknown_target():
         select_targets("nope@1.2.3", "", KNOWN)
 
 
-@pytest.mark.parametrize("label", ["ort-cpu@", "ort-cpu@1", "ort-cpu@latest", "ort-cpu@1.2.3/..", "ort-cpu@../../x",
+@pytest.mark.parametrize("label", ["ort-cpu@", "ort-cpu@1", "ort-cpu@1.20", "ort-web-wasm@^1.22.0", "ort-cpu@latest", "ort-cpu@1.2.3/..", "ort-cpu@../../x",
                                    "ort-cpu@1.2 3", "ort-cpu@1..2", f"ort-cpu@1.{'9' * 70}"])
 def test_a_malformed_release_is_bad_input(label):
     import targets
@@ -46,7 +46,7 @@ def test_a_malformed_release_is_bad_input(label):
 
 
 @pytest.mark.parametrize("label", ["ort-cpu@1.20.1", "ort-web-wasm@1.22.0-dev.20250409-89f8206ba4", "tract@0.23.0",
-                                   "onnx@1.2.3rc1"])
+                                   "onnx@1.2.3rc1", "onnx@1.2.3.post1"])
 def test_release_numbers_pass_the_syntax_check(label):
     from targets.versions import check_version
 
@@ -57,7 +57,7 @@ def test_a_target_without_releases_cannot_be_pinned():
     import targets
 
     with pytest.raises(InputError, match="coreml cannot be pinned.*ort-cpu"):
-        targets.get("coreml@9.0")
+        targets.get("coreml@9.0.0")
 
 
 def test_a_pinned_target_is_the_same_target_under_its_label():
@@ -89,6 +89,16 @@ def test_a_worker_that_imported_another_release_refuses_the_cell(monkeypatch):
     with pytest.raises(CellSkip, match=f"loaded onnxruntime {onnxruntime.__version__}, not 1.20.1"):
         versions.check_loaded(targets.get("ort-cpu@1.20.1"))
     versions.check_loaded(targets.get("ort-cpu"))  # the default has nothing to check
+    monkeypatch.setenv(versions.PINNED_ENV, f"ort-cpu@{onnxruntime.__version__}")
+    versions.check_loaded(targets.get(f"ort-cpu@{onnxruntime.__version__}"))  # the release it asked for: runs
+
+
+def test_pip_and_npm_spell_one_release_their_own_way():
+    from targets.versions import NpmRelease, PipRelease
+
+    assert PipRelease("x", "0.0.0", "").same_release("1.22.0rc1", "1.22.0-rc1")
+    assert not PipRelease("x", "0.0.0", "").same_release("1.32.0", "1.20.1")
+    assert not NpmRelease("x", "0.0.0", "").same_release("1.22.1", "1.22.0")
 
 
 @pytest.mark.parametrize("text, release", [
