@@ -13,8 +13,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .versions import NpmRelease
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
+from .versions import NpmRelease
 from .web_support import (
     HARNESS_DIR,
     decode_outputs,
@@ -77,7 +77,8 @@ class NodeSession(Session):
         placed = placement_from_log(self.log)
         actual = self.backend_name if self.ort_ep in placed else ", ".join(placed) or "unknown"
         loaded = self.opened["versions"]  # as the runtime reports itself: a pinned release shows here
-        return BackendInfo(self.backend_name, actual, detail=f"onnxruntime-node {loaded.get('node', '?')}, node {loaded.get('nodejs', '')}")
+        return BackendInfo(self.backend_name, actual,
+                           detail=f"onnxruntime-node {loaded.get('node', '?')}, node {loaded.get('nodejs', '')}")
 
     def close(self) -> None:
         if self.process.poll() is None:

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import ClassVar
 
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, RunService, Session, Settings, Target
-from .chromium import BROWSER_ENDPOINT_ENV, ChromiumService, UserBrowser, chromium_version, drop_page, shared_page, web_unavailable_reason
+from .chromium import (
+    BROWSER_ENDPOINT_ENV,
+    ChromiumService,
+    UserBrowser,
+    chromium_version,
+    drop_page,
+    shared_page,
+    web_unavailable_reason,
+)
 from .versions import NpmRelease
 from .web_support import (
     decode_outputs,

@@ -15,8 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 import onnx
 
-from .versions import PipRelease
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
+from .versions import PipRelease
 
 WHERE = "tract (CPU)"
 # Pinned releases (`tract@0.23.0`): 0.22 and older have no `tract.onnx().load()` (measured: 0.20.22, 0.21.0, 0.22.4).

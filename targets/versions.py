@@ -140,8 +140,8 @@ class NpmRelease:
                                    "--ignore-scripts", "--loglevel=error", f"{self.package}@{version}"],
                                   capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, env=environment)
             if done.returncode != 0:
-                raise VersionUnavailable(f"npm cannot install {self.package}@{version} here: "
-                                         f"{_meaningful_line(done.stderr, ('npm error code', 'npm ERR! code'), first=True) or 'no reason given'}")
+                words = _meaningful_line(done.stderr, ("npm error code", "npm ERR! code"), first=True)
+                raise VersionUnavailable(f"npm cannot install {self.package}@{version} here: {words or 'no reason given'}")
         return build_once(self.directory(version), build)
 
     def worker_env(self, directory: Path) -> dict[str, str]:
@@ -205,7 +205,8 @@ def install_problem(target: Target) -> str | None:
         return None
     release = release_of(target)
     if _release_key(target.pinned_version) < _release_key(release.floor):
-        return f"not run: {target.name} is older than the harness supports ({release.package} >= {release.floor}: {release.why_floor})"
+        return (f"not run: {target.name} is older than the harness supports "
+                f"({release.package} >= {release.floor}: {release.why_floor})")
     if target.name not in _INSTALL_FAILED:
         try:
             worker_env(target)
