@@ -98,7 +98,10 @@ def _target_names(value: str, skip: str = "") -> list[str]:
 
     from .selection import select_targets
 
-    return select_targets(value, skip, list(registry.REGISTRY))
+    chosen = select_targets(value, skip, list(registry.REGISTRY))
+    for label in chosen:  # a malformed @release, or one on a target that has none, is bad input
+        registry.get(label)
+    return chosen
 
 
 def _precisions(value: str) -> list[str]:
@@ -143,20 +146,20 @@ def _use_user_browser(context: click.Context, parameter: click.Parameter, value:
     """--browser-endpoint / --browser-path reach the browser targets (and their cell workers) through the environment."""
     if not value:
         return
-    from targets import ort_web  # only when asked: keeps the CLI's start-up free of the browser code
+    from targets import chromium  # only when asked: keeps the CLI's start-up free of the browser code
 
     if parameter.name == "browser_endpoint":
         try:
-            ort_web.user_browser_version(value)
+            chromium.user_browser_version(value)
         except ValueError as error:
             raise click.BadParameter(str(error), param=parameter) from None
         except OSError as error:
             raise click.BadParameter(f"no DevTools endpoint answers at {value} ({error})", param=parameter) from None
-        os.environ[ort_web.BROWSER_ENDPOINT_ENV] = value
+        os.environ[chromium.BROWSER_ENDPOINT_ENV] = value
     else:
         if not os.access(value, os.X_OK):
             raise click.BadParameter(f"{value} is not an executable file", param=parameter)
-        os.environ[ort_web.BROWSER_PATH_ENV] = value
+        os.environ[chromium.BROWSER_PATH_ENV] = value
 
 
 BROWSER_ENDPOINT_OPTION = click.option(
@@ -175,7 +178,8 @@ BROWSER_PATH_OPTION = click.option(
               callback=run_config_file.load_into,
               help="Settings file (default ./matrix.toml, else [tool.policy-matrix] in ./pyproject.toml).")
 @click.option("--targets", default="all", show_default=True,
-              help="Comma-separated target names or globs (ort-web-*), or 'all'.")
+              help="Comma-separated target names or globs (ort-web-*), or 'all'. NAME@VERSION runs that release of the "
+                   "runtime beside the default (ort-cpu@1.20.1,ort-cpu); `policy-matrix targets --versions NAME` lists them.")
 @click.option("--skip", default="", help="Comma-separated target names or globs to leave out.")
 @click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated variants: fp32, fp16, int8.")
 @click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
@@ -436,10 +440,16 @@ def _print_regressions(found) -> None:
 
 @app.command("targets")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list on stdout (name, runtime, available, reason, summary).")
-def list_targets(as_json: bool) -> None:
+@click.option("--versions", "versions_of", metavar="TARGET",
+              help="List the releases of TARGET's runtime the registry offers (PyPI or npm) that the harness supports: "
+                   "run one with --targets TARGET@VERSION.")
+def list_targets(as_json: bool, versions_of: str | None) -> None:
     """Every known target, and whether it can run here (or what to do about it)."""
     import targets as registry
 
+    if versions_of:
+        _list_versions(versions_of, as_json)
+        return
     rows = [{"name": target.name, "runtime": _safe_version(target), "available": reason is None, "reason": reason,
              "summary": target.summary}
             for target in registry.REGISTRY.values() for reason in [target.unavailable_reason()]]
@@ -453,6 +463,27 @@ def list_targets(as_json: bool) -> None:
         status = "[green]available[/]" if row["available"] else f"[yellow]{escape(row['reason'])}[/]"
         table.add_row(escape(row["name"]), escape(row["runtime"]), status, escape(row["summary"]))
     _stdout().print(table)
+
+
+def _list_versions(name: str, as_json: bool) -> None:
+    import subprocess
+
+    import targets as registry
+    from targets import versions
+
+    if name not in registry.REGISTRY:
+        raise InputError(f"--versions: unknown target {name!r}; known: {', '.join(registry.REGISTRY)}")
+    target = registry.get(name)
+    try:
+        offered = versions.supported_versions(target)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
+        raise InputError(f"--versions {name}: cannot list releases: {error}") from None
+    if as_json:
+        _print_json(offered)
+        return
+    release = versions.release_of(target)
+    click.echo(f"{name} runs {release.package}; releases from {release.floor} on ({release.why_floor}):")
+    click.echo(" ".join(offered))
 
 
 def _print_json(data) -> None:

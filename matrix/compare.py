@@ -9,6 +9,8 @@ Cells are matched by (host, target, variant, candidate, settings). A regression 
   (cells on emulated adapters are not compared);
 - fallback: nodes that now fall back and did not before.
 Cells only in one of the two files are not regressions (target subsets differ).
+When the runtime's version differs between the two (a nightly after an upgrade), each of that
+cell's regressions names it: "ort-web-wasm 1.22.0 -> 1.30.0: batch 1: p50 ...".
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 from .errors import InputError
 from .results import Cell, Regression, RunResults
+from .runtime_versions import version_change
 
 DRIFT_NOISE_FLOOR = 1e-6  # below this, growth is float32 rounding, not a change
 
@@ -34,8 +37,9 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
     for cell in current.cells:
         old = before.get(cell.key)
         if old is not None:
-            found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind, detail=detail,
-                                 configuration=cell.configuration)
+            change = version_change(cell.target, old.runtime_version, cell.runtime_version)
+            found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind,
+                                 detail=f"{change}: {detail}" if change else detail, configuration=cell.configuration)
                       for kind, detail in _changes(old, cell, thresholds)]
     return found
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from targets.base import Settings, Target
 
 from .errors import InputError
+from .runtime_versions import base_name
 
 
 @dataclass
@@ -62,7 +63,8 @@ def build(specs: list[SettingsSpec], selected: list[Target]) -> Grid:
     values: dict[str, dict[str, list[str]]] = {target.name: {} for target in selected}
     pruned = []
     for spec in specs:
-        matched = [t for t in selected if fnmatch.fnmatchcase(t.name, spec.targets)]
+        # `ort-cpu:threads=1,2` also sets ort-cpu@1.20.1: releases of one target are compared under the same settings
+        matched = [t for t in selected if any(fnmatch.fnmatchcase(name, spec.targets) for name in (t.name, base_name(t.name)))]
         if not matched:
             raise InputError(f"--settings {spec.text!r}: {spec.targets!r} matches none of the selected targets "
                              f"({', '.join(t.name for t in selected)})")

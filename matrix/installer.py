@@ -149,11 +149,11 @@ def python_playwright(report: Reporter) -> None:
 
 def chromium(report: Reporter) -> None:
     """A Playwright-managed Chromium where one exists, else the system's; Debian's package as root."""
-    from targets import ort_web
+    from targets import chromium as browser  # this function's own name is `chromium`
 
-    ort_web.playwright_missing.cache_clear()  # playwright may have been installed by the step before
-    ort_web.chromium_executable.cache_clear()
-    found = ort_web.chromium_executable()
+    browser.playwright_missing.cache_clear()  # playwright may have been installed by the step before
+    browser.chromium_executable.cache_clear()
+    found = browser.chromium_executable()
     if found:
         report.ok(f"Chromium at {found}")
         return
@@ -164,7 +164,7 @@ def chromium(report: Reporter) -> None:
                                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
                 if done.returncode != 0:
                     raise SetupError(f"{' '.join(command)} failed: {_last_line(done.stderr)}")
-        ort_web.chromium_executable.cache_clear()
+        browser.chromium_executable.cache_clear()
         return
     report.warn("no Chromium found: install Chromium or Chrome (see web_harness/README.md), "
                 "or run `python -m playwright install chromium`")

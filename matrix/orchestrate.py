@@ -29,6 +29,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import targets as registry
+from targets import versions
 from targets.base import RunService, Target
 
 from . import __version__, assist, cells, grid, guarded, observations, reference, reference_job, rollouts, variants
@@ -38,6 +39,7 @@ from .model import ModelInfo
 from .options import default_memory_limit
 from .reference import Reference
 from .results import Cell, Host, LintResult, RunResults, append_jsonl, settings_label
+from .runtime_versions import base_name
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
 
@@ -158,6 +160,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     configurations = _configurations(config)
     results.grid = _grid_record(config, len(configurations))
     _print_grid(config, len(configurations), console)
+    _install_releases(config.targets, console)
     jsonl = Journal(config.out / "results.jsonl", run_id, model.sha256, console)
     if finished:
         console.print(f"[bold]resume[/]: keeping {len(finished)} finished cells of run {run_id}")
@@ -238,6 +241,15 @@ def _print_grid(config: RunConfig, size: int, console: Console) -> None:
     console.print(f"[bold]grid[/]: {size} configurations: {'; '.join(axes)}", highlight=False)
     for pruned in config.settings_grid.pruned:
         console.print(f"[dim]not run: {escape(pruned)} (that target has no such setting)[/]", highlight=False)
+
+
+def _install_releases(labels: list[str], console: Console) -> None:
+    """Pinned releases (`ort-cpu@1.20.1`) are installed before the first cell, said aloud: a first npm install
+    takes tens of seconds, and one that cannot be installed is known before its cells SKIP."""
+    for target in (registry.get(label) for label in labels):
+        if versions.is_pinned(target) and target.unavailable_reason() is None:
+            console.print(f"[bold]release[/]: {escape(target.name)}: "
+                          f"{escape(versions.install_problem(target) or 'ready')}", highlight=False)
 
 
 def _cell_label(target: str, variant: str, candidate: str, knobs: dict[str, str]) -> str:
@@ -418,7 +430,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
               worker: cells.Worker | None = None):
     variant = spec.variant
     label = escape(_cell_label(target.name, variant, spec.candidate, spec.settings))
-    reason = target.unavailable_reason() or target.variant_skip_reason(variant)
+    reason = target.unavailable_reason() or target.variant_skip_reason(variant) or versions.install_problem(target)
     if reason:
         progress.add_task(f"{label}: [dim]SKIP[/]", total=1, completed=1, start=False)
         cell = cells.skipped(host=host, target=target.name, variant=variant, reason=reason, runtime_version=_version(target))
@@ -442,7 +454,7 @@ def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, ser
     judged_by_behaviour = bool(spec.candidate and config.rollout)
     cell = cells.judge(
         outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
-        reference=ref, baseline=base, tolerance=config.tolerances.get(target.name, variant),
+        reference=ref, baseline=base, tolerance=config.tolerances.get(base_name(target.name), variant),
         tie_margin=config.tie_margin, min_agreement=config.min_agreement,
         reference_rollout=ref_rollout, rollout_plan=config.rollout, return_tolerance=config.return_tolerance,
         parity_judged=not judged_by_behaviour,
@@ -480,6 +492,10 @@ class Services:
         self.running: dict[str, RunService] = {}
 
     def env_for(self, target: Target) -> dict[str, str]:
+        """What a worker of `target` needs: its service's endpoint, and a pinned release's environment."""
+        return {**self._service_env(target), **versions.worker_env(target)}
+
+    def _service_env(self, target: Target) -> dict[str, str]:
         key = target.service_key
         if key is None:
             return {}

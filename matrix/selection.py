@@ -1,4 +1,8 @@
-"""Which targets a run covers: names or shell-style globs (`ort-web-*`), minus `--skip` globs."""
+"""Which targets a run covers: names or shell-style globs (`ort-web-*`), minus `--skip` globs.
+
+A name or glob may carry a release, `ort-cpu@1.20.1` or `ort-web-*@1.22.0`: each target it
+matches is run at that release too (targets/versions.py); no suffix is the project's default.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +23,16 @@ def _matching(pattern: str, known: list[str], option: str) -> list[str]:
     return found
 
 
+def _matching_labels(pattern: str, known: list[str], option: str) -> list[str]:
+    """Targets a pattern matches, each with the pattern's @release when it has one."""
+    names, pinned_to, version = pattern.partition("@")
+    return [f"{name}{pinned_to}{version}" for name in _matching(names, known, option)]
+
+
 def select_targets(spec: str, skip: str, known: list[str]) -> list[str]:
     """Targets `spec` names ('all', names, globs; in the order given) that no `skip` glob matches."""
-    wanted = known if spec.strip() == "all" else [n for p in _patterns(spec) for n in _matching(p, known, "--targets")]
-    skipped = {name for pattern in _patterns(skip) for name in _matching(pattern, known, "--skip")}
+    wanted = known if spec.strip() == "all" else [n for p in _patterns(spec) for n in _matching_labels(p, known, "--targets")]
+    skipped = {name for pattern in _patterns(skip) for name in _matching_labels(pattern, known, "--skip")}
     chosen = [name for name in dict.fromkeys(wanted) if name not in skipped]
     if not chosen:
         raise InputError(f"--targets {spec!r} --skip {skip!r} leaves no target to run")

@@ -36,7 +36,6 @@ from pathlib import Path
 import onnx
 import onnxruntime
 from onnxconverter_common import float16
-from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from . import guarded
 from . import model as model_loader
@@ -112,6 +111,10 @@ def _named_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _int8(model: ModelInfo, out: Path) -> None:
+    # Imported here, not at the top: cell workers import this module for its file helpers, and a worker
+    # pinned to an older onnxruntime (targets/versions.py) has a quantization package that needs sympy.
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
     with tempfile.TemporaryDirectory() as scratch:
         source = Path(scratch) / "fp32.onnx"
         onnx.save(model.proto, str(source))

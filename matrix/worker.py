@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 import targets
+from targets import versions
 from targets.base import CellSkip, PrepareContext
 
 from . import observations, rollouts, variants
@@ -81,6 +82,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
     target = targets.get(spec.target)
     feeds = observations.read(Path(spec.observations))
     measurement["runtime_version"] = target.runtime_version()
+    versions.check_loaded(target)  # a pinned target runs its own release or not at all
 
     def enter(name: str) -> None:
         measurement["stage"] = name

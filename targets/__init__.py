@@ -24,4 +24,10 @@ REGISTRY: dict[str, Target] = {
 
 
 def get(name: str) -> Target:
-    return REGISTRY[name]
+    """A registered target, or one pinned to a release: `ort-cpu@1.20.1` (see targets/versions.py)."""
+    base, pinned_to, _ = name.partition("@")
+    if not pinned_to:
+        return REGISTRY[name]
+    from .versions import pinned
+
+    return pinned(REGISTRY[base], name)

@@ -10,6 +10,7 @@ the boundary the same way as every cell: files in, JSON out.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -74,12 +75,38 @@ def ensure_env(name: str, requirements: Path, timeout_s: float = 1800, first: tu
     An environment whose interpreter is gone is rebuilt rather than trusted.
     """
     directory = env_dir(name, requirements)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f"{directory.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(directory):
         if not _usable(directory):
             _build(directory, requirements, timeout_s, first)
     return directory / "bin" / "python"
+
+
+@contextlib.contextmanager
+def locked(directory: Path):
+    """Hold `directory`'s build lock (a sibling .lock file): one process builds, the others wait and reuse it."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f"{directory.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build_once(directory: Path, build) -> Path:
+    """`directory`, built by `build(partial_dir)` once, under the lock, and swapped in whole: a build that
+    fails or is killed half-way never leaves a directory that looks finished."""
+    with locked(directory):
+        if not (directory / ".complete").exists():
+            partial = directory.with_name(f"{directory.name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            try:
+                build(partial)
+            except BaseException:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
+            (partial / ".complete").write_text(sys.version)
+            shutil.rmtree(directory, ignore_errors=True)
+            partial.rename(directory)
+    return directory
 
 
 def _build(directory: Path, requirements: Path, timeout_s: float, first: tuple[PinnedWheel, ...]) -> None:

@@ -8,12 +8,16 @@ the requested provider was really used — is shared.
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
+from pathlib import Path
 from typing import ClassVar
 
 import onnxruntime as ort
 
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, Knob, PlacementRow, Session, Settings, Target
+from .versions import PipRelease
 
 # Provider options that change the numbers a cell measures, shown on the cell's backend line.
 SHOWN_PROVIDER_OPTIONS = ("use_tf32", "device_id")
@@ -38,12 +42,15 @@ class OrtSession(Session):
         options.inter_op_num_threads = 1
         options.graph_optimization_level = GRAPH_OPTIMIZATION[settings.get("opt", "all")]
         options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        self.model_path, self.providers, self.options = str(artifact.path), providers, options
+        self.last_feeds: Feeds | None = None
         self.requested = providers[0] if isinstance(providers[0], str) else providers[0][0]
         self.session = ort.InferenceSession(str(artifact.path), options, providers=providers)
         self.settings_given = bool(settings)
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Feeds) -> Feeds:
+        self.last_feeds = feeds
         return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
@@ -58,11 +65,29 @@ class OrtSession(Session):
         return samples
 
     def placement(self) -> list[PlacementRow]:
+        if not hasattr(self.session, "get_provider_graph_assignment_info"):  # onnxruntime < 1.24 (a pinned release)
+            return self._profiled_placement()
         return [
             PlacementRow(node.name, node.op_type, subgraph.ep_name, subgraph.ep_name != self.requested)
             for subgraph in self.session.get_provider_graph_assignment_info()
             for node in subgraph.get_nodes()
         ]
+
+    def _profiled_placement(self) -> list[PlacementRow]:
+        """Where each kernel ran, from ORT's profile of one call in a separate session (profiling the timed
+        session would slow the calls it times). Kernels are the optimized graph's: fused nodes keep ORT's names."""
+        if self.last_feeds is None:
+            return []
+        with tempfile.TemporaryDirectory() as scratch:
+            self.options.enable_profiling = True
+            self.options.profile_file_prefix = str(Path(scratch) / "profile")
+            profiled = ort.InferenceSession(self.model_path, self.options, providers=self.providers)
+            profiled.run(self.output_names, self.last_feeds)
+            events = json.loads(Path(profiled.end_profiling()).read_text())
+        kernels = {event["name"].removesuffix("_kernel_time"): event["args"] for event in events
+                   if event.get("cat") == "Node" and event["name"].endswith("_kernel_time")}
+        return [PlacementRow(name, args.get("op_name", ""), args.get("provider", ""), args.get("provider") != self.requested)
+                for name, args in kernels.items()]
 
     def backend(self) -> BackendInfo:
         # ORT only warns when a requested provider is missing and silently uses CPU.
@@ -82,6 +107,9 @@ class OrtTarget(Target):
     provider: ClassVar[str]
     provider_options: ClassVar[dict[str, str]] = {}
     knobs = ORT_KNOBS
+    release: ClassVar[PipRelease] = PipRelease(
+        "onnxruntime", floor="1.19.0",
+        why_floor="the oldest release whose wheels import beside numpy 2 (the project's numpy)")
 
     def runtime_version(self) -> str:
         return f"onnxruntime {ort.__version__}"
@@ -114,6 +142,8 @@ class OrtCuda(OrtTarget):
     summary = "ONNX Runtime (Python), CUDA execution provider, TF32 off (onnxruntime-gpu on an NVIDIA GPU)"
     provider = "CUDAExecutionProvider"
     provider_options = {"use_tf32": "0"}
+    release = PipRelease("onnxruntime-gpu", floor="1.19.0",
+                         why_floor="the oldest release whose wheels import beside numpy 2 (the project's numpy)")
 
     def unavailable_reason(self) -> str | None:
         reason = super().unavailable_reason()

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
+from .versions import NpmRelease
 from .web_support import (
     HARNESS_DIR,
     decode_outputs,
@@ -27,6 +28,7 @@ from .web_support import (
 )
 
 RUNNER = HARNESS_DIR / "node" / "runner.mjs"
+NODE_FLOOR = "1.17.0"  # pinned releases (`ort-node@1.20.1`): the oldest tried, and it runs the harness (measured)
 
 
 @functools.cache
@@ -74,7 +76,9 @@ class NodeSession(Session):
     def backend(self) -> BackendInfo:
         placed = placement_from_log(self.log)
         actual = self.backend_name if self.ort_ep in placed else ", ".join(placed) or "unknown"
-        return BackendInfo(self.backend_name, actual, detail=f"node {self.opened['versions'].get('nodejs', '')}")
+        loaded = self.opened["versions"]  # as the runtime reports itself: a pinned release shows here
+        return BackendInfo(self.backend_name, actual,
+                           detail=f"onnxruntime-node {loaded.get('node', '?')}, node {loaded.get('nodejs', '')}")
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -93,6 +97,8 @@ class OrtNode(Target):
     summary = "onnxruntime-node (Node.js), CPU execution provider"
     backend = "cpu"
     ort_ep = "CPUExecutionProvider"
+    release = NpmRelease("onnxruntime-node", floor=NODE_FLOOR,
+                         why_floor="the oldest release tried with the runner (1.17.0 runs it)")
 
     def runtime_version(self) -> str:
         return f"onnxruntime-node {npm_package_version('onnxruntime-node') or '(not installed)'}, node {node_version() or '(missing)'}"

@@ -39,10 +39,15 @@ import onnx
 
 from . import isolated_env
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, Knob, PlacementRow, PrepareContext, Session, Settings, Target
+from .versions import PipRelease
 
 REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
 CONVERT_SCRIPT = Path(__file__).parent / "tflite_convert.py"
 ENV_NAME = "onnx2tf"
+# Pinned LiteRT releases (`tflite@2.2.0`), measured on the bundled MLP: 1.0.0 has no schema_py_generated
+# (the op inventory reads it), 1.1.0's Interpreter does not start here ("no attribute '_interpreter'").
+LITERT_FLOOR = "1.2.0"
+LITERT_FLOOR_WHY = "1.0 lacks schema_py_generated and 1.1's Interpreter does not start beside this project's packages"
 # Bump when the conversion flags in tflite_convert.py change, so cached files are rebuilt.
 RECIPE_REVISION = "2"  # 2: entries keep the files that were made and say why others are missing
 CONVERT_TIMEOUT_S = 900
@@ -75,6 +80,8 @@ class TfliteTarget(Target):
     # Which conversion produces this target's files: "dynamic" (fp32/fp16/int8 dynamic-range)
     # or "full" (full-integer int8 calibrated on the observation set).
     recipe: ClassVar[str] = "dynamic"
+    # `tflite@2.2.0` runs another LiteRT on the same converted file (targets/versions.py)
+    release = PipRelease("ai-edge-litert", floor=LITERT_FLOOR, why_floor=LITERT_FLOOR_WHY)
     knobs = {
         "threads": Knob("Interpreter(num_threads=...) (default: --threads)"),
         # The same switch as the tflite-noxnn target, as a grid axis of this one (tflite-noxnn stays a

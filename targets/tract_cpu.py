@@ -16,8 +16,11 @@ import numpy as np
 import onnx
 
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
+from .versions import PipRelease
 
 WHERE = "tract (CPU)"
+# Pinned releases (`tract@0.23.0`): 0.22 and older have no `tract.onnx().load()` (measured: 0.20.22, 0.21.0, 0.22.4).
+TRACT_FLOOR = "0.23.0"
 
 
 class TractSession(Session):
@@ -77,6 +80,7 @@ class TractCpu(Target):
     runs_onnx_as_is = True
     name = "tract"
     summary = "tract (Rust, independent of onnxruntime), CPU"
+    release = PipRelease("tract", floor=TRACT_FLOOR, why_floor="older releases have no tract.onnx().load(), which this target calls")
 
     def runtime_version(self) -> str:
         try:

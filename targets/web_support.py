@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 
 from .base import Feeds, PlacementRow
+from .versions import NODE_MODULES_ENV
 
 # The harness as shipped: beside targets/ in a checkout and in an installed wheel alike.
 PACKAGED_HARNESS = Path(__file__).resolve().parent.parent / "web_harness"
@@ -63,7 +64,9 @@ def harness_dir() -> Path:
 
 
 HARNESS_DIR = harness_dir()
-NODE_MODULES = HARNESS_DIR / "node_modules"
+# A worker of a pinned target (`ort-web-wasm@1.22.0`, targets/versions.py) is started with that
+# release's own node_modules; every other process uses the harness's.
+NODE_MODULES = Path(os.environ.get(NODE_MODULES_ENV) or HARNESS_DIR / "node_modules")
 ORT_WEB_DIST = NODE_MODULES / "onnxruntime-web" / "dist"
 SETUP_HINT = "run `policy-matrix setup web` (npm ci of the harness's pinned packages)"
 

@@ -98,6 +98,10 @@ def test_bad_model_exits_2_with_one_line(case, command, tmp_path):
         (["--tolerance", "ort-cpu:int8"], "TARGET:VARIANT=VALUE"),
         (["--batch-sizes", "1,x"], "--batch-sizes"),
         (["--obs", "missing.npy"], "no such observation file"),
+        (["--targets", "ort-cpu@1.x"], "is not a release number"),
+        (["--targets", "ort-cpu@../../etc"], "is not a release number"),
+        (["--targets", "no-such-target@1.20.1"], "unknown target"),
+        (["--targets", "coreml@9.0.0"], "cannot be pinned to a release"),
     ],
 )
 def test_bad_options_exit_2(args, expected, tmp_path):

@@ -15,10 +15,10 @@ import pytest
 from conftest import load_results, run_cli
 
 from matrix.examples import path as example
-from targets import ort_web
+from targets import chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
-              pytest.mark.skipif(ort_web.web_unavailable_reason() is not None, reason=str(ort_web.web_unavailable_reason()))]
+              pytest.mark.skipif(chromium.web_unavailable_reason() is not None, reason=str(chromium.web_unavailable_reason()))]
 
 
 def _json(url: str):
@@ -41,7 +41,7 @@ def user_chromium():
     """A headless Chromium with DevTools on 127.0.0.1 at a port the OS picks; yields its ws:// endpoint."""
     with tempfile.TemporaryDirectory(prefix="user-chromium-") as profile:
         process = subprocess.Popen(
-            [ort_web.chromium_executable(), *ort_web.CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+            [chromium.chromium_executable(), *chromium.CHROMIUM_FLAGS, f"--user-data-dir={profile}",
              "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         port_file = Path(profile) / "DevToolsActivePort"
@@ -63,7 +63,7 @@ def user_chromium():
 
 def test_browser_endpoint_runs_the_harness_in_the_users_browser(user_chromium, tmp_path):
     endpoint, process = user_chromium
-    http = ort_web.devtools_http(endpoint)
+    http = chromium.devtools_http(endpoint)
     seen, done = set(), threading.Event()
 
     def watch_pages():  # which pages the user's browser shows while the run goes on (sampled every 20 ms)
@@ -92,7 +92,7 @@ def test_browser_endpoint_runs_the_harness_in_the_users_browser(user_chromium, t
 def test_browser_path_launches_the_given_executable(tmp_path):
     calls = tmp_path / "calls.log"
     wrapper = tmp_path / "my-chrome"
-    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {ort_web.chromium_executable()} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {chromium.chromium_executable()} "$@"\n')
     wrapper.chmod(0o755)
     run = run_cli("run", example("continuous_mlp"), "--targets", "ort-web-wasm", "--precisions", "fp32",
                   "--iters", "20", "--warmup", "2", "--browser-path", wrapper, "--out", tmp_path / "out")

@@ -22,7 +22,7 @@ from matrix import model as model_loader
 from matrix import variants as core_variants
 from targets import REGISTRY
 from targets.base import Artifact
-from targets.ort_web import CDP_ENV, CHROMIUM_FLAGS, ChromiumService, HarnessPage
+from targets.chromium import CDP_ENV, CHROMIUM_FLAGS, ChromiumService, HarnessPage
 from targets.web_support import HarnessServer, missing_npm_package
 
 pytestmark = [pytest.mark.browser]

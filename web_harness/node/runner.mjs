@@ -3,9 +3,15 @@
 // per stdout line. ORT's own log goes to stderr, which Python keeps in a file
 // to read placement from. Latency is taken here with process.hrtime.
 
+import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
-import * as ort from 'onnxruntime-node';
 import { decodeFeeds, encodeOutputs } from '../page/tensors.mjs';
+
+// The harness's onnxruntime-node, or a pinned release's own node_modules (ort-node@1.22.0:
+// targets/versions.py hands its folder over in POLICY_MATRIX_NODE_MODULES). A bare ES import cannot
+// be pointed elsewhere, so the package (CommonJS) is required from where it lies.
+const pinned = process.env.POLICY_MATRIX_NODE_MODULES;
+const ort = createRequire(pinned ? `${pinned}/` : import.meta.url)('onnxruntime-node');
 
 let session = null;
 const QUIET = { logSeverityLevel: 3 };  // keep per-run logging out of the timed calls

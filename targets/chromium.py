@@ -1,0 +1,280 @@
+"""Chromium as a service for the browser targets: one browser per run, one page per target's worker.
+
+The run starts one Chromium (`ChromiumService`, or the user's own browser: `UserBrowser`)
+and hands its DevTools endpoint to the cell workers; each worker connects over CDP and
+gets a fresh context and page (`HarnessPage`: a private local server for the harness, the
+ORT dist/ files and published models, and one ORT bundle imported), kept for all the
+variants it serves. Nothing here knows an ORT backend: that is targets/ort_web.py's business.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from matrix import isolation
+
+from .base import RunService
+from .web_support import HarnessServer, missing_npm_package
+
+CDP_ENV = "POLICY_MATRIX_CDP_URL"
+# A user's own browser instead of the one policy-matrix starts (`run --browser-endpoint / --browser-path`),
+# e.g. a desktop Chrome with a real GPU: the same harness, its real adapter, its real latency.
+BROWSER_ENDPOINT_ENV = "POLICY_MATRIX_BROWSER_ENDPOINT"  # DevTools endpoint of a running Chrome: ws://… or http://…
+BROWSER_PATH_ENV = "POLICY_MATRIX_BROWSER_PATH"  # a Chrome / Chromium executable to launch
+SYSTEM_CHROMIUM = (
+    "/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",  # Debian, Ubuntu, CI runners
+    "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome", "/Applications/Chromium.app/Contents/MacOS/Chromium",
+)
+# A fresh profile per run and no background traffic (the network here is closed,
+# and a default profile floods refused connections); WebGPU needs the unsafe flag.
+CHROMIUM_FLAGS = [
+    "--headless=new", "--no-sandbox", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--no-default-browser-check", "--enable-unsafe-webgpu",
+]
+
+
+@functools.cache
+def playwright_missing() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Python package playwright is not installed: run `policy-matrix setup web`"
+    return None
+
+
+@functools.cache
+def chromium_executable() -> str | None:
+    """The user's --browser-path; else a Playwright-managed Chromium when one is installed, else the system Chromium."""
+    if user_path := os.environ.get(BROWSER_PATH_ENV):
+        return user_path
+    if playwright_missing() is None:
+        from playwright.sync_api import sync_playwright
+
+        try:
+            with sync_playwright() as playwright:
+                managed = playwright.chromium.executable_path
+            if managed and Path(managed).exists():
+                return managed
+        except Exception:  # noqa: BLE001 — no managed browser is an ordinary answer
+            pass
+    return next((path for path in SYSTEM_CHROMIUM if Path(path).exists()), None) or shutil.which("chromium")
+
+
+@functools.cache
+def chromium_version() -> str:
+    if endpoint := os.environ.get(BROWSER_ENDPOINT_ENV):
+        try:
+            return f"{user_browser_version(endpoint)} at --browser-endpoint"
+        except (OSError, ValueError):
+            return "no browser answers at --browser-endpoint"
+    executable = chromium_executable()
+    if executable is None:
+        return "no Chromium"
+    result = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30)
+    # "Chromium 156.0.8078.108 built on Debian ..." -> "Chromium 156.0.8078.108"
+    found = re.search(r"([A-Za-z][A-Za-z ]*?) (\d+(?:\.\d+)+)", result.stdout)
+    return f"{found.group(1)} {found.group(2)}" if found else f"Chromium at {executable}"
+
+
+def web_unavailable_reason() -> str | None:
+    if reason := playwright_missing() or missing_npm_package("onnxruntime-web"):
+        return reason
+    if os.environ.get(BROWSER_ENDPOINT_ENV):
+        return None  # the user's browser: whether it answers is checked when the run starts it
+    if (user_path := os.environ.get(BROWSER_PATH_ENV)) and not os.access(user_path, os.X_OK):
+        return f"--browser-path {user_path}: not an executable file"
+    if chromium_executable() is None:
+        return ("no Chromium found: run `policy-matrix setup web` (installs Debian's chromium as root), "
+                "or `python -m playwright install chromium`")
+    return None
+
+
+# --- one browser per run ----------------------------------------------------
+
+
+class ChromiumService(RunService):
+    """Chromium with a DevTools endpoint on 127.0.0.1; cell workers connect over CDP."""
+
+    def __init__(self, run_dir: Path, startup_timeout_s: float = 60, flags: list[str] = CHROMIUM_FLAGS):
+        self.profile = Path(tempfile.mkdtemp(prefix="policy-matrix-chromium-"))
+        log = open(self.profile / "chromium.log", "wb")  # noqa: SIM115 — lives as long as the process
+        command = [chromium_executable(), *flags, f"--user-data-dir={self.profile}",
+                   "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank"]
+        # Own process group, so stop() ends the browser's helper processes with it; and gone with
+        # the runner even on its kill -9, so no browser outlives the run.
+        self.process = isolation.start_dying_with_parent(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        self.endpoint = self._wait_for_endpoint(startup_timeout_s)
+
+    def _wait_for_endpoint(self, timeout_s: float) -> str:
+        port_file = self.profile / "DevToolsActivePort"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Chromium exited at start (code {self.process.returncode}): "
+                                   f"{(self.profile / 'chromium.log').read_text(errors='replace')[-2000:]}")
+            if port_file.exists() and port_file.read_text().strip():
+                return f"http://127.0.0.1:{port_file.read_text().split()[0]}"
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"Chromium opened no DevTools port within {timeout_s:.0f} s")
+
+    def env(self) -> dict[str, str]:
+        return {CDP_ENV: self.endpoint}
+
+    def alive(self) -> bool:
+        if self.process.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/json/version", timeout=5) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                if self.process.poll() is None:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait(timeout=10)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def devtools_http(endpoint: str) -> str:
+    """http://host:port of a DevTools endpoint given as ws://host:port/devtools/browser/<id> or http://host:port."""
+    parsed = urllib.parse.urlsplit(endpoint)
+    if parsed.scheme not in ("ws", "wss", "http", "https") or not parsed.hostname or parsed.port is None:
+        raise ValueError(f"{endpoint!r} is neither ws://HOST:PORT/devtools/browser/… nor http://HOST:PORT")
+    scheme = "https" if parsed.scheme in ("wss", "https") else "http"
+    return f"{scheme}://{parsed.hostname}:{parsed.port}"
+
+
+def user_browser_version(endpoint: str) -> str:
+    """The "Browser" line of a DevTools endpoint's /json/version, e.g. "Chrome/131.0.6778.85"."""
+    with urllib.request.urlopen(f"{devtools_http(endpoint)}/json/version", timeout=10) as reply:
+        return json.load(reply).get("Browser", "unknown browser")
+
+
+class UserBrowser(RunService):
+    """A browser the user started and still owns: cells connect to it over CDP; the run never stops it.
+
+    The harness is served on 127.0.0.1, so the browser must run on this machine."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+        try:
+            self.version = user_browser_version(endpoint)
+        except (OSError, ValueError) as error:
+            raise RuntimeError(f"--browser-endpoint {endpoint}: no DevTools endpoint answers there ({error})") from None
+
+    def env(self) -> dict[str, str]:
+        return {BROWSER_ENDPOINT_ENV: self.endpoint}
+
+    def alive(self) -> bool:
+        try:
+            user_browser_version(self.endpoint)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def stop(self) -> None:
+        pass  # the user's browser outlives the run
+
+
+# --- one page per cell -----------------------------------------------------------
+
+
+@functools.cache
+def _driver():
+    """One Playwright driver per process: its sync API allows only one per thread, and pages of
+    several bundles (a test session, a benchmark) live side by side."""
+    from playwright.sync_api import sync_playwright
+
+    return sync_playwright().start()
+
+
+class HarnessPage:
+    """A fresh context and page in the run's browser (a private browser when no service runs)."""
+
+    def __init__(self, bundle: str):
+        self.playwright = _driver()
+        try:
+            endpoint = os.environ.get(BROWSER_ENDPOINT_ENV) or os.environ.get(CDP_ENV)
+            if endpoint:
+                self.browser = self.playwright.chromium.connect_over_cdp(endpoint)
+            else:
+                self.browser = self.playwright.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_FLAGS)
+            self.context = self.browser.new_context()
+            self.page = self.context.new_page()
+            self.server = HarnessServer()
+            self.page.goto(f"{self.server.origin}/harness/index.html")
+            self.page.wait_for_function("window.harness !== undefined")
+            self.versions = self.call("load", f"{self.server.origin}/ort/{bundle}", f"{self.server.origin}/ort/")
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, function: str, *args):
+        """Call window.harness[function](...args) in the page; raise with ORT's own message."""
+        reply = self.page.evaluate(f"(args) => window.harness.{function}(...args)", list(args))
+        if not reply["ok"]:
+            raise RuntimeError(reply["error"])
+        return reply["result"]
+
+    def close(self) -> None:
+        for step in ("context", "browser", "server"):
+            resource = getattr(self, step, None)
+            try:
+                if resource is not None:
+                    resource.stop() if step == "server" else resource.close()
+            except Exception:  # noqa: BLE001 — a dead browser has nothing left to close
+                pass
+
+
+_PAGES: dict[tuple, HarnessPage] = {}  # this worker's page per (ORT bundle, browser), shared by the variants it serves
+
+
+def shared_page(bundle: str) -> HarnessPage:
+    """The worker's page for `bundle`, opened on first use: the browser context, the page and
+    the ORT bundle's import are paid once per target, not per variant. A page that died is replaced."""
+    key = _page_key(bundle)
+    page = _PAGES.get(key)
+    if page is not None and (page.page.is_closed() or not page.browser.is_connected()):
+        drop_page(bundle)
+        page = None
+    if page is None:
+        page = _PAGES[key] = HarnessPage(bundle)
+    return page
+
+
+def _page_key(bundle: str) -> tuple:
+    return bundle, os.environ.get(BROWSER_ENDPOINT_ENV) or os.environ.get(CDP_ENV)
+
+
+def drop_page(bundle: str) -> None:
+    if (page := _PAGES.pop(_page_key(bundle), None)) is not None:
+        page.close()
+
+
+@atexit.register
+def _close_pages() -> None:
+    while _PAGES:
+        _PAGES.popitem()[1].close()
+    if _driver.cache_info().currsize:
+        with contextlib.suppress(Exception):
+            _driver().stop()

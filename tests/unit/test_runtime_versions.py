@@ -1,0 +1,216 @@
+"""The runtime version as an axis: target@version labels, the Versions view and compare's release line.
+
+Pure logic on a saved real shard (ort-cpu, continuous_mlp) and on labels; no runtime is installed here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from saved import FIXTURES
+from matrix import results as schema
+from matrix import runtime_versions
+from matrix.compare import compare
+from matrix.errors import InputError
+from matrix.results import Placement
+from matrix.selection import select_targets
+
+KNOWN = ["ort-cpu", "ort-node", "ort-web-wasm", "ort-web-webgl", "tflite"]
+
+
+@pytest.fixture
+def shard() -> schema.RunResults:
+    return schema.load(FIXTURES / "shard_continuous_mlp.json")
+
+
+# --- labels ------------------------------------------------------------------------------------------
+
+def test_a_release_rides_along_with_names_and_globs():
+    assert select_targets("ort-cpu@1.20.1,ort-cpu,ort-web-*@1.22.0", "", KNOWN) == [
+        "ort-cpu@1.20.1", "ort-cpu", "ort-web-wasm@1.22.0", "ort-web-webgl@1.22.0"]
+    assert select_targets("ort-web-*@1.22.0,ort-web-wasm", "*-webgl@1.22.0", KNOWN) == ["ort-web-wasm@1.22.0", "ort-web-wasm"]
+
+
+def test_an_unknown_name_with_a_release_is_still_an_unknown_target():
+    with pytest.raises(InputError, match="unknown target 'nope'"):
+        select_targets("nope@1.2.3", "", KNOWN)
+
+
+@pytest.mark.parametrize("label", ["ort-cpu@", "ort-cpu@1", "ort-cpu@1.20", "ort-web-wasm@^1.22.0", "ort-cpu@latest", "ort-cpu@1.2.3/..", "ort-cpu@../../x",
+                                   "ort-cpu@1.2 3", "ort-cpu@1..2", f"ort-cpu@1.{'9' * 70}"])
+def test_a_malformed_release_is_bad_input(label):
+    import targets
+
+    with pytest.raises(InputError, match="is not a release number"):
+        targets.get(label)
+
+
+@pytest.mark.parametrize("label", ["ort-cpu@1.20.1", "ort-web-wasm@1.22.0-dev.20250409-89f8206ba4", "tract@0.23.0",
+                                   "onnx@1.2.3rc1", "onnx@1.2.3.post1"])
+def test_release_numbers_pass_the_syntax_check(label):
+    from targets.versions import check_version
+
+    assert check_version(label) == label.partition("@")[2]
+
+
+def test_a_target_without_releases_cannot_be_pinned():
+    import targets
+
+    with pytest.raises(InputError, match="coreml cannot be pinned.*ort-cpu"):
+        targets.get("coreml@9.0.0")
+
+
+def test_a_pinned_target_is_the_same_target_under_its_label():
+    import targets
+
+    pinned, default = targets.get("ort-cpu@1.20.1"), targets.get("ort-cpu")
+    assert (pinned.name, default.name) == ("ort-cpu@1.20.1", "ort-cpu")
+    assert type(pinned) is type(default) and pinned.knobs == default.knobs
+    assert pinned.runtime_version() == "onnxruntime 1.20.1 (requested)"  # outside its worker only the request is known
+
+
+def test_a_release_below_the_floor_is_a_skip_without_asking_the_registry():
+    import targets
+    from targets import versions
+
+    reason = versions.install_problem(targets.get("ort-cpu@1.18.1"))
+    assert reason.startswith("not run:") and "onnxruntime >= 1.19.0" in reason and "numpy 2" in reason
+
+
+def test_a_worker_that_imported_another_release_refuses_the_cell(monkeypatch):
+    """The worker's own check, run here where the project's onnxruntime is imported: never a silent default run."""
+    import onnxruntime
+
+    import targets
+    from targets import versions
+    from targets.base import CellSkip
+
+    monkeypatch.setenv(versions.PINNED_ENV, "ort-cpu@1.20.1")
+    with pytest.raises(CellSkip, match=f"loaded onnxruntime {onnxruntime.__version__}, not 1.20.1"):
+        versions.check_loaded(targets.get("ort-cpu@1.20.1"))
+    versions.check_loaded(targets.get("ort-cpu"))  # the default has nothing to check
+    monkeypatch.setenv(versions.PINNED_ENV, f"ort-cpu@{onnxruntime.__version__}")
+    versions.check_loaded(targets.get(f"ort-cpu@{onnxruntime.__version__}"))  # the release it asked for: runs
+
+
+def test_pip_and_npm_spell_one_release_their_own_way():
+    from targets.versions import NpmRelease, PipRelease
+
+    assert PipRelease("x", "0.0.0", "").same_release("1.22.0rc1", "1.22.0-rc1")
+    assert not PipRelease("x", "0.0.0", "").same_release("1.32.0", "1.20.1")
+    assert not NpmRelease("x", "0.0.0", "").same_release("1.22.1", "1.22.0")
+
+
+@pytest.mark.parametrize("text, release", [
+    ("onnxruntime 1.20.1", "1.20.1"),
+    ("onnxruntime-web 1.22.0, Chromium 156.0.8078.114", "1.22.0"),
+    ("onnxruntime-node 1.30.0, node v20.20.2", "1.30.0"),
+    ("onnxruntime-web 1.22.0-dev.20250409-89f8206ba4, Chromium 156.0", "1.22.0-dev.20250409-89f8206ba4"),
+])
+def test_the_release_is_read_from_the_runtime_version(text, release):
+    assert runtime_versions.release_number(text) == release
+
+
+def test_installer_words_are_the_reason_line():
+    from targets.versions import _meaningful_line
+
+    npm = ("npm error code ETARGET\nnpm error notarget No matching version found for onnxruntime-web@0.0.99.\n"
+           "npm error notarget In most cases you or one of your dependencies are requesting a package version that doesn't exist.\n"
+           "npm error A complete log of this run can be found in: /root/.npm/_logs/x.log\n")
+    assert _meaningful_line(npm, ("npm error code",), first=True) == "npm error notarget No matching version found for onnxruntime-web@0.0.99."
+    pip = ("ERROR: Could not find a version that satisfies the requirement onnxruntime==0.0.99 (from versions: 1.15.0)\n"
+           "ERROR: No matching distribution found for onnxruntime==0.0.99\n")
+    assert _meaningful_line(pip) == "ERROR: No matching distribution found for onnxruntime==0.0.99"
+
+
+# --- compare ------------------------------------------------------------------------------------------
+
+def test_a_regression_names_the_release_that_changed(shard):
+    current = shard.model_copy(deep=True)
+    cell = next(c for c in current.cells if c.variant == "fp32")
+    cell.runtime_version = "onnxruntime 1.33.0"
+    for stats in cell.latency:
+        stats.p50_us = stats.p90_us = stats.p99_us = stats.p99_us * 3
+    found = compare(shard, current)
+    assert found and all(r.detail.startswith("ort-cpu 1.32.0 -> 1.33.0: batch ") for r in found)
+    assert {r.kind for r in found} == {"latency"}
+
+
+def test_the_same_release_adds_nothing_to_the_line(shard):
+    current = shard.model_copy(deep=True)
+    cell = next(c for c in current.cells if c.variant == "fp32")
+    for stats in cell.latency:
+        stats.p50_us = stats.p90_us = stats.p99_us = stats.p99_us * 3
+    assert all(r.detail.startswith("batch ") for r in compare(shard, current))
+
+
+def test_a_changed_browser_under_the_same_release_is_named_whole():
+    assert runtime_versions.version_change("ort-web-wasm@1.22.0", "onnxruntime-web 1.22.0, Chromium 155.0",
+                                           "onnxruntime-web 1.22.0, Chromium 156.0") == \
+        "ort-web-wasm onnxruntime-web 1.22.0, Chromium 155.0 -> onnxruntime-web 1.22.0, Chromium 156.0"
+    assert runtime_versions.version_change("ort-cpu", "", "onnxruntime 1.32.0") == ""
+
+
+# --- the Versions view ------------------------------------------------------------------------------
+
+def _with_release(shard: schema.RunResults, version: str, slower: float, moved_node: str | None) -> schema.RunResults:
+    """The shard plus a copy of its fp32 cell as ort-cpu@VERSION: `slower` x the p50, one node moved."""
+    results = shard.model_copy(deep=True)
+    cell = next(c for c in results.cells if c.variant == "fp32").model_copy(deep=True)
+    cell.target, cell.runtime_version = f"ort-cpu@{version}", f"onnxruntime {version}"
+    for stats in cell.latency:
+        stats.p50_us *= slower
+    if moved_node:
+        cell.placement = [Placement(node=r.node, op_type=r.op_type, where="XnnpackExecutionProvider" if r.node == moved_node else r.where,
+                                    fallback=r.fallback) for r in cell.placement]
+    results.cells.append(cell)
+    return results
+
+
+def test_each_release_is_compared_with_the_default(shard):
+    node = next(c for c in shard.cells if c.variant == "fp32").placement[0].node
+    rows = runtime_versions.comparisons(_with_release(shard, "1.20.1", 2.0, node))
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row.target, row.variant, row.reference.target, row.other.target) == ("ort-cpu", "fp32", "ort-cpu", "ort-cpu@1.20.1")
+    assert set(row.latency_ratios) == {s.batch for s in row.reference.latency}
+    assert all(ratio == pytest.approx(2.0) for ratio in row.latency_ratios.values())
+    assert row.moved == [(node, "CPUExecutionProvider", "XnnpackExecutionProvider")] and row.only_in_one == 0
+
+
+def test_a_run_without_pinned_releases_has_no_versions_view(shard):
+    assert runtime_versions.comparisons(shard) == []
+
+
+def test_the_report_shows_the_versions_section_escaped(shard):
+    from matrix.report import render_html
+
+    results = _with_release(shard, "1.20.1", 1.5, None)
+    results.cells[-1].runtime_version = "onnxruntime 1.20.1 <script>alert(1)</script>"
+    html = render_html(results)
+    section = html[html.index('id="versions"'):]
+    section = section[:section.index("</section>")]
+    assert "ort-cpu@1.20.1" in section and "1.50×" in section
+    assert "<script>alert" not in section and "&lt;script&gt;" in section
+    assert 'id="versions"' not in render_html(shard)
+
+
+def test_settings_of_a_target_apply_to_its_pinned_releases():
+    import targets
+    from matrix import grid
+
+    selected = [targets.get("ort-cpu@1.20.1"), targets.get("ort-cpu"), targets.get("tract")]
+    built = grid.build(grid.parse(["ort-cpu:threads=1,2"]), selected)
+    assert built.for_target("ort-cpu@1.20.1") == built.for_target("ort-cpu") == [{"threads": "1"}, {"threads": "2"}]
+    assert built.for_target("tract") == [{}]
+    only_pinned = grid.build(grid.parse(["ort-cpu@1.20.1:opt=basic"]), selected)
+    assert only_pinned.for_target("ort-cpu@1.20.1") == [{"opt": "basic"}] and only_pinned.for_target("ort-cpu") == [{}]
+
+
+def test_a_skipped_release_has_no_placement_to_compare(shard):
+    results = _with_release(shard, "99.0.0", 1.0, None)
+    skipped = results.cells[-1]
+    skipped.verdict, skipped.placement, skipped.latency, skipped.parity = "SKIP", [], [], []
+    row = runtime_versions.comparisons(results)[0]
+    assert not row.placement_compared and row.latency_ratios == {}
+    assert runtime_versions.quality(skipped) == "–" and runtime_versions.quality(row.reference).endswith("e-07")
