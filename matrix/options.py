@@ -121,3 +121,14 @@ def writable_dir(path: Path, option: str = "--out") -> Path:
     except OSError as error:
         raise InputError(f"{option} {path}: cannot write there ({error.strerror or error})") from None
     return path
+
+
+# The run options' defaults, defined once: the CLI shows them, RunConfig and CellSpec start from them.
+DEFAULT_VARIANTS = ("fp32", "fp16", "int8")
+DEFAULT_N_OBS = 128
+DEFAULT_SEED = 0
+DEFAULT_BATCH_SIZES = (1, 64)
+DEFAULT_WARMUP = 20
+DEFAULT_ITERS = 200
+DEFAULT_THREADS = 1
+DEFAULT_TIMEOUT_S = 600.0
