@@ -195,14 +195,20 @@ class Worker:
             self.process = None
 
 
-def _relay(process: subprocess.Popen, messages: queue.Queue) -> None:
-    for line in process.stdout:
+def _messages(stream):
+    """The protocol's JSON lines on a worker's stdout; a runtime printing there is not a message."""
+    for line in stream:
         try:
             message = json.loads(line)
         except ValueError:
-            continue  # a runtime printing to stdout is not a protocol message
+            continue
         if isinstance(message, dict):
-            messages.put(message)
+            yield message
+
+
+def _relay(process: subprocess.Popen, messages: queue.Queue) -> None:
+    for message in _messages(process.stdout):
+        messages.put(message)
     messages.put(None)  # end of output: the worker exited
 
 
@@ -214,15 +220,8 @@ def _on_message(message: dict, last_stage: list, on_stage) -> None:
 
 
 def _follow(process: subprocess.Popen, last_stage: list, on_stage) -> None:
-    for line in process.stdout:
-        try:
-            message = json.loads(line)
-            name = message.get("stage")
-        except (ValueError, AttributeError):
-            continue  # a runtime printing to stdout is not a protocol message
-        if name:
-            last_stage[0] = name
-            on_stage(f"{name} ({message['progress']})" if "progress" in message else name)
+    for message in _messages(process.stdout):
+        _on_message(message, last_stage, on_stage)
 
 
 MEMORY_WORDS = ("MemoryError", "bad_alloc", "Unable to allocate", "Failed to allocate", "Cannot allocate memory",
