@@ -30,9 +30,9 @@ POLICIES = ROOT / "matrix" / "example_policies"
 CELL_STAGES = ("start", "prepare", "open", "contract", "parity", "rollout", "latency", "placement", "between cells")
 
 
-def run_matrix(policy: Path, targets: str, precisions: str, extra: list[str], out: Path) -> float:
+def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out: Path) -> float:
     command = [sys.executable, "-m", "matrix", "-q", "run", str(policy), "--out", str(out), "--targets", targets,
-               "--precisions", precisions, "--fail-on", "never", *extra]
+               "--variants", variants, "--fail-on", "never", *extra]
     started = time.time()
     finished = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if finished.returncode != 0:
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--policies", default="continuous_mlp", help="bundled policies, comma-separated "
                         f"({', '.join(p.stem for p in sorted(POLICIES.glob('*.onnx')))}) or ONNX paths")
     parser.add_argument("--targets", default="all")
-    parser.add_argument("--precisions", default="fp32,fp16,int8")
+    parser.add_argument("--variants", default="fp32,fp16,int8")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("extra", nargs="*", help="more `policy-matrix run` options, after --")
     args = parser.parse_args()
@@ -116,7 +116,7 @@ def main() -> None:
         policy = Path(name) if name.endswith(".onnx") else POLICIES / f"{name}.onnx"
         with tempfile.TemporaryDirectory(prefix="matrix-wall-") as scratch:
             out = Path(scratch) / "report"
-            started = run_matrix(policy, args.targets, args.precisions, args.extra, out)
+            started = run_matrix(policy, args.targets, args.variants, args.extra, out)
             ended = time.time()
             per_target, run_steps = account(out, started, ended)
         print_tables(policy.stem, ended - started, per_target, run_steps)
