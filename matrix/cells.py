@@ -1,6 +1,7 @@
 """Run one cell in a worker process with a timeout, then judge what it measured.
 
-The worker leaves plain files; this side turns them into a `Cell`: parity
+The worker leaves plain files (matrix/protocol.py: spec in, `Measurement` and
+outputs out); this side validates them and turns them into a `Cell`: parity
 against the reference, the contract, the verdict. A worker that crashes, hangs
 or runs out of memory becomes that cell's FAIL row with what is known.
 """
@@ -24,18 +25,17 @@ import numpy as np
 
 from . import contract, isolation, metrics, rollouts
 from .model import ModelInfo
-from .protocol import DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, STAGES, STAGES_AFTER_PARITY, CellSpec, Measurement
+from .observations import Feeds
+from .protocol import DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, STAGES_AFTER_PARITY, CellSpec, Measurement
 from .reference import Reference
 from .results import Cell, CellError
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, decide
-
-__all__ = ["STAGES", "CellSpec", "CellOutcome", "execute", "judge", "skipped"]  # the protocol's names, where callers look
 
 
 @dataclass
 class CellOutcome:
     measurement: Measurement
-    arrays: dict[str, np.ndarray]
+    arrays: Feeds
     duration_s: float
 
     @classmethod
@@ -273,7 +273,7 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):g} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):g} MiB"
 
 
-def _arrays(cell_dir: Path) -> dict[str, np.ndarray]:
+def _arrays(cell_dir: Path) -> Feeds:
     path = cell_dir / OUTPUTS_FILE
     if not path.exists():
         return {}
@@ -286,7 +286,7 @@ def _arrays(cell_dir: Path) -> dict[str, np.ndarray]:
 
 def judge(
     outcome: CellOutcome, *, host: str, target: str, variant: str, predicts: bool, model: ModelInfo,
-    reference: Reference, dev_runtime: dict[str, np.ndarray] | None, tolerance: float,
+    reference: Reference, dev_runtime: Feeds | None, tolerance: float,
     tie_margin: float = DEFAULT_TIE_MARGIN, min_agreement: float = DEFAULT_MIN_AGREEMENT,
     reference_rollout: rollouts.ReferenceRollout | None = None, rollout_plan: rollouts.RolloutPlan | None = None,
     return_tolerance: rollouts.ReturnTolerance | None = None, parity_judged: bool = True,

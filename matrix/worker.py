@@ -46,7 +46,7 @@ def stage(name: str, progress: str = "") -> None:
 def main(cell_dir: Path) -> None:
     spec = CellSpec.read(cell_dir)
     measurement = Measurement(stage="prepare", timeline=_first_timeline(), worker_pid=os.getpid())
-    arrays: dict[str, np.ndarray] = {}
+    arrays: observations.Feeds = {}
     try:
         _measure(spec, cell_dir, measurement, arrays)
         measurement.stage = DONE
