@@ -142,7 +142,7 @@ def _min_agreement(value: float) -> float:
 
 def _tolerances(specs: list[str]):
     """Every override (command line or the config's [tolerance] table) is a number >= 0 whose key matches some
-    target or precision."""
+    target or variant."""
     import targets as registry
     from targets.base import VARIANTS
 

@@ -38,7 +38,7 @@ from . import options
 from .options import default_memory_limit
 from .protocol import SERVICE, STAGES, CellInputs, CellSpec
 from .reference import Reference
-from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, settings_label, upgrade_v1_cell
+from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, settings_label, upgrade_v1_cell
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
 
@@ -276,20 +276,13 @@ def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str, s
         raise InputError(f"--resume {out}: no run to resume there ({RUN_FILE} missing or unreadable)") from None
     if recorded.get("model_sha256") != identity["model_sha256"]:
         raise InputError(f"--resume {out}: that run measured another model (sha256 {str(recorded.get('model_sha256'))[:12]}…)")
-    before, now = _renamed_settings(recorded.get("settings", {})), identity["settings"]
+    # A run recorded before `precisions` was called `variants` resumes like one recorded after.
+    before, now = renamed(recorded.get("settings", {}), "precisions", "variants"), identity["settings"]
     changed = [key for key in now if before.get(key) != now[key]]
     if changed:
         key = changed[0]
         raise InputError(f"--resume {out}: settings differ from that run ({key}: {before.get(key)!r} then, {now[key]!r} now)")
     return run_id, Journal.finished(out / "results.jsonl", run_id, identity["model_sha256"])
-
-
-def _renamed_settings(recorded: dict) -> dict:
-    """A run recorded before `precisions` was called `variants` resumes like one recorded after."""
-    if "precisions" in recorded:
-        recorded = {**recorded, "variants": recorded["precisions"]}
-        del recorded["precisions"]
-    return recorded
 
 
 class Journal:

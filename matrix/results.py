@@ -310,9 +310,7 @@ def upgrade_v1(data: dict) -> dict:
     """A version-1 results file in version 2's names, so compare and merge read an old baseline:
     `precisions` became `variants`, `vs_baseline_max_abs` (ORT CPU fp32) `vs_dev_runtime_max_abs`
     ("baseline" now only means an earlier results.json), and the interruption a field of its own."""
-    settings = dict(data.get("settings") or {})
-    if "precisions" in settings:
-        settings["variants"] = settings.pop("precisions")
+    settings = renamed(dict(data.get("settings") or {}), "precisions", "variants")
     interrupted = None
     if "interrupted_after_cells" in settings:
         interrupted = {"after_cells": settings.pop("interrupted_after_cells"),
@@ -325,11 +323,12 @@ def upgrade_v1_cell(cell: dict) -> dict:
     """One cell in version 2's names (results.json, and results.jsonl lines of an earlier run)."""
     if not isinstance(cell, dict):
         return cell  # validation names what is wrong with it
-    parity = [_renamed(p, "vs_baseline_max_abs", "vs_dev_runtime_max_abs") for p in cell.get("parity") or []]
+    parity = [renamed(p, "vs_baseline_max_abs", "vs_dev_runtime_max_abs") for p in cell.get("parity") or []]
     return {**cell, "parity": parity}
 
 
-def _renamed(record, old: str, new: str):
+def renamed(record, old: str, new: str):
+    """`record` with its key `old` called `new` (a copy; anything else as it is)."""
     if isinstance(record, dict) and old in record:
         record = {**record, new: record[old]}
         del record[old]

@@ -66,3 +66,21 @@ def test_a_version_1_journal_line_keeps_its_development_runtime_drift():
     cell = fixture_json(V1)["cells"][0]
     upgraded = schema.Cell.model_validate(schema.upgrade_v1_cell(cell))
     assert upgraded.parity[0].vs_dev_runtime_max_abs == cell["parity"][0]["vs_baseline_max_abs"]
+
+
+def test_a_run_recorded_before_the_rename_resumes_with_its_finished_cells(tmp_path):
+    from matrix.orchestrate import RUN_FILE, resume_state
+
+    old = fixture_json(V1)
+    sha = old["model"]["sha256"]
+    recorded = {"run_id": "r1", "model_sha256": sha, "settings": {"targets": ["ort-cpu"], "precisions": ["fp32", "fp16"]}}
+    (tmp_path / RUN_FILE).write_text(json.dumps(recorded))
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps({"run_id": "r1", "model_sha256": sha, **cell}) + "\n"
+                                                    for cell in old["cells"]))
+    identity = {"model_sha256": sha, "settings": {"targets": ["ort-cpu"], "variants": ["fp32", "fp16"]}}
+    run_id, finished = resume_state(tmp_path, identity)
+    assert run_id == "r1" and len(finished) == len(old["cells"])
+    drifts = sorted(p.vs_dev_runtime_max_abs for cell in finished.values() for p in cell.parity)
+    assert drifts == sorted(p["vs_baseline_max_abs"] for cell in old["cells"] for p in cell["parity"])
+    with pytest.raises(InputError, match="variants"):
+        resume_state(tmp_path, {**identity, "settings": {**identity["settings"], "variants": ["int8"]}})
