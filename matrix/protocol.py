@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
 from pydantic import Field, ValidationError
 
 from . import options
@@ -100,7 +101,7 @@ class Measurement(Record):
     def save(self, cell_dir: Path) -> None:
         """Written whole, then swapped in: a kill mid-write never leaves half a file."""
         partial = cell_dir / f"{MEASUREMENT_FILE}.partial"
-        partial.write_text(self.model_dump_json())
+        partial.write_text(self.model_dump_json(fallback=_plain))
         partial.replace(cell_dir / MEASUREMENT_FILE)
 
     @classmethod
@@ -116,3 +117,9 @@ class Measurement(Record):
         except ValidationError as error:
             message = f"the worker wrote an invalid {MEASUREMENT_FILE}: {' '.join(str(error).split())[:300]}"
             return cls(error=CellError(stage=START, message=message))
+
+
+def _plain(value):
+    """A value a runtime or environment handed back that JSON has no type for: numpy scalars as
+    Python numbers, anything else as its text."""
+    return value.item() if isinstance(value, np.generic) else str(value)

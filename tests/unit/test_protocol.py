@@ -91,3 +91,8 @@ def test_a_late_stage_failure_keeps_parity_only_with_outputs():
     assert cells._measured_parity(CellError(stage="latency", message="x"), {"outputs/a": np.zeros(1)})
     assert not cells._measured_parity(CellError(stage="latency", message="x"), {})
     assert not cells._measured_parity(CellError(stage="parity", message="x"), {"outputs/a": np.zeros(1)})
+
+
+def test_numpy_scalars_from_an_environment_are_written_as_numbers(tmp_path):
+    Measurement(stage="done", rollout={"seeds": [np.int64(3)], "discrete": np.bool_(True), "seconds": np.float32(0.5)}).save(tmp_path)
+    assert Measurement.read(tmp_path).rollout == {"seeds": [3], "discrete": True, "seconds": 0.5}
