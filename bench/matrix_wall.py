@@ -25,9 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from matrix.protocol import MEASUREMENT_FILE, SPEC_FILE, STAGES, Measurement
+
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "matrix" / "example_policies"
-CELL_STAGES = ("start", "prepare", "open", "contract", "parity", "rollout", "latency", "placement", "between cells")
+CELL_STAGES = ("start", *STAGES, "between cells")
 
 
 def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out: Path) -> float:
@@ -46,11 +48,10 @@ def mtime(path: Path) -> float | None:
 
 def cell_stages(cell_dir: Path, next_start: float | None) -> tuple[dict[str, float], float, float]:
     """Seconds per stage of one cell, and when its spec was handed over and when it finished."""
-    measurement = json.loads((cell_dir / "measurement.json").read_text())
-    timeline = measurement.get("timeline", {})
-    handed = mtime(cell_dir / "spec.json")
+    timeline = Measurement.read(cell_dir).timeline
+    handed = mtime(cell_dir / SPEC_FILE)
     ends = [(name, at) for name, at in timeline.items() if name in CELL_STAGES]
-    finished = timeline.get("finished", mtime(cell_dir / "measurement.json"))
+    finished = timeline.get("finished", mtime(cell_dir / MEASUREMENT_FILE))
     seconds = {"start": (ends[0][1] if ends else finished) - handed}
     for (name, at), (_, following) in zip(ends, [*ends[1:], ("finished", finished)]):
         seconds[name] = following - at
