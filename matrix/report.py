@@ -281,6 +281,8 @@ def summary_markdown(results: RunResults) -> str:
     lines = [f"## policy-matrix: {_md_code(model['name'])}", "", f"sha256 `{model['sha256'][:16]}…` · {_md(results.created)}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
+    if results.interrupted:
+        lines += [f"> **{results.interrupted.describe()}**", ""]
     if results.decision:
         lines += ["### Decision", ""] + [f"- {_md(line)}" for line in decide.summary_lines(results)] + [""]
     for variant, error in results.variant_errors.items():

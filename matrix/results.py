@@ -263,6 +263,9 @@ class Interruption(Record):
     after_cells: int
     signal: str  # "SIGINT" | "SIGTERM"
 
+    def describe(self) -> str:
+        return f"interrupted ({self.signal}) after {self.after_cells} cells: this report holds the finished cells only"
+
 
 class RunResults(Record):
     schema_version: int = SCHEMA_VERSION

@@ -84,3 +84,13 @@ def test_a_run_recorded_before_the_rename_resumes_with_its_finished_cells(tmp_pa
     assert drifts == sorted(p["vs_baseline_max_abs"] for cell in old["cells"] for p in cell["parity"])
     with pytest.raises(InputError, match="variants"):
         resume_state(tmp_path, {**identity, "settings": {**identity["settings"], "variants": ["int8"]}})
+
+
+def test_an_interrupted_run_says_so_in_the_report_and_the_summary():
+    from matrix.report import render_html, summary_markdown
+
+    results = schema.load(FIXTURES / V1)
+    assert "interrupted" not in summary_markdown(results) and "interrupted (" not in render_html(results)
+    results.interrupted = schema.Interruption(after_cells=1, signal="SIGINT")
+    line = "interrupted (SIGINT) after 1 cells: this report holds the finished cells only"
+    assert line in summary_markdown(results) and line in render_html(results)
