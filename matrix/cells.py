@@ -26,7 +26,8 @@ import numpy as np
 from . import contract, isolation, metrics, rollouts
 from .model import ModelInfo
 from .observations import Feeds
-from .protocol import DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, STAGES_AFTER_PARITY, CellSpec, Measurement
+from .protocol import (DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, STAGES_AFTER_PARITY, CellSpec, Measurement,
+                       read_message)
 from .reference import Reference
 from .results import Cell, CellError
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, decide
@@ -198,11 +199,8 @@ class Worker:
 def _messages(stream):
     """The protocol's JSON lines on a worker's stdout; a runtime printing there is not a message."""
     for line in stream:
-        try:
-            message = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(message, dict):
+        message = read_message(line)
+        if message is not None:
             yield message
 
 

@@ -33,6 +33,25 @@ OUTPUTS_FILE = "outputs.npz"
 LOG_FILE = "worker.log"
 
 
+def stage_message(name: str, progress: str = "") -> str:
+    """The line a worker prints when it enters a stage (and how far it is within one, e.g. episodes)."""
+    return json.dumps({"stage": name, **({"progress": progress} if progress else {})})
+
+
+def done_message(cell_dir: Path) -> str:
+    """The line a serving worker prints when a cell's files are complete."""
+    return json.dumps({"done": str(cell_dir)})
+
+
+def read_message(line: str) -> dict | None:
+    """A protocol line as a dict; None for anything else a runtime printed to stdout."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
 @dataclass(kw_only=True)
 class CellInputs:
     """What every cell of a run shares: the observation set, the core's ONNX variants, how to time."""

@@ -21,10 +21,11 @@ import numpy as np
 from . import model as model_loader
 from . import observations, reference, rollouts
 from .errors import InputError
+from .protocol import stage_message
 
 
 def stage(name: str) -> None:
-    print(json.dumps({"stage": name}), flush=True)
+    print(stage_message(name), flush=True)
 
 
 def main(folder: Path) -> None:

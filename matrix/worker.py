@@ -20,7 +20,6 @@ import time
 WORKER_STARTED = time.time()  # before the heavy imports below: bench/matrix_wall.py shows what they cost
 
 import itertools
-import json
 import os
 import sys
 import traceback
@@ -35,12 +34,12 @@ from targets.base import CellSkip, PrepareContext
 from . import observations, rollouts, variants
 from .contract import CONTRACT_BATCHES
 from .metrics import latency_stats
-from .protocol import DONE, OUTPUTS_FILE, CellSpec, Measurement
+from .protocol import DONE, OUTPUTS_FILE, CellSpec, Measurement, done_message, stage_message
 from .results import ArtifactInfo, CellError
 
 
 def stage(name: str, progress: str = "") -> None:
-    print(json.dumps({"stage": name, **({"progress": progress} if progress else {})}), flush=True)
+    print(stage_message(name, progress), flush=True)
 
 
 def main(cell_dir: Path) -> None:
@@ -225,7 +224,7 @@ def serve() -> None:
         cell_dir = Path(line.strip())
         _stderr_to(cell_dir / "worker.log")
         main(cell_dir)
-        print(json.dumps({"done": str(cell_dir)}), flush=True)
+        print(done_message(cell_dir), flush=True)
 
 
 def _stderr_to(path: Path) -> None:

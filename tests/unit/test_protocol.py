@@ -96,3 +96,12 @@ def test_a_late_stage_failure_keeps_parity_only_with_outputs():
 def test_numpy_scalars_from_an_environment_are_written_as_numbers(tmp_path):
     Measurement(stage="done", rollout={"seeds": [np.int64(3)], "discrete": np.bool_(True), "seconds": np.float32(0.5)}).save(tmp_path)
     assert Measurement.read(tmp_path).rollout == {"seeds": [3], "discrete": True, "seconds": 0.5}
+
+
+def test_stage_lines_read_back_and_runtime_chatter_is_no_message():
+    from matrix.protocol import done_message, read_message, stage_message
+
+    assert read_message(stage_message("rollout", "2/10 episodes")) == {"stage": "rollout", "progress": "2/10 episodes"}
+    assert read_message(stage_message("latency")) == {"stage": "latency"}
+    assert read_message(done_message(Path("/c"))) == {"done": "/c"}
+    assert [read_message(line) for line in ("2026-01-01 [W] onnxruntime warning", "[1, 2]", "")] == [None, None, None]
