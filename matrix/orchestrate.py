@@ -17,7 +17,7 @@ import os
 import platform
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -137,7 +137,6 @@ def run(config: RunConfig, console: Console) -> RunResults:
     onnx_variants, variant_errors = variants.produce_all(model, config.variants)
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
-    candidate_variants = {c.path.name: variants.produce_all(c, config.variants) for c in config.candidates}
     template = CellInputs(
         observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
@@ -145,6 +144,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
         warmup=config.warmup, iters=config.iters, threads=config.threads, whole_inputs=whole,
         rollout=config.rollout.as_dict() if config.rollout else None,
     )
+    inputs_by_model = {"": template, **_candidate_inputs(config, template)}
     results = _empty_results(config, feeds, template)
     results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.variants}
     if config.rollout:
@@ -165,10 +165,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
                 for target_name, candidate, variant, knobs in configurations:
                     cell = finished.get((target_name, variant, candidate, settings_label(knobs)))
                     if cell is None:
-                        spec = template.for_cell(target_name, variant, candidate=candidate, settings=knobs)
-                        if candidate:
-                            spec.onnx_variants = {k: str(v) for k, v in candidate_variants[candidate][0].items()}
-                            spec.variant_errors = candidate_variants[candidate][1]
+                        spec = inputs_by_model[candidate].for_cell(target_name, variant, candidate=candidate, settings=knobs)
                         cell = runner.run(registry.get(target_name), spec, workers.for_target(target_name))
                         jsonl.append(cell)
                     else:
@@ -186,6 +183,16 @@ def run(config: RunConfig, console: Console) -> RunResults:
     finally:
         services.stop_all()
     return results
+
+
+def _candidate_inputs(config: RunConfig, template: CellInputs) -> dict[str, CellInputs]:
+    """Each candidate's cells share the run's inputs but its own ONNX variants."""
+    inputs = {}
+    for candidate in config.candidates:
+        paths, errors = variants.produce_all(candidate, config.variants)
+        inputs[candidate.path.name] = replace(template, onnx_variants={k: str(v) for k, v in paths.items()},
+                                              variant_errors=errors)
+    return inputs
 
 
 class TargetWorkers:
