@@ -24,4 +24,4 @@ def cell_p50(target: str, info: ModelInfo, feeds: observations.Feeds, batch: int
             outcome = cells.execute(folder / "cell", spec, {}, 600, lambda _: None, None, worker)
         finally:
             worker.stop()
-        return outcome.measurement["latency"][0]["p50_us"]
+        return outcome.measurement.latency[0].p50_us

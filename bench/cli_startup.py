@@ -71,7 +71,7 @@ def whole_run(rounds: int) -> None:
     model = examples.path("continuous_mlp")
     with tempfile.TemporaryDirectory() as out:
         found = medians({
-            "policy-matrix run (ort-cpu fp32)": [*cli(), "-q", "run", str(model), "--targets", "ort-cpu", "--precisions",
+            "policy-matrix run (ort-cpu fp32)": [*cli(), "-q", "run", str(model), "--targets", "ort-cpu", "--variants",
                                                  "fp32", "--out", out, "--fail-on", "never"],
             "polygraphy run --onnxrt --onnxrt": [tool, "run", str(model), "--onnxrt", "--onnxrt"],
         }, rounds)

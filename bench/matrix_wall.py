@@ -28,17 +28,18 @@ import time
 from pathlib import Path
 
 import psutil  # the dev extra's; it reads the run's process tree
+from matrix.protocol import MEASUREMENT_FILE, SPEC_FILE, STAGES, Measurement
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "matrix" / "example_policies"
-CELL_STAGES = ("start", "prepare", "open", "contract", "parity", "rollout", "latency", "placement", "between cells")
+CELL_STAGES = ("start", *STAGES, "between cells")
 
 
-def run_matrix(policy: Path, targets: str, precisions: str, extra: list[str], out: Path) -> tuple[float, int]:
+def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out: Path) -> tuple[float, int]:
     """When the run started, and the peak resident memory of its whole process tree (runner, reference,
     tool steps, workers, browser), summed over the processes alive at each 0.1 s sample."""
     command = [sys.executable, "-m", "matrix", "-q", "run", str(policy), "--out", str(out), "--targets", targets,
-               "--precisions", precisions, "--fail-on", "never", *extra]
+               "--variants", variants, "--fail-on", "never", *extra]
     started = time.time()
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as process:
         peak = [0]
@@ -72,11 +73,10 @@ def mtime(path: Path) -> float | None:
 
 def cell_stages(cell_dir: Path, next_start: float | None) -> tuple[dict[str, float], float, float]:
     """Seconds per stage of one cell, and when its spec was handed over and when it finished."""
-    measurement = json.loads((cell_dir / "measurement.json").read_text())
-    timeline = measurement.get("timeline", {})
-    handed = mtime(cell_dir / "spec.json")
+    timeline = Measurement.read(cell_dir).timeline
+    handed = mtime(cell_dir / SPEC_FILE)
     ends = [(name, at) for name, at in timeline.items() if name in CELL_STAGES]
-    finished = timeline.get("finished", mtime(cell_dir / "measurement.json"))
+    finished = timeline.get("finished", mtime(cell_dir / MEASUREMENT_FILE))
     seconds = {"start": (ends[0][1] if ends else finished) - handed}
     for (name, at), (_, following) in zip(ends, [*ends[1:], ("finished", finished)]):
         seconds[name] = following - at
@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--policies", default="continuous_mlp", help="bundled policies, comma-separated "
                         f"({', '.join(p.stem for p in sorted(POLICIES.glob('*.onnx')))}) or ONNX paths")
     parser.add_argument("--targets", default="all")
-    parser.add_argument("--precisions", default="fp32,fp16,int8")
+    parser.add_argument("--variants", default="fp32,fp16,int8")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     parser.add_argument("extra", nargs="*", help="more `policy-matrix run` options, after --")
     args = parser.parse_args()
@@ -142,7 +142,7 @@ def main() -> None:
         policy = Path(name) if name.endswith(".onnx") else POLICIES / f"{name}.onnx"
         with tempfile.TemporaryDirectory(prefix="matrix-wall-") as scratch:
             out = Path(scratch) / "report"
-            started, peak_rss = run_matrix(policy, args.targets, args.precisions, args.extra, out)
+            started, peak_rss = run_matrix(policy, args.targets, args.variants, args.extra, out)
             ended = time.time()
             per_target, run_steps = account(out, started, ended)
         print_tables(policy.stem, ended - started, peak_rss, per_target, run_steps)

@@ -34,6 +34,7 @@ import targets  # noqa: E402
 from matrix import cells, observations, rollouts, variants  # noqa: E402
 from matrix import model as model_loader  # noqa: E402
 from matrix.orchestrate import Services  # noqa: E402
+from matrix.protocol import Measurement  # noqa: E402
 
 FAMILIES = ("ort-cpu", "ort-node", "ort-web-wasm", "tflite", "tract")
 ENV = "Pendulum-v1"
@@ -54,7 +55,7 @@ def env_step_us(steps: int = 2000) -> float:
     return statistics.median(samples) / 1e3
 
 
-def cell(target: str, folder: Path, policy: Path, episodes: int, services: Services) -> dict:
+def cell(target: str, folder: Path, policy: Path, episodes: int, services: Services) -> Measurement:
     info = model_loader.load(policy)
     observations.save(observations.seeded(info, 8, 0), folder / "obs.npz")
     paths, errors = variants.produce_all(info, ["fp32"])
@@ -87,13 +88,13 @@ def main() -> None:
                     print(f"{name:14} skipped: {reason}")
                     continue
                 measured = cell(name, folder, policy, args.episodes, services)
-                if "rollout" not in measured:
-                    print(f"{name:14} failed: {measured.get('error') or measured.get('skip')}")
+                if measured.rollout is None:
+                    print(f"{name:14} failed: {measured.error or measured.skip}")
                     continue
-                step = measured["rollout"]["seconds"] / measured["rollout"]["steps"] * 1e6
-                bare = measured["latency"][0]["p50_us"]
+                step = measured.rollout["seconds"] / measured.rollout["steps"] * 1e6
+                bare = measured.latency[0].p50_us
                 print(f"{name:14} {step:9.1f} {bare:9.1f} {step - env_us - bare:12.1f} {step / bare:10.1f}"
-                      f" {measured['rollout']['steps']:6d}")
+                      f" {measured.rollout['steps']:6d}")
         finally:
             services.stop_all()
 

@@ -22,6 +22,7 @@ import targets as registry
 
 from . import cells, diagnose, guarded, messages, preparations
 from .model import ModelInfo
+from .protocol import CellInputs
 from .reference import Reference
 from .results import Cell, RunResults
 
@@ -29,9 +30,9 @@ from .results import Cell, RunResults
 @dataclass
 class AssistContext:
     model: ModelInfo
-    template: cells.CellSpec
+    template: CellInputs  # what every cell of the run shares
     reference: Reference
-    baseline: dict | None
+    dev_runtime: dict | None  # ORT CPU fp32 outputs, the development runtime's
     out: Path
     limits: guarded.Limits
     env_for: object  # Services.env_for: the run's shared services (one browser)
@@ -85,7 +86,7 @@ def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
     def judge(outcome: cells.CellOutcome, failing: Cell, info: ModelInfo) -> Cell:
         return cells.judge(
             outcome, host=failing.host, target=failing.target, variant=failing.variant, predicts=target.predicts,
-            model=info, reference=context.reference, baseline=context.baseline, tolerance=failing.tolerance or 0.0,
+            model=info, reference=context.reference, dev_runtime=context.dev_runtime, tolerance=failing.tolerance or 0.0,
         )
 
     try:

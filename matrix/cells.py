@@ -1,6 +1,7 @@
 """Run one cell in a worker process with a timeout, then judge what it measured.
 
-The worker leaves plain files; this side turns them into a `Cell`: parity
+The worker leaves plain files (matrix/protocol.py: spec in, `Measurement` and
+outputs out); this side validates them and turns them into a `Cell`: parity
 against the reference, the contract, the verdict. A worker that crashes, hangs
 or runs out of memory becomes that cell's FAIL row with what is known.
 """
@@ -17,50 +18,31 @@ import sys
 import threading
 import time
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import contract, isolation, metrics, rollouts
 from .model import ModelInfo
-from .paths import cache_dir
+from .observations import Feeds
+from .protocol import (DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, STAGES_AFTER_PARITY, CellSpec, Measurement,
+                       read_message)
 from .reference import Reference
-from .results import ArtifactInfo, Backend, Cell, CellError, LatencyStats, Placement
+from .results import Cell, CellError
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, decide
-
-STAGES = ("prepare", "open", "contract", "parity", "rollout", "latency", "placement")
-STAGES_AFTER_PARITY = ("rollout", "latency", "placement")
-
-
-@dataclass
-class CellSpec:
-    """What a worker needs to run one cell, written to its spec.json."""
-
-    target: str
-    variant: str
-    observations: str  # .npz of the observation set
-    onnx_variants: dict[str, str]  # the core's ONNX files per precision
-    variant_errors: dict[str, str] = field(default_factory=dict)
-    cache_dir: str = field(default_factory=lambda: str(cache_dir()))
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
-    symbolic_batch: bool = True
-    chunk: int = 0  # run the observation set in chunks of a fixed batch (0: all at once)
-    warmup: int = 20
-    iters: int = 200
-    threads: int = 1
-    whole_inputs: list[str] = field(default_factory=list)  # inputs fed whole to every call, never sliced
-    latency_budget_s: float = 30.0  # per batch size: timing stops here and says how many calls it timed
-    rollout: dict | None = None  # rollouts.RolloutPlan as a dict: drive episodes with this cell's session
-    settings: dict[str, str] = field(default_factory=dict)  # runtime knobs handed to target.open ({}: defaults)
-    candidate: str = ""  # which model's variants these are ("" : the first model)
 
 
 @dataclass
 class CellOutcome:
-    measurement: dict
-    arrays: dict[str, np.ndarray]
+    measurement: Measurement
+    arrays: Feeds
     duration_s: float
+
+    @classmethod
+    def failed(cls, stage: str, message: str) -> CellOutcome:
+        """The core itself could not run the cell (no service, no cell folder): nothing was measured."""
+        return cls(Measurement(stage=stage, error=CellError(stage=stage, message=message)), {}, 0.0)
 
 
 def execute(
@@ -73,20 +55,20 @@ def execute(
     try:
         _prepare_cell_dir(cell_dir, spec)
     except OSError as error:
-        return CellOutcome({"error": {"stage": "start", "message": f"cannot write the cell's files: {error}"}}, {}, 0.0)
+        return CellOutcome.failed(START, f"cannot write the cell's files: {error}")
     if worker is not None:
         ending = worker.serve(cell_dir, {**os.environ, **env}, timeout_s, on_stage)
     else:
         command = [sys.executable, "-m", "matrix.worker", str(cell_dir)]
-        ending = run_guarded(command, cell_dir / "worker.log", {**os.environ, **env}, timeout_s, memory_limit, on_stage)
+        ending = run_guarded(command, cell_dir / LOG_FILE, {**os.environ, **env}, timeout_s, memory_limit, on_stage)
     return CellOutcome(_measurement(cell_dir, ending), _arrays(cell_dir), ending.duration_s)
 
 
 def _prepare_cell_dir(cell_dir: Path, spec: CellSpec) -> None:
     cell_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("measurement.json", "outputs.npz"):
+    for stale in (MEASUREMENT_FILE, OUTPUTS_FILE):
         (cell_dir / stale).unlink(missing_ok=True)
-    (cell_dir / "spec.json").write_text(json.dumps(asdict(spec)))
+    spec.write(cell_dir)
 
 
 @dataclass
@@ -124,7 +106,7 @@ def run_guarded(command, log_path: Path, env: dict, timeout_s: float, memory_lim
     """Run `command` isolated (own group, memory cap, dies with the runner), follow its stage
     lines, and kill its whole group on a timeout or when the run itself is interrupted."""
     started = time.perf_counter()
-    last_stage = ["start"]
+    last_stage = [START]
     timed_out = False
     with open(log_path, "w") as log:
         process = isolation.start(command, memory_limit=memory_limit, timeout_s=timeout_s,
@@ -156,10 +138,10 @@ class Worker:
 
     def serve(self, cell_dir: Path, env: dict, timeout_s: float, on_stage) -> Ending:
         started = time.perf_counter()
-        log = cell_dir / "worker.log"
+        log = cell_dir / LOG_FILE
         if self.process is None or self.process.poll() is not None or env != self.env:
             self._start(env, log)
-        last_stage = ["start"]
+        last_stage = [START]
         try:
             self.process.stdin.write(f"{cell_dir.resolve()}\n")
             self.process.stdin.flush()
@@ -214,14 +196,17 @@ class Worker:
             self.process = None
 
 
+def _messages(stream):
+    """The protocol's JSON lines on a worker's stdout; a runtime printing there is not a message."""
+    for line in stream:
+        message = read_message(line)
+        if message is not None:
+            yield message
+
+
 def _relay(process: subprocess.Popen, messages: queue.Queue) -> None:
-    for line in process.stdout:
-        try:
-            message = json.loads(line)
-        except ValueError:
-            continue  # a runtime printing to stdout is not a protocol message
-        if isinstance(message, dict):
-            messages.put(message)
+    for message in _messages(process.stdout):
+        messages.put(message)
     messages.put(None)  # end of output: the worker exited
 
 
@@ -233,15 +218,8 @@ def _on_message(message: dict, last_stage: list, on_stage) -> None:
 
 
 def _follow(process: subprocess.Popen, last_stage: list, on_stage) -> None:
-    for line in process.stdout:
-        try:
-            message = json.loads(line)
-            name = message.get("stage")
-        except (ValueError, AttributeError):
-            continue  # a runtime printing to stdout is not a protocol message
-        if name:
-            last_stage[0] = name
-            on_stage(f"{name} ({message['progress']})" if "progress" in message else name)
+    for message in _messages(process.stdout):
+        _on_message(message, last_stage, on_stage)
 
 
 MEMORY_WORDS = ("MemoryError", "bad_alloc", "Unable to allocate", "Failed to allocate", "Cannot allocate memory",
@@ -259,19 +237,18 @@ def name_out_of_memory(message: str, memory_limit: int | None) -> str:
     return message
 
 
-def _measurement(cell_dir: Path, ending: Ending) -> dict:
+def _measurement(cell_dir: Path, ending: Ending) -> Measurement:
     """What the worker left (possibly partial: it writes as it goes), plus why it stopped when it
     did not finish on its own."""
-    measurement = read_json(cell_dir / "measurement.json")
-    error = measurement.get("error")
-    if error:
-        error["message"] = name_out_of_memory(error.get("message", ""), ending.memory_limit)
-    if ending.returncode == 0 and measurement and not ending.timed_out:
+    measurement = Measurement.read(cell_dir)
+    if measurement is None:
+        measurement = Measurement()
+    elif measurement.error:
+        measurement.error.message = name_out_of_memory(measurement.error.message, ending.memory_limit)
+    if measurement.stopped_itself or (ending.returncode == 0 and not ending.timed_out and measurement.stage != START):
         return measurement
-    if error or "skip" in measurement:
-        return measurement
-    stage = measurement.get("stage") if measurement.get("stage") not in (None, "done") else ending.last_stage
-    return {**measurement, "error": {"stage": stage, "message": ending.describe()}}
+    stage = measurement.stage if measurement.stage not in (START, DONE) else ending.last_stage
+    return measurement.model_copy(update={"error": CellError(stage=stage, message=ending.describe())})
 
 
 def read_json(path: Path) -> dict:
@@ -294,8 +271,8 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):g} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):g} MiB"
 
 
-def _arrays(cell_dir: Path) -> dict[str, np.ndarray]:
-    path = cell_dir / "outputs.npz"
+def _arrays(cell_dir: Path) -> Feeds:
+    path = cell_dir / OUTPUTS_FILE
     if not path.exists():
         return {}
     try:
@@ -307,7 +284,7 @@ def _arrays(cell_dir: Path) -> dict[str, np.ndarray]:
 
 def judge(
     outcome: CellOutcome, *, host: str, target: str, variant: str, predicts: bool, model: ModelInfo,
-    reference: Reference, baseline: dict[str, np.ndarray] | None, tolerance: float,
+    reference: Reference, dev_runtime: Feeds | None, tolerance: float,
     tie_margin: float = DEFAULT_TIE_MARGIN, min_agreement: float = DEFAULT_MIN_AGREEMENT,
     reference_rollout: rollouts.ReferenceRollout | None = None, rollout_plan: rollouts.RolloutPlan | None = None,
     return_tolerance: rollouts.ReturnTolerance | None = None, parity_judged: bool = True,
@@ -317,22 +294,17 @@ def judge(
     m = _unfinished(outcome.measurement, outcome.duration_s)
     cell = Cell(
         host=host, target=target, variant=variant, verdict="SKIP", predicts=predicts,
-        runtime_version=m.get("runtime_version", ""),
-        artifact=ArtifactInfo(**m["artifact"]) if "artifact" in m else None,
-        latency=[LatencyStats(**stats) for stats in m.get("latency", [])],
-        cold_start_ms=m.get("cold_start_ms"),
-        placement=[Placement(**row) for row in m.get("placement", [])],
-        backend=Backend(**m["backend"]) if "backend" in m else None,
-        error=CellError(**m["error"]) if "error" in m else None,
-        tolerance=tolerance, duration_s=outcome.duration_s, notes=m.get("notes", []),
+        runtime_version=m.runtime_version, artifact=m.artifact, latency=m.latency, cold_start_ms=m.cold_start_ms,
+        placement=m.placement, backend=m.backend, error=m.error,
+        tolerance=tolerance, duration_s=outcome.duration_s, notes=m.notes,
     )
-    if "skip" in m:
-        cell.reasons = [m["skip"]]
+    if m.skip is not None:
+        cell.reasons = [m.skip]
         return cell
     if predicts and _measured_parity(cell.error, outcome.arrays):
-        cell.parity = _parity(outcome.arrays, reference, baseline, tie_margin)
+        cell.parity = _parity(outcome.arrays, reference, dev_runtime, tie_margin)
         cell.contract = contract.check(model, outcome.arrays, reference.outputs)
-        cell.rollout = rollouts.summarise(m.get("rollout"), outcome.arrays, reference_rollout, rollout_plan)
+        cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, reference_rollout, rollout_plan)
     cell.verdict, cell.reasons = decide(cell if parity_judged else _parity_shown_only(cell), tolerance, min_agreement)
     cell.verdict, cell.reasons = rollouts.with_behaviour(cell.verdict, cell.reasons, cell.rollout, return_tolerance)
     return cell
@@ -344,14 +316,14 @@ def _parity_shown_only(cell: Cell) -> Cell:
     return cell.model_copy(update={"parity": shown})
 
 
-def _unfinished(measurement: dict, duration_s: float) -> dict:
+def _unfinished(measurement: Measurement, duration_s: float) -> Measurement:
     """A worker that left its measurements but never finished (killed, timed out, crashed hard)
     failed in the stage it had entered; what it measured before that is kept."""
-    if any(key in measurement for key in ("error", "skip")) or measurement.get("stage", "done") == "done":
+    if measurement.stopped_itself or measurement.stage in (START, DONE):
         return measurement
-    stage = measurement["stage"]
+    stage = measurement.stage
     message = f"the worker stopped during {stage} after {duration_s:.1f} s (killed on timeout or out of memory, or crashed)"
-    return {**measurement, "error": {"stage": stage, "message": message}}
+    return measurement.model_copy(update={"error": CellError(stage=stage, message=message)})
 
 
 def _measured_parity(error: CellError | None, arrays: dict) -> bool:
@@ -359,11 +331,11 @@ def _measured_parity(error: CellError | None, arrays: dict) -> bool:
     return error is None or (error.stage in STAGES_AFTER_PARITY and any(k.startswith("outputs/") for k in arrays))
 
 
-def _parity(arrays, reference: Reference, baseline, tie_margin: float):
+def _parity(arrays, reference: Reference, dev_runtime, tie_margin: float):
     return [
         metrics.parity(
             name, arrays[f"outputs/{name}"], expected,
-            _same_shape(baseline.get(name) if baseline else None, expected),
+            _same_shape(dev_runtime.get(name) if dev_runtime else None, expected),
             reference.margins.get(name), tie_margin,
         )
         for name, expected in reference.outputs.items()

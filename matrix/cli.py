@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from . import __version__, options
 from . import config as run_config_file
@@ -104,14 +105,30 @@ def _target_names(value: str, skip: str = "") -> list[str]:
     return chosen
 
 
-def _precisions(value: str) -> list[str]:
+def _variants(value: str) -> list[str]:
     from targets.base import VARIANTS
 
     names = _csv(value)
     unknown = [name for name in names if name not in VARIANTS]
     if unknown or not names:
-        raise InputError(f"unknown precision {(unknown or [value])[0]!r}; known: {', '.join(VARIANTS)}")
+        raise InputError(f"unknown variant {(unknown or [value])[0]!r}; known: {', '.join(VARIANTS)}")
     return names
+
+
+# Where a value came from, strongest first: --precisions (the old name) loses to --variants given the same way.
+_SOURCE_RANK = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP, ParameterSource.DEFAULT)
+
+
+def _variants_option(variants: str, precisions: str | None) -> str:
+    """--variants, or the hidden --precisions it replaced (scripts and matrix.toml files still use it),
+    whichever was given more directly; both on the command line must agree."""
+    if precisions is None:
+        return variants
+    ctx = click.get_current_context()
+    new, old = ctx.get_parameter_source("variants"), ctx.get_parameter_source("precisions")
+    if new == old == ParameterSource.COMMANDLINE and _csv(variants) != _csv(precisions):
+        raise InputError(f"--variants {variants} and --precisions {precisions}: give one (--precisions is its old name)")
+    return precisions if _SOURCE_RANK.index(old) < _SOURCE_RANK.index(new) else variants
 
 
 def _tie_margin(value: float) -> float:
@@ -128,7 +145,7 @@ def _min_agreement(value: float) -> float:
 
 def _tolerances(specs: list[str]):
     """Every override (command line or the config's [tolerance] table) is a number >= 0 whose key matches some
-    target or precision."""
+    target or variant."""
     import targets as registry
     from targets.base import VARIANTS
 
@@ -181,22 +198,24 @@ BROWSER_PATH_OPTION = click.option(
               help="Comma-separated target names or globs (ort-web-*), or 'all'. NAME@VERSION runs that release of the "
                    "runtime beside the default (ort-cpu@1.20.1,ort-cpu); `policy-matrix targets --versions NAME` lists them.")
 @click.option("--skip", default="", help="Comma-separated target names or globs to leave out.")
-@click.option("--precisions", default="fp32,fp16,int8", show_default=True, help="Comma-separated variants: fp32, fp16, int8.")
+@click.option("--variants", default=",".join(options.DEFAULT_VARIANTS), show_default=True,
+              help="Comma-separated variants (the artifact's precision): fp32, fp16, int8.")
+@click.option("--precisions", default=None, hidden=True, help="Old name of --variants, still accepted.")
 @click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
-@click.option("--n-obs", default=128, show_default=True, help="Size of the seeded observation set when --obs is not given.")
-@click.option("--seed", default=0, show_default=True,
+@click.option("--n-obs", default=options.DEFAULT_N_OBS, show_default=True, help="Size of the seeded observation set when --obs is not given.")
+@click.option("--seed", default=options.DEFAULT_SEED, show_default=True,
               help="Seed of the generated observation set, and of the first episode (episode i resets with seed+i).")
-@click.option("--batch-sizes", default="1,64", show_default=True, help="Batch sizes to time.")
-@click.option("--warmup", default=20, show_default=True, help="Untimed calls before timing.")
-@click.option("--iters", default=200, show_default=True, help="Timed calls per batch size.")
-@click.option("--threads", default=1, show_default=True, help="Intra-op threads given to each runtime.")
+@click.option("--batch-sizes", default=",".join(map(str, options.DEFAULT_BATCH_SIZES)), show_default=True, help="Batch sizes to time.")
+@click.option("--warmup", default=options.DEFAULT_WARMUP, show_default=True, help="Untimed calls before timing.")
+@click.option("--iters", default=options.DEFAULT_ITERS, show_default=True, help="Timed calls per batch size.")
+@click.option("--threads", default=options.DEFAULT_THREADS, show_default=True, help="Intra-op threads given to each runtime.")
 @click.option("--tolerance", multiple=True,
               help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards; also a [tolerance] table).")
 @click.option("--tie-margin", default=DEFAULT_TIE_MARGIN, show_default=True,
               help="Discrete actions: a flip counts only where the reference's top-1 minus top-2 logit is above this.")
 @click.option("--min-agreement", default=DEFAULT_MIN_AGREEMENT, show_default=True,
               help="Discrete actions: flips that bring agreement with the reference below this share FAIL the cell (above it: WARN).")
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
+@click.option("--timeout", default=options.DEFAULT_TIMEOUT_S, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
 @click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
 @click.option("--memory-limit", default=None,
@@ -236,7 +255,7 @@ BROWSER_PATH_OPTION = click.option(
 @DRIFT_FACTOR_OPTION
 @BROWSER_ENDPOINT_OPTION
 @BROWSER_PATH_OPTION
-def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
+def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
         return_tolerance, trajectory, initial_state, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer, fail_on, baseline,
         latency_threshold, drift_factor):
@@ -258,7 +277,7 @@ def run(model, targets, skip, precisions, obs, n_obs, seed, batch_sizes, warmup,
     settings_grid = _settings_grid(list(settings_specs), target_names)
     settings = RunConfig(  # cheap option checks first, the model (slow to load) last
         targets=target_names,
-        precisions=_precisions(precisions),
+        variants=_variants(_variants_option(variants, precisions)),
         out=_out_dir(out, resume, model),
         observations=obs,
         n_obs=options.at_least(n_obs, 1, "--n-obs"),
@@ -423,8 +442,8 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
         console.print(escape(line), highlight=False)
     _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
-    if "interrupted_after_cells" in results.settings:
-        sys.exit(143 if results.settings.get("interrupted_by") == "SIGTERM" else 130)
+    if results.interrupted is not None:
+        sys.exit(143 if results.interrupted.signal == "SIGTERM" else 130)
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "skip": ("FAIL", "SKIP"), "never": ()}[fail_on]
     failed = any(c.verdict in threshold for c in results.cells)
     not_run = [name for name in required if all(c.verdict == "SKIP" for c in results.cells if c.target == name)]

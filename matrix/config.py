@@ -8,7 +8,7 @@ line win over the file, the file wins over the built-in defaults (click's
 ```toml
 targets = ["ort-cpu", "ort-web-*"]   # or "ort-cpu,ort-web-*"
 skip = ["*-webgpu"]
-precisions = ["fp32", "int8"]
+variants = ["fp32", "int8"]         # `precisions`, its old name, still works
 iters = 100
 out = "reports/nightly"              # relative paths are relative to this file
 
@@ -65,7 +65,7 @@ def default_map(command: click.Command, path: Path, table: dict) -> dict:
         if name == "tolerance":
             continue
         if name not in params or name in NOT_FROM_FILE:
-            known = ", ".join(sorted(n.replace("_", "-") for n in params if n not in NOT_FROM_FILE))
+            known = ", ".join(sorted(n.replace("_", "-") for n in params if n not in NOT_FROM_FILE and not params[n].hidden))
             raise InputError(f"{path}: unknown setting {key!r}; known: {known}, and a [tolerance] table")
         defaults[params[name].name] = _as_option_value(value, params[name], path.parent)
     return defaults

@@ -11,9 +11,9 @@ import numpy as np
 
 from .graph_facts import action_bounds, state_pairs
 from .model import ModelInfo
+from .observations import Feeds
 from .results import ContractCheck
 
-Arrays = dict[str, np.ndarray]
 CONTRACT_BATCHES = (1, 2, 7)
 
 
@@ -22,7 +22,7 @@ def action_output(model: ModelInfo) -> str:
     return "action" if "action" in names else names[0]
 
 
-def check(model: ModelInfo, arrays: Arrays, reference: Arrays) -> list[ContractCheck]:
+def check(model: ModelInfo, arrays: Feeds, reference: Feeds) -> list[ContractCheck]:
     outputs = _prefixed(arrays, "outputs/")
     action = outputs.get(action_output(model))
     return [
@@ -36,11 +36,11 @@ def check(model: ModelInfo, arrays: Arrays, reference: Arrays) -> list[ContractC
     ]
 
 
-def _prefixed(arrays: Arrays, prefix: str) -> Arrays:
+def _prefixed(arrays: Feeds, prefix: str) -> Feeds:
     return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
-def _shapes(outputs: Arrays, reference: Arrays) -> ContractCheck:
+def _shapes(outputs: Feeds, reference: Feeds) -> ContractCheck:
     wrong = [
         f"{name}: {outputs[name].shape if name in outputs else 'missing'}, expected {expected.shape}"
         for name, expected in reference.items()
@@ -49,7 +49,7 @@ def _shapes(outputs: Arrays, reference: Arrays) -> ContractCheck:
     return ContractCheck(name="output shapes", ok=not wrong, detail="; ".join(wrong) or "as the reference")
 
 
-def _batches(model: ModelInfo, arrays: Arrays) -> ContractCheck:
+def _batches(model: ModelInfo, arrays: Feeds) -> ContractCheck:
     if not all(spec.batch_is_symbolic for spec in model.inputs):
         return ContractCheck(name="batch 1/2/7", ok=None, detail="fixed batch dimension: not applicable")
     wrong = []
@@ -66,7 +66,7 @@ def is_policy(model: ModelInfo) -> bool:
     return "action_space" in model.metadata or any(spec.name == "action" for spec in model.outputs)
 
 
-def _finite(model: ModelInfo, outputs: Arrays, reference: Arrays) -> ContractCheck:
+def _finite(model: ModelInfo, outputs: Feeds, reference: Feeds) -> ContractCheck:
     """A policy's action must be finite, whatever the reference says; any other output may hold
     the non-finite values the reference holds too (an fp16 Cast overflowing to inf), no others."""
     action = action_output(model) if is_policy(model) else None
@@ -83,7 +83,7 @@ def _finite(model: ModelInfo, outputs: Arrays, reference: Arrays) -> ContractChe
     return ContractCheck(name="finite outputs", ok=not bad, detail=f"NaN or Inf in {bad}" if bad else "finite where the reference is")
 
 
-def _dtype(model: ModelInfo, outputs: Arrays) -> ContractCheck:
+def _dtype(model: ModelInfo, outputs: Feeds) -> ContractCheck:
     wrong = [
         f"{spec.name}: {outputs[spec.name].dtype} (declared {spec.dtype})"
         for spec in model.outputs
@@ -117,7 +117,7 @@ def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
     return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}] ({source})")
 
 
-def _recurrent_state(model: ModelInfo, arrays: Arrays) -> list[ContractCheck]:
+def _recurrent_state(model: ModelInfo, arrays: Feeds) -> list[ContractCheck]:
     """The next state has the state's declared shape at every batch size run, and stays finite."""
     checks = []
     for state, following in state_pairs(model):
@@ -139,6 +139,6 @@ def _recurrent_state(model: ModelInfo, arrays: Arrays) -> list[ContractCheck]:
     return checks
 
 
-def _determinism(outputs: Arrays, repeat: Arrays) -> ContractCheck:
+def _determinism(outputs: Feeds, repeat: Feeds) -> ContractCheck:
     differ = [name for name in outputs if name not in repeat or not np.array_equal(outputs[name], repeat[name], equal_nan=True)]
     return ContractCheck(name="deterministic", ok=not differ, detail=f"second run differs in {differ}" if differ else "same input, same output")

@@ -23,7 +23,6 @@ edge cases first).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ from onnx.reference import ReferenceEvaluator
 from . import cells, guarded, observations, reference
 from . import model as model_loader
 from .model import ModelInfo
+from .protocol import CellInputs
 from .preparations import constants
 from .verdict import WARN_FRACTION
 from .results import Cell, Diagnosis, NodeDrift
@@ -229,7 +229,7 @@ def _node_outputs(graph: onnx.GraphProto) -> list[str]:
 # --- running it through the cell's own target ------------------------------------------
 
 
-def diagnose_cell(cell: Cell, template: cells.CellSpec, model: ModelInfo, folder: Path, env: dict, limits: guarded.Limits) -> Diagnosis:
+def diagnose_cell(cell: Cell, template: CellInputs, model: ModelInfo, folder: Path, env: dict, limits: guarded.Limits) -> Diagnosis:
     """Expose the cell variant's intermediates, run them on the cell's target, compare with float64."""
     folder.mkdir(parents=True, exist_ok=True)
     original = model.proto
@@ -240,9 +240,9 @@ def diagnose_cell(cell: Cell, template: cells.CellSpec, model: ModelInfo, folder
     level = (cell.tolerance or 0.0) * (1.0 if cell.verdict == "FAIL" else WARN_FRACTION)
     diagnosis = Diagnosis(runtime=cell.target, observations=observations.count(feeds), threshold_rule=THRESHOLD_RULE, level=level)
     outcome = _run_exposed(cell, template, variant, _node_outputs(original.graph), subset_path, folder, env, limits)
-    error = outcome.measurement.get("error")
+    error = outcome.measurement.error
     if error:
-        diagnosis.note = f"the {cell.target} runtime could not run the graph with exposed intermediates: {error['message']}"
+        diagnosis.note = f"the {cell.target} runtime could not run the graph with exposed intermediates: {error.message}"
         return diagnosis
     actual = {key[len("outputs/"):]: value for key, value in outcome.arrays.items() if key.startswith("outputs/")}
     expected = _guarded_intermediates(model, subset_path, folder / "float64", limits)
@@ -259,8 +259,8 @@ def _run_exposed(cell, template, variant, names, subset_path: Path, folder: Path
     """The exposed graph through the cell's own target, in a worker like any cell (one timed call, no contract runs)."""
     exposed_path = folder / "exposed.onnx"
     onnx.save(expose_intermediates(variant, names), str(exposed_path))
-    spec = replace(
-        template, target=cell.target, variant=cell.variant, observations=str(subset_path),
+    spec = template.for_cell(
+        cell.target, cell.variant, observations=str(subset_path),
         onnx_variants={**template.onnx_variants, cell.variant: str(exposed_path)},
         batch_sizes=[template.chunk or 1], symbolic_batch=False, warmup=0, iters=1,
     )
@@ -275,7 +275,7 @@ def _largest(nodes: list[NodeDrift]) -> str:
     return f"; the drift accumulates, largest relative drift {relative:.3g} at {worst.node} ({worst.op_type})"
 
 
-def _subset(template: cells.CellSpec) -> observations.Feeds:
+def _subset(template: CellInputs) -> observations.Feeds:
     """The first DIAGNOSE_OBSERVATIONS observations, a whole number of the model's fixed batch."""
     feeds = observations.read(Path(template.observations))
     step = template.chunk or 1

@@ -51,8 +51,8 @@ class Grid:
     def for_target(self, name: str) -> list[Settings]:
         return self.settings.get(name, [{}])
 
-    def size(self, n_candidates: int, targets: list[str], precisions: list[str]) -> int:
-        return n_candidates * len(precisions) * sum(len(self.for_target(name)) for name in targets)
+    def size(self, n_candidates: int, targets: list[str], variants: list[str]) -> int:
+        return n_candidates * len(variants) * sum(len(self.for_target(name)) for name in targets)
 
     def describe(self) -> dict:
         return {"settings": {name: combos for name, combos in self.settings.items() if combos != [{}]},

@@ -21,17 +21,17 @@ from .results import LatencyStats, OutputParity
 REL_FLOOR = 1e-3
 
 
-def latency_stats(batch: int, samples_ns: list[int]) -> dict:
+def latency_stats(batch: int, samples_ns: list[int]) -> LatencyStats:
     us = np.asarray(samples_ns, dtype=np.float64) / 1e3
     p50, p90, p99 = np.percentile(us, [50, 90, 99])
     return LatencyStats(
         batch=batch, n=len(us), p50_us=p50, p90_us=p90, p99_us=p99,
         mean_us=float(us.mean()), std_us=float(us.std()), min_us=float(us.min()),
-    ).model_dump()
+    )
 
 
 def parity(
-    name: str, actual: np.ndarray, reference: np.ndarray, baseline: np.ndarray | None,
+    name: str, actual: np.ndarray, reference: np.ndarray, dev_runtime: np.ndarray | None,
     margins: np.ndarray | None, tie_margin: float,
 ) -> OutputParity:
     diff = abs_error(actual, reference).ravel()
@@ -45,7 +45,7 @@ def parity(
         mean_abs=float(np.mean(diff)) if diff.size else 0.0,
         p99_abs=_percentile(diff, 99),
         max_rel=_finite_max(rel),
-        vs_baseline_max_abs=None if baseline is None else _finite_max(abs_error(actual, baseline)),
+        vs_dev_runtime_max_abs=None if dev_runtime is None else _finite_max(abs_error(actual, dev_runtime)),
     )
     if result.kind == "discrete":
         differs = (actual != reference).ravel()

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from targets.base import Feeds  # named arrays, inputs and outputs alike: one name across the code
+
 from .errors import InputError
 from .model import ModelInfo, TensorSpec
 
-Feeds = dict[str, np.ndarray]
 EDGE_VALUES = (0.0, 1.0, -1.0, 5.0, -5.0, 1e-6, 10.0, -10.0)
 
 

@@ -79,14 +79,14 @@ def tolerance_key(key: str, targets: list[str], variants: tuple[str, ...], where
     if not sep:
         if target in targets or target in variants:
             return
-        raise InputError(f"{where}: {key!r} matches no target or precision; known: {', '.join([*targets, *variants])}")
+        raise InputError(f"{where}: {key!r} matches no target or variant; known: {', '.join([*targets, *variants])}")
     if target == "*" and variant == "*":
         raise InputError(f"{where}: '*:*' matches nothing (lookups try TARGET:VARIANT, TARGET:*, *:VARIANT); "
-                         "set each precision, e.g. '*:fp32'")
+                         "set each variant, e.g. '*:fp32'")
     if target != "*" and target not in targets:
         raise InputError(f"{where}: {key!r} matches nothing: no target {target!r}; known: {', '.join(targets)}")
     if variant != "*" and variant not in variants:
-        raise InputError(f"{where}: {key!r} matches nothing: no precision {variant!r}; known: {', '.join(variants)}")
+        raise InputError(f"{where}: {key!r} matches nothing: no variant {variant!r}; known: {', '.join(variants)}")
 
 
 def read_toml(path: Path) -> dict:
@@ -121,3 +121,14 @@ def writable_dir(path: Path, option: str = "--out") -> Path:
     except OSError as error:
         raise InputError(f"{option} {path}: cannot write there ({error.strerror or error})") from None
     return path
+
+
+# The run options' defaults, defined once: the CLI shows them, RunConfig and CellSpec start from them.
+DEFAULT_VARIANTS = ("fp32", "fp16", "int8")
+DEFAULT_N_OBS = 128
+DEFAULT_SEED = 0
+DEFAULT_BATCH_SIZES = (1, 64)
+DEFAULT_WARMUP = 20
+DEFAULT_ITERS = 200
+DEFAULT_THREADS = 1
+DEFAULT_TIMEOUT_S = 600.0

@@ -36,9 +36,11 @@ from . import __version__, assist, cells, grid, guarded, observations, reference
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
+from . import options
 from .options import default_memory_limit
+from .protocol import SERVICE, STAGES, CellInputs, CellSpec
 from .reference import Reference
-from .results import Cell, Host, LintResult, RunResults, append_jsonl, settings_label
+from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, settings_label, upgrade_v1_cell
 from .runtime_versions import base_name
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
@@ -47,16 +49,16 @@ from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 class RunConfig:
     model: ModelInfo
     targets: list[str]
-    precisions: list[str]
+    variants: list[str]
     out: Path
     observations: Path | None = None
-    n_obs: int = 128
-    seed: int = 0
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
-    warmup: int = 20
-    iters: int = 200
-    threads: int = 1
-    timeout_s: float = 600.0
+    n_obs: int = options.DEFAULT_N_OBS
+    seed: int = options.DEFAULT_SEED
+    batch_sizes: list[int] = field(default_factory=lambda: list(options.DEFAULT_BATCH_SIZES))
+    warmup: int = options.DEFAULT_WARMUP
+    iters: int = options.DEFAULT_ITERS
+    threads: int = options.DEFAULT_THREADS
+    timeout_s: float = options.DEFAULT_TIMEOUT_S
     tolerances: Tolerances = field(default_factory=Tolerances)
     host_label: str = ""
     tie_margin: float = DEFAULT_TIE_MARGIN
@@ -140,20 +142,21 @@ def run(config: RunConfig, console: Console) -> RunResults:
     _announce_reference_rollout(config, console)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
         made = pool.submit(_all_variants, config)
-        ref, base, ref_rollout = _isolated_reference(config, obs_path, chunk, console)
+        ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, console)
         (onnx_variants, variant_errors), candidate_variants = made.result()
     reference.save(ref, config.out / "reference.npz")
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
-    template = cells.CellSpec(
-        target="", variant="", observations=str(obs_path.resolve()),
+    template = CellInputs(
+        observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
         batch_sizes=config.batch_sizes if symbolic else [chunk or 1], symbolic_batch=symbolic, chunk=chunk,
         warmup=config.warmup, iters=config.iters, threads=config.threads, whole_inputs=whole,
         rollout=config.rollout.as_dict() if config.rollout else None,
     )
+    inputs_by_model = {"": template, **_candidate_inputs(template, candidate_variants)}
     results = _empty_results(config, feeds, template)
-    results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.precisions}
+    results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.variants}
     if config.rollout:
         results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe()}
     results.settings["run_id"] = run_id
@@ -168,16 +171,13 @@ def run(config: RunConfig, console: Console) -> RunResults:
     try:
         with _progress(console) as progress:
             workers = TargetWorkers(config, configurations)
+            runner = CellRunner(config, results.hosts[0].label, ref, dev_runtime, ref_rollout, services, progress)
             try:
                 for target_name, candidate, variant, knobs in configurations:
                     cell = finished.get((target_name, variant, candidate, settings_label(knobs)))
                     if cell is None:
-                        spec = replace(template, target=target_name, variant=variant, candidate=candidate, settings=knobs)
-                        if candidate:
-                            spec.onnx_variants = {k: str(v) for k, v in candidate_variants[candidate][0].items()}
-                            spec.variant_errors = candidate_variants[candidate][1]
-                        cell = _one_cell(registry.get(target_name), spec, config, results.hosts[0].label, ref, base, services,
-                                         progress, ref_rollout, workers.for_target(target_name))
+                        spec = inputs_by_model[candidate].for_cell(target_name, variant, candidate=candidate, settings=knobs)
+                        cell = runner.run(registry.get(target_name), spec, workers.for_target(target_name))
                         jsonl.append(cell)
                     else:
                         progress.add_task(f"{_cell_label(target_name, variant, candidate, knobs)}: {cell.verdict} (kept)",
@@ -185,16 +185,21 @@ def run(config: RunConfig, console: Console) -> RunResults:
                     results.cells.append(cell)
             finally:
                 workers.stop()
-        context = assist.AssistContext(config.model, template, ref, base, config.out, config.limits, services.env_for)
+        context = assist.AssistContext(config.model, template, ref, dev_runtime, config.out, config.limits, services.env_for)
         assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
-        results.settings["interrupted_after_cells"] = len(results.cells)
-        if isinstance(interrupt, Terminated):
-            results.settings["interrupted_by"] = "SIGTERM"
+        results.interrupted = Interruption(after_cells=len(results.cells),
+                                           signal="SIGTERM" if isinstance(interrupt, Terminated) else "SIGINT")
         console.print(f"[yellow]interrupted[/]: writing the report of the {len(results.cells)} finished cells")
     finally:
         services.stop_all()
     return results
+
+
+def _candidate_inputs(template: CellInputs, candidate_variants: dict[str, tuple]) -> dict[str, CellInputs]:
+    """Each candidate's cells share the run's inputs but its own ONNX variants."""
+    return {name: replace(template, onnx_variants={k: str(v) for k, v in paths.items()}, variant_errors=errors)
+            for name, (paths, errors) in candidate_variants.items()}
 
 
 class TargetWorkers:
@@ -223,7 +228,7 @@ def _configurations(config: RunConfig) -> list[tuple[str, str, str, dict[str, st
     """(target, candidate, variant, settings) in run order: a deterministic grid, known before it starts."""
     candidates = ["", *(c.path.name for c in config.candidates)]
     return [(target, candidate, variant, knobs) for target in config.targets for candidate in candidates
-            for variant in config.precisions for knobs in config.settings_grid.for_target(target)]
+            for variant in config.variants for knobs in config.settings_grid.for_target(target)]
 
 
 def _grid_record(config: RunConfig, size: int) -> dict:
@@ -232,7 +237,7 @@ def _grid_record(config: RunConfig, size: int) -> dict:
 
 
 def _print_grid(config: RunConfig, size: int, console: Console) -> None:
-    axes = [f"{len(config.targets)} targets", f"{len(config.precisions)} precisions"]
+    axes = [f"{len(config.targets)} targets", f"{len(config.variants)} variants"]
     if config.candidates:
         axes.append(f"{1 + len(config.candidates)} models ({escape(', '.join(c.path.name for c in config.candidates))} "
                     f"judged against {escape(config.model.path.name)})")
@@ -267,7 +272,7 @@ def run_identity(config: RunConfig) -> dict:
     return {
         "model_sha256": config.model.sha256,
         "settings": {
-            **source, "targets": config.targets, "precisions": config.precisions, "batch_sizes": config.batch_sizes,
+            **source, "targets": config.targets, "variants": config.variants, "batch_sizes": config.batch_sizes,
             "warmup": config.warmup, "iters": config.iters, "threads": config.threads, "timeout_s": config.timeout_s,
             "tolerances": config.tolerances.overrides, "host_label": config.host_label, "memory_limit": config.memory_limit,
             **_grid_identity(config),
@@ -294,7 +299,8 @@ def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str, s
         raise InputError(f"--resume {out}: no run to resume there ({RUN_FILE} missing or unreadable)") from None
     if recorded.get("model_sha256") != identity["model_sha256"]:
         raise InputError(f"--resume {out}: that run measured another model (sha256 {str(recorded.get('model_sha256'))[:12]}…)")
-    before, now = recorded.get("settings", {}), identity["settings"]
+    # A run recorded before `precisions` was called `variants` resumes like one recorded after.
+    before, now = renamed(recorded.get("settings", {}), "precisions", "variants"), identity["settings"]
     changed = [key for key in now if before.get(key) != now[key]]
     if changed:
         key = changed[0]
@@ -327,7 +333,7 @@ class Journal:
         for line in _json_lines(path):
             if line.get("run_id") == run_id and line.get("model_sha256") == model_sha256:
                 with contextlib.suppress(ValueError):
-                    cell = Cell.model_validate(line)
+                    cell = Cell.model_validate(upgrade_v1_cell(line))
                     cells[(cell.target, cell.variant, cell.candidate, cell.settings_label)] = cell
         return cells
 
@@ -355,14 +361,14 @@ def _all_variants(config: RunConfig) -> tuple[tuple[dict[str, Path], dict[str, s
 
 def _variants_of(model: ModelInfo, config: RunConfig, slot: str) -> tuple[dict[str, Path], dict[str, str]]:
     """The model's ONNX variants, made under the run's --timeout and memory cap (see matrix.variants)."""
-    return variants.produce_guarded(model, config.precisions, config.out / "variants" / slot, config.limits)
+    return variants.produce_guarded(model, config.variants, config.out / "variants" / slot, config.limits)
 
 
 def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, console):
-    """The reference, the baseline and the reference's rollout in a guarded process (see matrix.reference_job)."""
+    """The reference, the development runtime's outputs and the reference's rollout in a guarded process (see matrix.reference_job)."""
     folder = config.out / "reference"
     folder.mkdir(exist_ok=True)
-    for stale in ("reference.npz", "baseline.npz", "rollout.npz", "reference.json"):
+    for stale in ("reference.npz", "dev_runtime.npz", "rollout.npz", "reference.json"):
         (folder / stale).unlink(missing_ok=True)
     spec = {"model": str(config.model.path.resolve()), "observations": str(obs_path.resolve()), "chunk": chunk,
             "rollout": config.rollout.as_dict() if config.rollout else None}
@@ -374,10 +380,10 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, console):
         reason = cells.name_out_of_memory(report["error"], config.memory_limit) if "error" in report else ending.describe()
         raise InputError(f"the float64 reference of {config.model.path.name} could not be computed: {reason}")
     outputs, margins = reference_job.load(folder / "reference.npz")
-    base = reference_job.load(folder / "baseline.npz")[0] if (folder / "baseline.npz").exists() else None
-    if base is None:
-        console.print(f"[yellow]ORT CPU fp32 baseline failed[/]: {report.get('baseline_error') or ending.describe()}")
-    return Reference(outputs, margins), base, _reference_rollout(config, folder, report, ending)
+    dev_runtime = reference_job.load(folder / "dev_runtime.npz")[0] if (folder / "dev_runtime.npz").exists() else None
+    if dev_runtime is None:
+        console.print(f"[yellow]ORT CPU fp32 (the development runtime) failed[/]: {report.get('dev_runtime_error') or ending.describe()}")
+    return Reference(outputs, margins), dev_runtime, _reference_rollout(config, folder, report, ending)
 
 
 def _reference_rollout(config: RunConfig, folder: Path, report: dict, ending) -> rollouts.ReferenceRollout | None:
@@ -398,7 +404,7 @@ def _observation_set(config: RunConfig) -> observations.Feeds:
     return observations.seeded(config.model, config.n_obs, config.seed)
 
 
-def _empty_results(config: RunConfig, feeds, template: cells.CellSpec) -> RunResults:
+def _empty_results(config: RunConfig, feeds, template: CellInputs) -> RunResults:
     source = str(config.observations or f"seeded (seed {config.seed})")
     return RunResults(
         tool_version=__version__,
@@ -408,7 +414,7 @@ def _empty_results(config: RunConfig, feeds, template: cells.CellSpec) -> RunRes
         hosts=[host_info(config.host_label)],
         settings={
             "batch_sizes": template.batch_sizes, "warmup": config.warmup, "iters": config.iters, "threads": config.threads,
-            "targets": config.targets, "precisions": config.precisions, "timeout_s": config.timeout_s,
+            "targets": config.targets, "variants": config.variants, "timeout_s": config.timeout_s,
             "tolerances": config.tolerances.overrides,
             "tie_margin": config.tie_margin, "min_agreement": config.min_agreement,
         },
@@ -426,49 +432,63 @@ def _announce_reference_rollout(config: RunConfig, console: Console) -> None:
     console.print(f"[bold]reference rollout[/]: float64 policy, {what}", highlight=False)
 
 
-def _one_cell(target: Target, spec: cells.CellSpec, config, host, ref, base, services, progress, ref_rollout=None,
-              worker: cells.Worker | None = None):
-    variant = spec.variant
-    label = escape(_cell_label(target.name, variant, spec.candidate, spec.settings))
-    reason = target.unavailable_reason() or target.variant_skip_reason(variant) or versions.install_problem(target)
-    if reason:
-        progress.add_task(f"{label}: [dim]SKIP[/]", total=1, completed=1, start=False)
-        cell = cells.skipped(host=host, target=target.name, variant=variant, reason=reason, runtime_version=_version(target))
+class CellRunner:
+    """Runs and judges one cell at a time with what every cell of the run shares: the run's
+    config, host, reference (and its rollout), the development runtime's outputs, services, progress."""
+
+    def __init__(self, config: RunConfig, host: str, ref: Reference, dev_runtime: dict | None,
+                 ref_rollout: rollouts.ReferenceRollout | None, services: Services, progress: Progress):
+        self.config, self.host, self.ref, self.dev_runtime = config, host, ref, dev_runtime
+        self.ref_rollout, self.services, self.progress = ref_rollout, services, progress
+
+    def run(self, target: Target, spec: CellSpec, worker: cells.Worker | None = None) -> Cell:
+        label = escape(_cell_label(target.name, spec.variant, spec.candidate, spec.settings))
+        reason = target.unavailable_reason() or target.variant_skip_reason(spec.variant) or versions.install_problem(target)
+        if reason:
+            self.progress.add_task(f"{label}: [dim]SKIP[/]", total=1, completed=1, start=False)
+            cell = cells.skipped(host=self.host, target=target.name, variant=spec.variant, reason=reason,
+                                 runtime_version=_version(target))
+        else:
+            task = self.progress.add_task(label, total=len(STAGES))
+            cell = self._judge(target, spec, self._execute(target, spec, worker, self._on_stage(task, label)))
+            colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "CONVERTED": "blue"}[cell.verdict]
+            self.progress.update(task, completed=len(STAGES), description=f"{label}: [{colour}]{cell.verdict}[/]")
         cell.candidate, cell.settings = spec.candidate, spec.settings
         return cell
-    task = progress.add_task(label, total=len(cells.STAGES))
 
-    def on_stage(name: str) -> None:
-        stage_name = name.split(" (")[0]  # "rollout (3/10 episodes)": progress within a stage
-        if stage_name in cells.STAGES:
-            progress.update(task, completed=cells.STAGES.index(stage_name), description=f"{label}: {name}")
+    def _on_stage(self, task, label: str):
+        def on_stage(name: str) -> None:
+            stage_name = name.split(" (")[0]  # "rollout (3/10 episodes)": progress within a stage
+            if stage_name in STAGES:
+                self.progress.update(task, completed=STAGES.index(stage_name), description=f"{label}: {name}")
+        return on_stage
 
-    try:
-        env = services.env_for(target)
-    except Exception as error:  # a service that cannot start costs its cells only
-        outcome = cells.CellOutcome({"error": {"stage": "service", "message": f"{type(error).__name__}: {error}"}}, {}, 0.0)
-    else:
-        cell_dir = config.out / "cells" / _cell_dir_name(spec)
-        outcome = cells.execute(cell_dir, spec, env, config.timeout_s, on_stage, config.memory_limit, worker)
-    # A student differs from its teacher step by step: with rollouts, the return tolerance is its bar.
-    judged_by_behaviour = bool(spec.candidate and config.rollout)
-    cell = cells.judge(
-        outcome, host=host, target=target.name, variant=variant, predicts=target.predicts, model=config.model,
-        reference=ref, baseline=base, tolerance=config.tolerances.get(base_name(target.name), variant),
-        tie_margin=config.tie_margin, min_agreement=config.min_agreement,
-        reference_rollout=ref_rollout, rollout_plan=config.rollout, return_tolerance=config.return_tolerance,
-        parity_judged=not judged_by_behaviour,
-    )
-    cell.candidate, cell.settings = spec.candidate, spec.settings
-    if judged_by_behaviour:
-        cell.notes.append(f"candidate: drift against {config.model.path.name}'s reference is shown, not judged; "
-                          "its return against that reference decides")
-    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "CONVERTED": "blue"}[cell.verdict]
-    progress.update(task, completed=len(cells.STAGES), description=f"{label}: [{colour}]{cell.verdict}[/]")
-    return cell
+    def _execute(self, target: Target, spec: CellSpec, worker: cells.Worker | None, on_stage) -> cells.CellOutcome:
+        try:
+            env = self.services.env_for(target)
+        except Exception as error:  # a service that cannot start costs its cells only
+            return cells.CellOutcome.failed(SERVICE, f"{type(error).__name__}: {error}")
+        cell_dir = self.config.out / "cells" / _cell_dir_name(spec)
+        return cells.execute(cell_dir, spec, env, self.config.timeout_s, on_stage, self.config.memory_limit, worker)
+
+    def _judge(self, target: Target, spec: CellSpec, outcome: cells.CellOutcome) -> Cell:
+        config = self.config
+        # A student differs from its teacher step by step: with rollouts, the return tolerance is its bar.
+        judged_by_behaviour = bool(spec.candidate and config.rollout)
+        cell = cells.judge(
+            outcome, host=self.host, target=target.name, variant=spec.variant, predicts=target.predicts,
+            model=config.model, reference=self.ref, dev_runtime=self.dev_runtime,
+            tolerance=config.tolerances.get(base_name(target.name), spec.variant), tie_margin=config.tie_margin,
+            min_agreement=config.min_agreement, reference_rollout=self.ref_rollout, rollout_plan=config.rollout,
+            return_tolerance=config.return_tolerance, parity_judged=not judged_by_behaviour,
+        )
+        if judged_by_behaviour:
+            cell.notes.append(f"candidate: drift against {config.model.path.name}'s reference is shown, not judged; "
+                              "its return against that reference decides")
+        return cell
 
 
-def _cell_dir_name(spec: cells.CellSpec) -> str:
+def _cell_dir_name(spec: CellSpec) -> str:
     """A plain cell keeps its readable folder; other axes add a short hash (never a user's string as a path)."""
     name = f"{spec.target}-{spec.variant}"
     if not spec.candidate and not spec.settings:

@@ -33,6 +33,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import cells, guarded
+from .protocol import CellInputs
 from . import model as model_loader
 from . import variants as core_variants
 from .model import ModelInfo
@@ -322,7 +323,7 @@ FIXED = ("PASS", "CONVERTED")
 
 
 def try_fixes(
-    cell: Cell, info: ModelInfo, template: cells.CellSpec, judge: Callable[[cells.CellOutcome, Cell, ModelInfo], Cell],
+    cell: Cell, info: ModelInfo, template: CellInputs, judge: Callable[[cells.CellOutcome, Cell, ModelInfo], Cell],
     folder: Path, report_root: Path, env: dict, limits: guarded.Limits,
 ) -> list[FixAttempt]:
     """Try the candidates on one failing cell, cheapest first, until one PASSes."""
@@ -369,8 +370,8 @@ def _attempt(cell, info, template, judge, folder, report_root, env, limits: guar
         attempt.reasons = [f"the prepared graph is unusable: {_one_line(error)}"]
         return attempt
     batch = prepared.fixed_batch
-    spec = dc_replace(
-        template, target=cell.target, variant=cell.variant, onnx_variants={k: str(v) for k, v in paths.items()},
+    spec = template.for_cell(
+        cell.target, cell.variant, onnx_variants={k: str(v) for k, v in paths.items()},
         variant_errors=errors, symbolic_batch=batch is None, chunk=batch or template.chunk,
         batch_sizes=[batch] if batch else template.batch_sizes,
     )

@@ -54,7 +54,7 @@ def save(ref: Reference, path: Path) -> None:
     np.savez(path, **ref.outputs, **{f"margin:{name}": margin for name, margin in ref.margins.items()})
 
 
-def baseline(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:
+def dev_runtime(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:
     """The development runtime's answer (ORT CPU, fp32): the report's second column."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1

@@ -1,11 +1,11 @@
-"""The float64 reference and the ORT CPU fp32 baseline, in their own process:
+"""The float64 reference and the development runtime's (ORT CPU fp32) outputs, in their own process:
 `python -m matrix.reference_job DIR`.
 
 They evaluate the user's model, so they get the same protection as a cell
 (timeout, memory cap, death with the runner): a model with a Loop of 10^12
 iterations or one that allocates a gigabyte per call ends this process, not
 the run's. Reads DIR/reference_spec.json, writes DIR/reference.npz,
-DIR/baseline.npz (when ORT could run it), DIR/rollout.npz (with --env or
+DIR/dev_runtime.npz (when ORT could run it), DIR/rollout.npz (with --env or
 --trajectory: the reference's episodes) and DIR/reference.json.
 """
 
@@ -21,10 +21,11 @@ import numpy as np
 from . import model as model_loader
 from . import observations, reference, rollouts
 from .errors import InputError
+from .protocol import stage_message
 
 
 def stage(name: str) -> None:
-    print(json.dumps({"stage": name}), flush=True)
+    print(stage_message(name), flush=True)
 
 
 def main(folder: Path) -> None:
@@ -40,11 +41,11 @@ def main(folder: Path) -> None:
         traceback.print_exc(limit=8)
     else:
         save(folder / "reference.npz", {**_prefixed("outputs", ref.outputs), **_prefixed("margins", ref.margins)})
-        stage("baseline")
+        stage("dev runtime")
         try:
-            save(folder / "baseline.npz", _prefixed("outputs", reference.baseline(info, feeds, spec["chunk"])))
+            save(folder / "dev_runtime.npz", _prefixed("outputs", reference.dev_runtime(info, feeds, spec["chunk"])))
         except Exception as error:  # the matrix still runs; that column stays empty
-            report["baseline_error"] = _one_line(error)
+            report["dev_runtime_error"] = _one_line(error)
         if spec.get("rollout"):
             stage("rollout")
             _rollout(info, rollouts.RolloutPlan.from_dict(spec["rollout"]), folder, report)
@@ -70,7 +71,7 @@ def save(path: Path, arrays: dict) -> None:
 
 
 def load(path: Path) -> tuple[dict, dict]:
-    """(outputs, margins) of a reference.npz or baseline.npz (which has no margins)."""
+    """(outputs, margins) of a reference.npz or dev_runtime.npz (which has no margins)."""
     with np.load(path, allow_pickle=False) as data:
         arrays = {name: data[name] for name in data.files}
     outputs = {k.removeprefix("outputs/"): v for k, v in arrays.items() if k.startswith("outputs/")}

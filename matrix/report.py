@@ -67,7 +67,7 @@ def table(results: RunResults) -> pd.DataFrame:
             "host": cell.host, "target": cell.target, "variant": cell.variant,
             "candidate": cell.candidate, "settings": cell.settings_label, "verdict": cell.verdict,
             "runtime": cell.runtime_version, "max_abs_drift": cell.max_drift, "tolerance": cell.tolerance,
-            "vs_ort_cpu_fp32": max((p.vs_baseline_max_abs for p in cell.parity if p.vs_baseline_max_abs is not None), default=None),
+            "vs_ort_cpu_fp32": max((p.vs_dev_runtime_max_abs for p in cell.parity if p.vs_dev_runtime_max_abs is not None), default=None),
             "action_agreement": min((p.agreement for p in discrete), default=None),
             "action_flips": sum(p.flips or 0 for p in discrete) if discrete else None,
             **latency,
@@ -296,6 +296,8 @@ def summary_markdown(results: RunResults) -> str:
     lines = [f"## policy-matrix: {_md_code(model['name'])}", "", f"sha256 `{model['sha256'][:16]}…` · {_md(results.created)}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
+    if results.interrupted:
+        lines += [f"> **{results.interrupted.describe()}**", ""]
     if results.decision:
         lines += ["### Decision", ""] + [f"- {_md(line)}" for line in decide.summary_lines(results)] + [""]
     for variant, error in results.variant_errors.items():

@@ -12,7 +12,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+# What ran where and on which backend: defined once, by the target interface that reports them.
+from targets.base import BackendInfo as Backend
+from targets.base import PlacementRow as Placement
+
+SCHEMA_VERSION = 2  # 2: variants, vs_dev_runtime_max_abs, interrupted (v1 files are read through upgrade_v1)
 VERDICTS = ("PASS", "WARN", "FAIL", "SKIP", "CONVERTED")
 
 
@@ -41,7 +45,7 @@ class OutputParity(Record):
     mean_abs: float
     p99_abs: float
     max_rel: float
-    vs_baseline_max_abs: float | None = None  # against ORT CPU fp32, the development runtime
+    vs_dev_runtime_max_abs: float | None = None  # against ORT CPU fp32, the development runtime
     agreement: float | None = None  # discrete: share of actions equal to the reference
     flips: int | None = None  # discrete: disagreements where the reference margin exceeds the tie margin
     near_ties: int | None = None  # discrete: disagreements on near-tied logits (not counted)
@@ -51,21 +55,6 @@ class ContractCheck(Record):
     name: str
     ok: bool | None  # None: not applicable to this model
     detail: str = ""
-
-
-class Placement(Record):
-    node: str
-    op_type: str
-    where: str
-    fallback: bool
-
-
-class Backend(Record):
-    requested: str
-    actual: str
-    emulated: bool = False
-    detail: str = ""
-    timer_resolution_us: float | None = None  # smallest step of the clock that timed the cell, where coarse
 
 
 class ArtifactInfo(Record):
@@ -268,6 +257,16 @@ class Regression(Record):
         return f"{self.host} {self.target} {where} [{self.kind}] {self.detail}"
 
 
+class Interruption(Record):
+    """A run stopped before its last cell (Ctrl-C or SIGTERM): the report holds the finished cells."""
+
+    after_cells: int
+    signal: str  # "SIGINT" | "SIGTERM"
+
+    def describe(self) -> str:
+        return f"interrupted ({self.signal}) after {self.after_cells} cells: this report holds the finished cells only"
+
+
 class RunResults(Record):
     schema_version: int = SCHEMA_VERSION
     tool_version: str
@@ -283,6 +282,7 @@ class RunResults(Record):
     # Optional and additive (older readers ignore them): the grid that ran and what it decided.
     grid: dict = Field(default_factory=dict)  # candidates, settings per target, number of configurations
     decision: list[Decision] = Field(default_factory=list)
+    interrupted: Interruption | None = None
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2))
@@ -297,6 +297,8 @@ def load(path: Path) -> RunResults:
         raise InputError(f"{path}: not a results file ({error})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a results file (a JSON {type(data).__name__}, not an object)")
+    if data.get("schema_version") == 1:
+        data = upgrade_v1(data)
     if data.get("schema_version") != SCHEMA_VERSION:
         raise InputError(
             f"{path}: results schema version {data.get('schema_version')!r}, this policy-matrix reads {SCHEMA_VERSION}"
@@ -305,6 +307,35 @@ def load(path: Path) -> RunResults:
         return RunResults.model_validate(data)
     except ValueError as error:  # pydantic's ValidationError: name the first bad field only
         raise InputError(f"{path}: not a valid results file ({' '.join(str(error).split())[:300]})") from None
+
+
+def upgrade_v1(data: dict) -> dict:
+    """A version-1 results file in version 2's names, so compare and merge read an old baseline:
+    `precisions` became `variants`, `vs_baseline_max_abs` (ORT CPU fp32) `vs_dev_runtime_max_abs`
+    ("baseline" now only means an earlier results.json), and the interruption a field of its own."""
+    settings = renamed(dict(data.get("settings") or {}), "precisions", "variants")
+    interrupted = None
+    if "interrupted_after_cells" in settings:
+        interrupted = {"after_cells": settings.pop("interrupted_after_cells"),
+                       "signal": settings.pop("interrupted_by", "SIGINT")}
+    cells = [upgrade_v1_cell(cell) for cell in data.get("cells") or []]
+    return {**data, "schema_version": 2, "settings": settings, "cells": cells, "interrupted": interrupted}
+
+
+def upgrade_v1_cell(cell: dict) -> dict:
+    """One cell in version 2's names (results.json, and results.jsonl lines of an earlier run)."""
+    if not isinstance(cell, dict):
+        return cell  # validation names what is wrong with it
+    parity = [renamed(p, "vs_baseline_max_abs", "vs_dev_runtime_max_abs") for p in cell.get("parity") or []]
+    return {**cell, "parity": parity}
+
+
+def renamed(record, old: str, new: str):
+    """`record` with its key `old` called `new` (a copy; anything else as it is)."""
+    if isinstance(record, dict) and old in record:
+        record = {**record, new: record[old]}
+        del record[old]
+    return record
 
 
 def append_jsonl(path: Path, cell: Cell, **stamp: str) -> None:

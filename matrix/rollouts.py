@@ -35,8 +35,8 @@ import numpy as np
 from . import graph_facts
 from .errors import InputError
 from .model import ModelInfo, TensorSpec
+from .observations import Feeds
 
-Feeds = dict[str, np.ndarray]
 Step = Callable[[Feeds], Feeds]
 
 # A trajectory has left the reference's at the first step whose observation differs

@@ -72,7 +72,7 @@ def decide(cell, tolerance: float, min_agreement: float = DEFAULT_MIN_AGREEMENT)
         return "CONVERTED", ["conversion only: converted, nothing predicted on this host", *workarounds]
     warnings += _unquantized(cell)
     backend = cell.backend
-    if backend and backend.requested != backend.actual:
+    if backend and not backend.matches:
         failures.append(f"requested {backend.requested} but ran on {backend.actual}. {backend.detail}".strip())
     failures += [f"contract: {c.name}: {c.detail}" for c in cell.contract if c.ok is False]
     for p in cell.parity:

@@ -20,11 +20,9 @@ import time
 WORKER_STARTED = time.time()  # before the heavy imports below: bench/matrix_wall.py shows what they cost
 
 import itertools
-import json
 import os
 import sys
 import traceback
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -35,29 +33,30 @@ from targets import versions
 from targets.base import CellSkip, PrepareContext
 
 from . import observations, rollouts, variants
-from .cells import CellSpec
 from .contract import CONTRACT_BATCHES
 from .metrics import latency_stats
+from .protocol import DONE, OUTPUTS_FILE, CellSpec, Measurement, done_message, stage_message
+from .results import ArtifactInfo, CellError
 
 
 def stage(name: str, progress: str = "") -> None:
-    print(json.dumps({"stage": name, **({"progress": progress} if progress else {})}), flush=True)
+    print(stage_message(name, progress), flush=True)
 
 
 def main(cell_dir: Path) -> None:
-    spec = CellSpec(**json.loads((cell_dir / "spec.json").read_text()))
-    measurement: dict = {"stage": "prepare", "timeline": _first_timeline(), "worker_pid": os.getpid()}
-    arrays: dict[str, np.ndarray] = {}
+    spec = CellSpec.read(cell_dir)
+    measurement = Measurement(stage="prepare", timeline=_first_timeline(), worker_pid=os.getpid())
+    arrays: observations.Feeds = {}
     try:
         _measure(spec, cell_dir, measurement, arrays)
-        measurement["stage"] = "done"
+        measurement.stage = DONE
     except CellSkip as skip:
-        measurement["skip"] = str(skip)
+        measurement.skip = str(skip)
     except Exception as error:  # the runtime's own words become the cell's FAIL reason
-        measurement["error"] = {"stage": measurement["stage"], "message": _one_line(error)}
-        measurement["traceback"] = traceback.format_exc(limit=8)
+        measurement.error = CellError(stage=measurement.stage, message=_one_line(error))
+        measurement.traceback = traceback.format_exc(limit=8)
     finally:
-        measurement["timeline"]["finished"] = time.time()
+        measurement.timeline["finished"] = time.time()
         _save(cell_dir, measurement, arrays)
 
 
@@ -70,23 +69,22 @@ def _first_timeline() -> dict:
     return {"worker_started": WORKER_STARTED, "imported": time.time()}
 
 
-def _save(cell_dir: Path, measurement: dict, arrays: dict) -> None:
+def _save(cell_dir: Path, measurement: Measurement, arrays: dict) -> None:
     """Write both files whole, then swap them in: a kill mid-write never leaves half a file."""
     np.savez(cell_dir / "outputs.partial.npz", **arrays)
-    (cell_dir / "measurement.partial.json").write_text(json.dumps(measurement, default=str))
-    (cell_dir / "outputs.partial.npz").replace(cell_dir / "outputs.npz")
-    (cell_dir / "measurement.partial.json").replace(cell_dir / "measurement.json")
+    (cell_dir / "outputs.partial.npz").replace(cell_dir / OUTPUTS_FILE)
+    measurement.save(cell_dir)
 
 
-def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) -> None:
+def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: dict) -> None:
     target = targets.get(spec.target)
     feeds = observations.read(Path(spec.observations))
-    measurement["runtime_version"] = target.runtime_version()
+    measurement.runtime_version = target.runtime_version()
     versions.check_loaded(target)  # a pinned target runs its own release or not at all
 
     def enter(name: str) -> None:
-        measurement["stage"] = name
-        measurement["timeline"][name] = time.time()  # wall-clock start of each stage, for bench/matrix_wall.py
+        measurement.stage = name
+        measurement.timeline[name] = time.time()  # wall-clock start of each stage, for bench/matrix_wall.py
         _save(cell_dir, measurement, arrays)
         stage(name)
 
@@ -103,13 +101,13 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
     )
     started = time.perf_counter()
     artifact = target.prepare(ctx, spec.variant)
-    measurement["artifact"] = {
-        "size_bytes": artifact.size_bytes,
-        "conversion_s": artifact.conversion_s or time.perf_counter() - started,
-        "op_inventory": artifact.op_inventory,
-        "notes": artifact.notes,
-        "quantization": _quantization(spec.variant, artifact),
-    }
+    measurement.artifact = ArtifactInfo(
+        size_bytes=artifact.size_bytes,
+        conversion_s=artifact.conversion_s or time.perf_counter() - started,
+        op_inventory=artifact.op_inventory,
+        notes=artifact.notes,
+        quantization=_quantization(spec.variant, artifact),
+    )
     if not target.predicts:
         return
 
@@ -119,8 +117,8 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: dict, arrays: dict) ->
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads, spec.settings)
     session.run(first_batch)
-    measurement["cold_start_ms"] = (time.perf_counter_ns() - started) / 1e6
-    measurement["backend"] = asdict(session.backend())
+    measurement.cold_start_ms = (time.perf_counter_ns() - started) / 1e6
+    measurement.backend = session.backend()
     try:
         _run_session(session, spec, feeds, measurement, arrays, enter)
     finally:
@@ -146,17 +144,17 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
         _rollout(session, rollouts.RolloutPlan.from_dict(spec.rollout), measurement, arrays)
 
     enter("latency")
-    measurement["latency"] = []
+    measurement.latency = []
     for batch in spec.batch_sizes:
         samples, budget_spent = timed_calls(session, observations.take(feeds, batch, spec.whole_inputs), spec)
-        measurement["latency"].append(latency_stats(batch, samples))
+        measurement.latency.append(latency_stats(batch, samples))
         if budget_spent:
-            measurement.setdefault("notes", []).append(
+            measurement.notes.append(
                 f"latency at batch {batch}: {len(samples)} of {spec.iters} calls timed within the {spec.latency_budget_s:g} s budget"
             )
 
     enter("placement")
-    measurement["placement"] = [asdict(row) for row in session.placement()]
+    measurement.placement = session.placement()
 
 
 PROBE_CALLS = 3  # timed first to size the warm-up and the rounds that fit the budget
@@ -203,7 +201,7 @@ def _quantization(variant: str, artifact) -> dict | None:
 def _rollout(session, plan, measurement, arrays) -> None:
     """This runtime in the loop: one action per step at batch 1, the environment beside it."""
     measured, episode_arrays = rollouts.drive(session.run, plan, lambda progress: stage("rollout", progress))
-    measurement["rollout"] = measured
+    measurement.rollout = measured
     arrays.update(episode_arrays)
 
 
@@ -228,7 +226,7 @@ def serve() -> None:
         cell_dir = Path(line.strip())
         _stderr_to(cell_dir / "worker.log")
         main(cell_dir)
-        print(json.dumps({"done": str(cell_dir)}), flush=True)
+        print(done_message(cell_dir), flush=True)
 
 
 def _stderr_to(path: Path) -> None:

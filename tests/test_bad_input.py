@@ -94,7 +94,9 @@ def test_bad_model_exits_2_with_one_line(case, command, tmp_path):
     "args, expected",
     [
         (["--targets", "no-such-target"], "unknown target"),
-        (["--precisions", "fp8"], "unknown precision"),
+        (["--variants", "fp8"], "unknown variant"),
+        (["--precisions", "fp8"], "unknown variant"),
+        (["--variants", "fp32", "--precisions", "fp16"], "give one"),
         (["--tolerance", "ort-cpu:int8"], "TARGET:VARIANT=VALUE"),
         (["--batch-sizes", "1,x"], "--batch-sizes"),
         (["--obs", "missing.npy"], "no such observation file"),

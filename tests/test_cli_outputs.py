@@ -119,7 +119,7 @@ def test_matrix_toml_sets_run_options_and_the_command_line_wins(tmp_path):
     done = run_in(tmp_path, "run", MLP)
     assert done.returncode == 0, done.stderr
     settings = load_results(tmp_path / "from-config")["settings"]
-    assert (settings["targets"], settings["precisions"], settings["iters"], settings["batch_sizes"]) == (
+    assert (settings["targets"], settings["variants"], settings["iters"], settings["batch_sizes"]) == (
         ["ort-cpu"], ["fp32"], 7, [1, 3])
     assert settings["tolerances"] == {"ort-cpu:fp32": 0.5}
     override = run_in(tmp_path, "run", MLP, "--iters", "4", "--out", tmp_path / "cli")

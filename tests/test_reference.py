@@ -14,7 +14,7 @@ def test_reference_is_float64_and_close_to_ort_fp32():
         feeds = observations.seeded(info, 32, 0)
         ref = reference.compute(info, feeds, 0)
         assert ref.outputs["action"].dtype == np.float64
-        drift = np.abs(reference.baseline(info, feeds, 0)["action"] - ref.outputs["action"]).max()
+        drift = np.abs(reference.dev_runtime(info, feeds, 0)["action"] - ref.outputs["action"]).max()
         assert 0 < drift < 1e-5, (name, drift)  # fp32 rounding shows, and stays small
 
 

@@ -49,7 +49,7 @@ def prepared(tmp_path_factory):
         observations.save(feeds, folder / "observations.npz")
         paths, errors = variants.produce_all(info, list(DEFAULT_TOLERANCE))
         ready[name] = dict(info=info, folder=folder, ref=reference.compute(info, feeds, 0),
-                           base=reference.baseline(info, feeds, 0), paths=paths, errors=errors)
+                           base=reference.dev_runtime(info, feeds, 0), paths=paths, errors=errors)
     return ready
 
 
@@ -69,7 +69,7 @@ def run_cell(prepared, services, target, name, variant):
     )
     outcome = cells.execute(ready["folder"] / f"{target.name}-{variant}", spec, services.env_for(target), 600, lambda _: None)
     return cells.judge(outcome, host="test", target=target.name, variant=variant, predicts=target.predicts,
-                       model=ready["info"], reference=ready["ref"], baseline=ready["base"],
+                       model=ready["info"], reference=ready["ref"], dev_runtime=ready["base"],
                        tolerance=DEFAULT_TOLERANCE[variant])
 
 

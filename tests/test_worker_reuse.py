@@ -47,10 +47,10 @@ def test_one_worker_serves_every_variant_and_a_crash_costs_only_its_cell(tmp_pat
     try:
         fp32 = _serve(worker, tmp_path / "fp32", template)
         int8 = _serve(worker, tmp_path / "int8", cells.CellSpec(**{**vars(template), "variant": "int8"}))
-        assert fp32.measurement["stage"] == int8.measurement["stage"] == "done"
+        assert fp32.measurement.stage == int8.measurement.stage == "done"
         first = _pid(tmp_path / "fp32")
         assert _pid(tmp_path / "int8") == first  # one process, both variants
-        assert "worker_started" in fp32.measurement["timeline"] and "worker_started" not in int8.measurement["timeline"]
+        assert "worker_started" in fp32.measurement.timeline and "worker_started" not in int8.measurement.timeline
 
         timing = threading.Event()
         endless = cells.CellSpec(**{**vars(template), "variant": "fp16", "iters": 50_000_000})  # never ends by itself
@@ -62,14 +62,14 @@ def test_one_worker_serves_every_variant_and_a_crash_costs_only_its_cell(tmp_pat
         os.kill(first, signal.SIGKILL)
         serving.join(STATE_TIMEOUT_S)
         (fp16,) = crashed
-        assert fp16.measurement["error"]["stage"] == "latency"
-        assert fp16.measurement["error"]["message"].startswith("killed by signal 9 (SIGKILL)")
+        assert fp16.measurement.error.stage == "latency"
+        assert fp16.measurement.error.message.startswith("killed by signal 9 (SIGKILL)")
         assert "outputs/action" in fp16.arrays  # what it measured before the crash is kept
 
         after = _serve(worker, tmp_path / "fp32-after", template)
-        assert after.measurement["stage"] == "done" and "error" not in after.measurement
+        assert after.measurement.stage == "done" and after.measurement.error is None
         assert _pid(tmp_path / "fp32-after") != first  # the remaining variants run in a fresh worker
-        assert "worker_started" in after.measurement["timeline"]
+        assert "worker_started" in after.measurement.timeline
     finally:
         worker.stop()
 
@@ -80,9 +80,9 @@ def test_a_hung_cell_times_out_and_the_next_cell_gets_a_fresh_worker(tmp_path, t
         _serve(worker, tmp_path / "before", template)
         endless = cells.CellSpec(**{**vars(template), "iters": 50_000_000, "latency_budget_s": 3600.0})
         hung = cells.execute(tmp_path / "hung", endless, {}, 10, lambda _: None, None, worker)
-        assert hung.measurement["error"]["message"] == "timed out after 10 s (--timeout)"
+        assert hung.measurement.error.message == "timed out after 10 s (--timeout)"
         after = _serve(worker, tmp_path / "after", template)
-        assert after.measurement["stage"] == "done" and "worker_started" in after.measurement["timeline"]
+        assert after.measurement.stage == "done" and "worker_started" in after.measurement.timeline
         assert _pid(tmp_path / "after") != _pid(tmp_path / "before")
     finally:
         worker.stop()

@@ -82,8 +82,8 @@ def test_tolerance_keys_that_match_a_cell(key):
 
 
 @pytest.mark.parametrize("key, words", [
-    ("*:*", "'\\*:\\*' matches nothing"), ("nope:fp32", "no target 'nope'"), ("ort-cpu:fp8", "no precision 'fp8'"),
-    ("fp8", "matches no target or precision"),
+    ("*:*", "'\\*:\\*' matches nothing"), ("nope:fp32", "no target 'nope'"), ("ort-cpu:fp8", "no variant 'fp8'"),
+    ("fp8", "matches no target or variant"),
 ])
 def test_tolerance_keys_that_match_nothing(key, words):
     with pytest.raises(InputError, match=words):

@@ -13,20 +13,20 @@ from matrix.metrics import REL_FLOOR, abs_error, latency_stats, parity
 def test_continuous_drift_statistics():
     reference = np.array([[1.0, -2.0], [0.0, 4.0]], np.float32)
     actual = reference + np.array([[0.1, 0.0], [0.002, -0.4]], np.float32)
-    result = parity("action", actual, reference, baseline=None, margins=None, tie_margin=1e-3)
+    result = parity("action", actual, reference, dev_runtime=None, margins=None, tie_margin=1e-3)
     assert result.kind == "continuous" and result.agreement is None and result.flips is None
     assert result.max_abs == pytest.approx(0.4, rel=1e-6)
     assert result.mean_abs == pytest.approx((0.1 + 0.002 + 0.4) / 4, rel=1e-5)
     # relative: 0.1/1, 0/2, 0.002/max(0, floor), 0.4/4 -> the floored zero dominates
     assert result.max_rel == pytest.approx(0.002 / REL_FLOOR, rel=1e-4)
-    assert result.vs_baseline_max_abs is None
+    assert result.vs_dev_runtime_max_abs is None
 
 
-def test_drift_against_the_ort_cpu_baseline_is_its_own_column():
+def test_drift_against_the_development_runtime_is_its_own_column():
     reference = np.zeros(3, np.float32)
-    baseline = np.array([0.0, 0.5, 0.0], np.float32)
-    result = parity("y", np.zeros(3, np.float32), reference, baseline, None, 1e-3)
-    assert result.max_abs == 0 and result.vs_baseline_max_abs == 0.5
+    dev_runtime = np.array([0.0, 0.5, 0.0], np.float32)
+    result = parity("y", np.zeros(3, np.float32), reference, dev_runtime, None, 1e-3)
+    assert result.max_abs == 0 and result.vs_dev_runtime_max_abs == 0.5
 
 
 def test_the_same_non_finite_value_as_the_reference_is_no_error():
@@ -81,6 +81,6 @@ def test_booleans_are_discrete():
 
 def test_latency_stats_are_microseconds_of_the_samples():
     stats = latency_stats(64, [1000, 2000, 3000, 4000, 5000])
-    assert stats["batch"] == 64 and stats["n"] == 5
-    assert (stats["p50_us"], stats["min_us"], stats["mean_us"]) == (3.0, 1.0, 3.0)
-    assert stats["p90_us"] == pytest.approx(4.6) and stats["std_us"] == pytest.approx(math.sqrt(2))
+    assert stats.batch == 64 and stats.n == 5
+    assert (stats.p50_us, stats.min_us, stats.mean_us) == (3.0, 1.0, 3.0)
+    assert stats.p90_us == pytest.approx(4.6) and stats.std_us == pytest.approx(math.sqrt(2))
