@@ -1,10 +1,15 @@
-"""Chromium as a service for the browser targets: one browser per run, one page per target's worker.
+"""Chromium for the browser targets: one browser and page per target's worker.
 
-The run starts one Chromium (`ChromiumService`, or the user's own browser: `UserBrowser`)
-and hands its DevTools endpoint to the cell workers; each worker connects over CDP and
-gets a fresh context and page (`HarnessPage`: a private local server for the harness, the
-ORT dist/ files and published models, and one ORT bundle imported), kept for all the
-variants it serves. Nothing here knows an ORT backend: that is targets/ort_web.py's business.
+Each worker launches its own Chromium through Playwright, which drives it over a pipe
+(`--remote-debugging-pipe`): no DevTools port is open, so no other local process can
+drive the browser (a DevTools port on 127.0.0.1 lets any local user's process read files
+through it). The browser is the worker's child: the worker's memory cap holds for it and
+it ends with the worker (the pipe closes), on a timeout or a kill -9 alike. Only a browser
+the user started and owns (`--browser-endpoint`, `UserBrowser`) is reached over CDP.
+
+Each worker gets a fresh context and page (`HarnessPage`: a private local server for the
+harness, the ORT dist/ files and published models, and one ORT bundle imported), kept for
+all the variants it serves. Nothing here knows an ORT backend: that is targets/ort_web.py's business.
 """
 
 from __future__ import annotations
@@ -16,20 +21,14 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import tempfile
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from matrix import isolation
-
 from .base import RunService
 from .web_support import HarnessServer, missing_npm_package
 
-CDP_ENV = "POLICY_MATRIX_CDP_URL"
 # A user's own browser instead of the one policy-matrix starts (`run --browser-endpoint / --browser-path`),
 # e.g. a desktop Chrome with a real GPU: the same harness, its real adapter, its real latency.
 BROWSER_ENDPOINT_ENV = "POLICY_MATRIX_BROWSER_ENDPOINT"  # DevTools endpoint of a running Chrome: ws://… or http://…
@@ -102,59 +101,6 @@ def web_unavailable_reason() -> str | None:
     return None
 
 
-# --- one browser per run ----------------------------------------------------
-
-
-class ChromiumService(RunService):
-    """Chromium with a DevTools endpoint on 127.0.0.1; cell workers connect over CDP."""
-
-    def __init__(self, run_dir: Path, startup_timeout_s: float = 60, flags: list[str] = CHROMIUM_FLAGS):
-        self.profile = Path(tempfile.mkdtemp(prefix="policy-matrix-chromium-"))
-        log = open(self.profile / "chromium.log", "wb")  # noqa: SIM115 — lives as long as the process
-        command = [chromium_executable(), *flags, f"--user-data-dir={self.profile}",
-                   "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "about:blank"]
-        # Own process group, so stop() ends the browser's helper processes with it; and gone with
-        # the runner even on its kill -9, so no browser outlives the run.
-        self.process = isolation.start_dying_with_parent(command, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        self.endpoint = self._wait_for_endpoint(startup_timeout_s)
-
-    def _wait_for_endpoint(self, timeout_s: float) -> str:
-        port_file = self.profile / "DevToolsActivePort"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"Chromium exited at start (code {self.process.returncode}): "
-                                   f"{(self.profile / 'chromium.log').read_text(errors='replace')[-2000:]}")
-            if port_file.exists() and port_file.read_text().strip():
-                return f"http://127.0.0.1:{port_file.read_text().split()[0]}"
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"Chromium opened no DevTools port within {timeout_s:.0f} s")
-
-    def env(self) -> dict[str, str]:
-        return {CDP_ENV: self.endpoint}
-
-    def alive(self) -> bool:
-        if self.process.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(f"{self.endpoint}/json/version", timeout=5) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                if self.process.poll() is None:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                    self.process.wait(timeout=10)
-        shutil.rmtree(self.profile, ignore_errors=True)
-
-
 def devtools_http(endpoint: str) -> str:
     """http://host:port of a DevTools endpoint given as ws://host:port/devtools/browser/<id> or http://host:port."""
     parsed = urllib.parse.urlsplit(endpoint)
@@ -209,12 +155,12 @@ def _driver():
 
 
 class HarnessPage:
-    """A fresh context and page in the run's browser (a private browser when no service runs)."""
+    """A fresh context and page in this worker's own browser (the user's, with --browser-endpoint)."""
 
     def __init__(self, bundle: str):
         self.playwright = _driver()
         try:
-            endpoint = os.environ.get(BROWSER_ENDPOINT_ENV) or os.environ.get(CDP_ENV)
+            endpoint = os.environ.get(BROWSER_ENDPOINT_ENV)
             if endpoint:
                 self.browser = self.playwright.chromium.connect_over_cdp(endpoint)
             else:
@@ -263,7 +209,7 @@ def shared_page(bundle: str) -> HarnessPage:
 
 
 def _page_key(bundle: str) -> tuple:
-    return bundle, os.environ.get(BROWSER_ENDPOINT_ENV) or os.environ.get(CDP_ENV)
+    return bundle, os.environ.get(BROWSER_ENDPOINT_ENV), tuple(CHROMIUM_FLAGS)
 
 
 def drop_page(bundle: str) -> None:

@@ -1,7 +1,7 @@
 """onnxruntime-web inside headless Chromium: wasm, WebGL and WebGPU backends.
 
-The browser, its pages and the local server are targets/chromium.py's (one Chromium per
-run, shared by the three targets through `service_key`). Here: one `WebSession` per
+The browser, its pages and the local server are targets/chromium.py's (each worker's own
+Chromium over a pipe; a browser the user gives is shared by the three targets through `service_key`). Here: one `WebSession` per
 variant on the worker's page (each variant's ORT sessions are released after it), and a
 small profile per backend (`OrtWebWasm`, `OrtWebWebgl`, `OrtWebWebgpu`) that names its
 bundle and EP and says how its placement and real backend are read. Latency is measured in
@@ -20,7 +20,6 @@ from typing import ClassVar
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, RunService, Session, Settings, Target
 from .chromium import (
     BROWSER_ENDPOINT_ENV,
-    ChromiumService,
     UserBrowser,
     chromium_version,
     drop_page,
@@ -152,9 +151,10 @@ class OrtWebTarget(Target):
         return WebSession(self, artifact, threads)
 
     def start_service(self, run_dir: Path) -> RunService | None:
+        """Only the user's browser is shared by the run; otherwise each worker launches its own (targets/chromium.py)."""
         if endpoint := os.environ.get(BROWSER_ENDPOINT_ENV):
             return UserBrowser(endpoint)
-        return ChromiumService(run_dir)
+        return None
 
     def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:
         return BackendInfo(requested=self.backend, actual=self.backend if opened else "none",

@@ -294,7 +294,7 @@ def test_chromium_dies_with_a_killed_runner(tmp_path):
         pytest.skip(REGISTRY["ort-web-wasm"].unavailable_reason())
     run = _start(MLP, "--targets", "ort-web-wasm", "--precisions", "fp32", *SLOW, "--out", tmp_path)
     _worker_of(run, tmp_path / "cells" / "ort-web-wasm-fp32")
-    browsers = _wait_for(lambda: _descendants(run.pid, "policy-matrix-chromium-"), "the run's Chromium")
+    browsers = _wait_for(lambda: _descendants(run.pid, "--remote-debugging-pipe"), "the worker's Chromium")
     run.kill()
     run.wait()
     _assert_gone(browsers)

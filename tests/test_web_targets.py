@@ -6,14 +6,13 @@ onnxruntime-web from web_harness/node_modules, and node. `make setup` (`policy-m
 
 from __future__ import annotations
 
-import os
-import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import onnx
+import psutil
 import pytest
 from web_fixtures import softsign_mlp, softsign_only, write
 
@@ -22,7 +21,8 @@ from matrix import model as model_loader
 from matrix import variants as core_variants
 from targets import REGISTRY
 from targets.base import Artifact
-from targets.chromium import CDP_ENV, CHROMIUM_FLAGS, ChromiumService, HarnessPage
+from targets import chromium
+from targets.chromium import HarnessPage
 from targets.web_support import HarnessServer, missing_npm_package
 
 pytestmark = [pytest.mark.browser]
@@ -30,17 +30,6 @@ pytestmark = [pytest.mark.browser]
 WEB_TARGETS = ("ort-node", "ort-web-wasm", "ort-web-webgl", "ort-web-webgpu")
 EXAMPLES = ("continuous_mlp", "discrete_mlp", "pixel_cnn")
 FP32_TOLERANCE = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def browser(tmp_path_factory):
-    """One Chromium for the module, reached over CDP like the run's cell workers reach it."""
-    service = REGISTRY["ort-web-wasm"].start_service(tmp_path_factory.mktemp("run"))
-    previous = os.environ.get(CDP_ENV)
-    os.environ.update(service.env())
-    yield service
-    service.stop()
-    os.environ.pop(CDP_ENV) if previous is None else os.environ.update({CDP_ENV: previous})
 
 
 @pytest.fixture(scope="module")
@@ -132,12 +121,12 @@ def test_webgpu_session_that_ran_only_on_wasm_is_not_webgpu(tmp_path, cache_dir)
         session.close()
 
 
-def test_webgpu_without_an_adapter_fails_with_the_reason(tmp_path, monkeypatch, cache_dir):
-    no_webgpu = ChromiumService(tmp_path, flags=[flag for flag in CHROMIUM_FLAGS if flag != "--enable-unsafe-webgpu"])
-    monkeypatch.setenv(CDP_ENV, no_webgpu.env()[CDP_ENV])
+def test_webgpu_without_an_adapter_fails_with_the_reason(monkeypatch, cache_dir):
+    monkeypatch.setattr(chromium, "CHROMIUM_FLAGS", [f for f in chromium.CHROMIUM_FLAGS if f != "--enable-unsafe-webgpu"])
+    target = REGISTRY["ort-web-webgpu"]
+    path = examples.path("continuous_mlp")
     try:
-        path = examples.path("continuous_mlp")
-        session = REGISTRY["ort-web-webgpu"].open(artifact(path, cache_dir), threads=1)
+        session = target.open(artifact(path, cache_dir), threads=1)
         try:
             info = session.backend()
             assert not info.matches and "adapter" in info.detail
@@ -146,7 +135,7 @@ def test_webgpu_without_an_adapter_fails_with_the_reason(tmp_path, monkeypatch, 
         finally:
             session.close()
     finally:
-        no_webgpu.stop()
+        chromium.drop_page(target.bundle)  # the browser without WebGPU goes with its flags
 
 
 def test_webgl_runs_each_batch_size_on_its_own_fixed_batch_model(cache_dir):
@@ -224,31 +213,36 @@ def test_page_is_cross_origin_isolated_and_server_serves_only_the_harness(tmp_pa
         server.stop()
 
 
-def test_a_dead_browser_costs_only_its_cells(tmp_path, monkeypatch, cache_dir):
+def _own_browsers(flag: str) -> list[psutil.Process]:
+    """This process's Chromium main processes launched with `flag` (their helpers are their children)."""
+    return [p for p in psutil.Process().children(recursive=True)
+            if flag in p.cmdline() and not any(a.startswith("--type=") for a in p.cmdline())]
+
+
+def test_a_dead_browser_costs_only_its_cells(monkeypatch, cache_dir):
+    marker = "--window-size=801,601"  # tells this test's browser from the others open in this process
+    monkeypatch.setattr(chromium, "CHROMIUM_FLAGS", [*chromium.CHROMIUM_FLAGS, marker])
     target, path = REGISTRY["ort-web-wasm"], examples.path("continuous_mlp")
-    service = target.start_service(tmp_path)
-    monkeypatch.setenv(CDP_ENV, service.env()[CDP_ENV])
     session = target.open(artifact(path, cache_dir), threads=1)
     try:
         session.run(observations(path, 1))
-        os.kill(service.process.pid, signal.SIGKILL)
-        service.process.wait(timeout=10)
-        assert not service.alive()
+        (browser,) = _own_browsers(marker)
+        assert "--remote-debugging-pipe" in browser.cmdline()  # driven over a pipe: no DevTools port to reach
+        assert not any(a.startswith("--remote-debugging-port") for a in browser.cmdline())
+        browser.kill()
+        browser.wait(timeout=30)
         with pytest.raises(Exception):  # the cell in flight errors out instead of hanging
             session.run(observations(path, 1))
     finally:
         session.close()
-        service.stop()
-    restarted = target.start_service(tmp_path)
     try:
-        assert restarted.alive()
-        monkeypatch.setenv(CDP_ENV, restarted.env()[CDP_ENV])
-        session = target.open(artifact(path, cache_dir), threads=1)
+        session = target.open(artifact(path, cache_dir), threads=1)  # the next cell gets a fresh browser
         feeds = observations(path, 2)
         assert max_drift(session.run(feeds), float64_reference(path, feeds)) < FP32_TOLERANCE
         session.close()
     finally:
-        restarted.stop()
+        chromium.drop_page(target.bundle)
+    assert not _own_browsers(marker)
 
 
 def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path):
