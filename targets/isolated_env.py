@@ -10,7 +10,6 @@ the boundary the same way as every cell: files in, JSON out.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -22,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.paths import cache_dir
+
+from .build_once import exclusive
 
 
 class EnvError(RuntimeError):
@@ -69,14 +70,15 @@ def env_python(name: str, requirements: Path) -> Path | None:
 
 
 def ensure_env(name: str, requirements: Path, timeout_s: float = 1800, first: tuple[PinnedWheel, ...] = ()) -> Path:
-    """Build (once, under a lock) and return the interpreter of the named environment.
+    """Build (once, under the cache's lock) and return the interpreter of the named environment.
 
-    An environment whose interpreter is gone is rebuilt rather than trusted.
+    An environment whose interpreter is gone is rebuilt rather than trusted. Unlike the
+    other cache entries (build_once), a venv cannot be built aside and renamed into place
+    (its scripts name the folder it was made in), so it is built where it lives and
+    `.complete`, written last, says it is whole.
     """
     directory = env_dir(name, requirements)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f"{directory.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(directory):
         if not _usable(directory):
             _build(directory, requirements, timeout_s, first)
     return directory / "bin" / "python"

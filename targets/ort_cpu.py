@@ -8,12 +8,13 @@ the requested provider was really used — is shared.
 
 from __future__ import annotations
 
-import time
+import functools
 from typing import ClassVar
 
 import onnxruntime as ort
 
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, Knob, PlacementRow, Session, Settings, Target
+from .timing import time_calls
 
 # Provider options that change the numbers a cell measures, shown on the cell's backend line.
 SHOWN_PROVIDER_OPTIONS = ("use_tf32", "device_id")
@@ -47,15 +48,7 @@ class OrtSession(Session):
         return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
-        run, names, clock = self.session.run, self.output_names, time.perf_counter_ns
-        for _ in range(warmup):
-            run(names, feeds)
-        samples = []
-        for _ in range(iters):
-            start = clock()
-            run(names, feeds)
-            samples.append(clock() - start)
-        return samples
+        return time_calls(functools.partial(self.session.run, self.output_names, feeds), warmup, iters)
 
     def placement(self) -> list[PlacementRow]:
         return [
