@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from matrix import isolation
 
-from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, RunService, Session, Settings, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, RunService, Session, Settings, Target
 from .web_support import (
     HarnessServer,
     decode_outputs,
@@ -323,7 +323,7 @@ class WebSession(Session):
         if batch not in self.sessions:
             model = self.artifact.path
             if batch is not None:
-                model = fixed_batch_model(model, batch, Path(self.artifact.extra["cache_dir"]))
+                model = fixed_batch_model(model, batch, self.artifact.cache_dir)
             key = f"s{next(_SESSION_KEYS)}-b{batch}"
             url = self.page.server.publish(model)
             opened = self.page.call("open", key, url, self.target.backend, self.threads, True)
@@ -368,7 +368,7 @@ class WebSession(Session):
         info.timer_resolution_us = self.page.versions.get("timerStepUs")
         if info.emulated:
             info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
-        if self.target.backend == "webgpu" and self.artifact.extra.get("variant") == "fp16" and not self.probe.get("shaderF16"):
+        if self.target.backend == "webgpu" and self.artifact.variant == "fp16" and not self.probe.get("shaderF16"):
             # Measured on onnxruntime-web 1.30: without shader-f16 the WebGPU EP accepts an fp16
             # model and returns wrong numbers (0.79 max drift) instead of refusing it. Devices
             # without the feature exist in the field, so the drift is reported, not skipped.
@@ -398,11 +398,6 @@ class OrtWebTarget(Target):
 
     def unavailable_reason(self) -> str | None:
         return web_unavailable_reason()
-
-    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        artifact = super().prepare(ctx, variant)
-        artifact.extra.update(variant=variant, cache_dir=str(ctx.cache_dir))
-        return artifact
 
     def start_runtime(self) -> None:
         if self.unavailable_reason() is None:
