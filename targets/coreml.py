@@ -63,11 +63,10 @@ class CoremlPredictTarget(CoremlTarget):
     predicts: ClassVar[bool] = True
     compute_units: ClassVar[str]
     accelerators: ClassVar[frozenset[str]]  # devices that count as "on the requested accelerator"
+    _started_helper: PredictHelper | None = None  # started by start_runtime, taken by the next _open
 
     def unavailable_reason(self) -> str | None:
         return "CoreML prediction needs macOS" if sys.platform != "darwin" else environment_missing()
-
-    _started_helper: PredictHelper | None = None  # started by start_runtime, taken by the next _open
 
     def start_runtime(self) -> None:
         """The prediction process, its coremltools import done, so cold start is Core ML's load + first predict."""
