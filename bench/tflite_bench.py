@@ -28,7 +28,7 @@ import targets
 from matrix import examples, model, observations
 from matrix.paths import cache_dir
 from targets.base import PrepareContext
-from targets.tflite import TfliteSession
+from targets.tflite_session import TfliteSession
 
 
 def conversion_seconds(name: str, recipe_target: str, variant: str) -> float:

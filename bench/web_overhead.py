@@ -56,7 +56,7 @@ def in_page_overhead(model: Path, iters: int, cache: Path) -> None:
     print(f"{'target':16} {'p50 us':>9} {'mean us':>9} {'bare us':>9} {'p50/bare':>9} {'mean/bare':>9} {'python-driven us':>17} {'ratio':>6}")
     feeds = one_observation(model)
     for name in WEB:
-        session = REGISTRY[name].open(Artifact(model, extra={"variant": "fp32", "cache_dir": str(cache)}), threads=1)
+        session = REGISTRY[name].open(Artifact(model, variant="fp32", cache_dir=cache), threads=1)
         try:
             session.bare_loop_ns(feeds, 20)  # warm up
             samples = session.time(feeds, warmup=0, iters=iters)

@@ -73,11 +73,15 @@ class PrepareContext:
 
 @dataclass
 class Artifact:
+    """What prepare made, and all that open() gets from it: a target that needs more to open its
+    artifact (a conversion record, the ONNX names behind a converted file) subclasses this with typed fields."""
+
     path: Path
     conversion_s: float = 0.0
     op_inventory: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)  # target-private (e.g. per-batch files)
+    variant: str = "fp32"  # the precision this artifact is
+    cache_dir: Path | None = None  # where files derived from it are cached (WebGL's fixed-batch copies need one)
     # int8: how many ops/weights the artifact really holds quantized (None: count its ONNX file)
     quantization: dict[str, int] | None = None
 
@@ -110,7 +114,15 @@ class BackendInfo:
 
 
 class Session(ABC):
-    """An opened artifact. Latencies are per-call nanoseconds from the runtime's side."""
+    """An opened artifact. Latencies are per-call nanoseconds from the runtime's side.
+
+    Usable as a context manager: `with target.open(artifact, threads) as session:` closes it."""
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
 
     @abstractmethod
     def run(self, feeds: Feeds) -> Feeds: ...
@@ -170,7 +182,8 @@ class Target(ABC):
 
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         """Default: the core's ONNX variant as it is, with the time the core took to make it."""
-        return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0))
+        return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0),
+                        variant=variant, cache_dir=ctx.cache_dir)
 
     def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         """A cell that cannot run on this host is a SKIP with the reason, checked here once for every target."""
@@ -184,8 +197,9 @@ class Target(ABC):
         this target's `knobs` only (checked by the core); {} means defaults."""
 
     def start_runtime(self) -> None:
-        """Start what every variant's session shares (e.g. a browser page) before cold start is
-        timed, so cold start stays session creation + first inference; the default starts nothing."""
+        """Start what the next session needs besides its model (a browser page, a helper process that
+        has done its imports) before cold start is timed, so cold start stays session creation + first
+        inference; called before each open(); the default starts nothing."""
 
     def start_service(self, run_dir: Path) -> RunService | None:
         return None

@@ -83,11 +83,12 @@ def _trace_example(graph_inputs, arrays: dict) -> dict:
     return example
 
 
-def _walk(block):
+def mil_operations(block):
+    """Every operation of a MIL block, nested blocks included (coreml_predict.py walks plans with it too)."""
     for op in block.operations:
         yield op
         for inner in op.blocks:
-            yield from _walk(inner)
+            yield from mil_operations(inner)
 
 
 def _op_records(program, onnx_nodes: dict) -> list[dict]:
@@ -95,7 +96,7 @@ def _op_records(program, onnx_nodes: dict) -> list[dict]:
     from coremltools.converters.mil.mil.scope import ScopeSource
 
     records = []
-    for op in _walk(program.functions["main"]):
+    for op in mil_operations(program.functions["main"]):
         if op.op_type == "const":
             continue
         scopes = op.scopes or {}
@@ -125,7 +126,7 @@ def _dequantize_records(program, records: list[dict]) -> list[dict]:
     """The constexpr ops that weight quantization adds, attributed to the node using the weight."""
     by_output = {name: record for record in records for name in record["outputs"]}
     added = []
-    for op in _walk(program.functions["main"]):
+    for op in mil_operations(program.functions["main"]):
         if not op.op_type.startswith("constexpr_"):
             continue
         users = [by_output.get(child.outputs[0].name) for child in op.outputs[0].child_ops if child.outputs]

@@ -1,13 +1,13 @@
 """Core ML prediction server, run inside the CoreML environment on macOS.
 
 `python coreml_predict.py` reads one JSON request per line on stdin and answers
-one JSON line each; arrays travel as .npz files. Requests:
+one JSON line each, {"ok": true, "result": ...} or {"ok": false, "error": ...}
+(the protocol of targets/jsonl_process.py); arrays travel as .npz files. Requests:
   {"op": "load", "path": ..., "compute_units": "CPU_AND_NE", "inputs": {...}, "outputs": {...}}
   {"op": "run", "feeds": in.npz, "out": out.npz}
   {"op": "time", "feeds": in.npz, "warmup": n, "iters": n}   -> per-call ns, timed here
   {"op": "placement"}                                         -> MLComputePlan per MIL op
-  {"op": "quit"}
-It first answers {"ready": true} once coremltools is imported. It lives in the environment that converted the model because coremltools does
+It first answers {"ready": true} once coremltools is imported, and exits at the end of its input. It lives in the environment that converted the model because coremltools does
 (prediction needs its native extension, which exists on macOS only). Written
 against coremltools' documented API: MLModel(compute_units=...), predict,
 get_compiled_model_path, MLComputePlan.load_from_path, MLComputeDevice.
@@ -15,12 +15,18 @@ get_compiled_model_path, MLComputePlan.load_from_path, MLComputeDevice.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import time
 
 import numpy as np
+
+# Run as a script, its own folder is on sys.path: the targets' timing loop (standard library only)
+# and the MIL walk of the converter, which runs in this same environment.
+from coreml_convert import mil_operations
+from timing import time_calls
 
 
 class Server:
@@ -49,22 +55,15 @@ class Server:
         return {}
 
     def time(self, request: dict) -> dict:
-        feeds, predict, clock = self._coreml_feeds(request["feeds"]), self.model.predict, time.perf_counter_ns
-        for _ in range(request["warmup"]):
-            predict(feeds)
-        samples = []
-        for _ in range(request["iters"]):
-            start = clock()
-            predict(feeds)
-            samples.append(clock() - start)
-        return {"samples": samples}
+        feeds, predict = self._coreml_feeds(request["feeds"]), self.model.predict
+        return {"samples": time_calls(functools.partial(predict, feeds), request["warmup"], request["iters"])}
 
     def placement(self, _request: dict) -> dict:
         from coremltools.models.compute_plan import MLComputePlan
 
         plan = MLComputePlan.load_from_path(path=self.model.get_compiled_model_path(), compute_units=self.units)
         rows = []
-        for operation in _operations(plan.model_structure.program.functions["main"].block):
+        for operation in mil_operations(plan.model_structure.program.functions["main"].block):
             if operation.operator_name == "const":
                 continue
             usage = plan.get_compute_device_usage_for_mlprogram_operation(operation)
@@ -83,13 +82,6 @@ def _narrow(array: np.ndarray) -> np.ndarray:
     if array.dtype == np.int64:
         return array.astype(np.int32)
     return array
-
-
-def _operations(block):
-    for operation in block.operations:
-        yield operation
-        for inner in operation.blocks:
-            yield from _operations(inner)
 
 
 def _device_name(device) -> str:
@@ -118,18 +110,18 @@ def main() -> None:
     import coremltools  # noqa: F401  (the slow import happens before "ready")
 
     server = Server()
-    answers.write(json.dumps({"ready": True}) + "\n")
-    answers.flush()
+    answer({"ok": True, "result": {"ready": True}}, answers)
     for line in sys.stdin:
         request = json.loads(line)
-        if request["op"] == "quit":
-            break
         try:
-            answer = getattr(server, request["op"])(request)
+            answer({"ok": True, "result": getattr(server, request["op"])(request)}, answers)
         except Exception as error:  # the runtime's own words, back to the cell
-            answer = {"error": f"{type(error).__name__}: {' '.join(str(error).split())}"}
-        answers.write(json.dumps(answer) + "\n")
-        answers.flush()
+            answer({"ok": False, "error": f"{type(error).__name__}: {' '.join(str(error).split())}"}, answers)
+
+
+def answer(reply: dict, answers) -> None:
+    answers.write(json.dumps(reply) + "\n")
+    answers.flush()
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ the boundary the same way as every cell: files in, JSON out.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.paths import cache_dir
+
+from .build_once import exclusive
 
 
 class EnvError(RuntimeError):
@@ -70,43 +70,18 @@ def env_python(name: str, requirements: Path) -> Path | None:
 
 
 def ensure_env(name: str, requirements: Path, timeout_s: float = 1800, first: tuple[PinnedWheel, ...] = ()) -> Path:
-    """Build (once, under a lock) and return the interpreter of the named environment.
+    """Build (once, under the cache's lock) and return the interpreter of the named environment.
 
-    An environment whose interpreter is gone is rebuilt rather than trusted.
+    An environment whose interpreter is gone is rebuilt rather than trusted. Unlike the
+    other cache entries (build_once), a venv cannot be built aside and renamed into place
+    (its scripts name the folder it was made in), so it is built where it lives and
+    `.complete`, written last, says it is whole.
     """
     directory = env_dir(name, requirements)
-    with locked(directory):
+    with exclusive(directory):
         if not _usable(directory):
             _build(directory, requirements, timeout_s, first)
     return directory / "bin" / "python"
-
-
-@contextlib.contextmanager
-def locked(directory: Path):
-    """Hold `directory`'s build lock (a sibling .lock file): one process builds, the others wait and reuse it."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f"{directory.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def build_once(directory: Path, build) -> Path:
-    """`directory`, built by `build(partial_dir)` once, under the lock, and swapped in whole: a build that
-    fails or is killed half-way never leaves a directory that looks finished."""
-    with locked(directory):
-        if not (directory / ".complete").exists():
-            partial = directory.with_name(f"{directory.name}.partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
-            try:
-                build(partial)
-            except BaseException:
-                shutil.rmtree(partial, ignore_errors=True)
-                raise
-            (partial / ".complete").write_text(sys.version)
-            shutil.rmtree(directory, ignore_errors=True)
-            partial.rename(directory)
-    return directory
 
 
 def _build(directory: Path, requirements: Path, timeout_s: float, first: tuple[PinnedWheel, ...]) -> None:

@@ -8,15 +8,16 @@ the requested provider was really used — is shared.
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
-import time
 from pathlib import Path
 from typing import ClassVar
 
 import onnxruntime as ort
 
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, Knob, PlacementRow, Session, Settings, Target
+from .timing import time_calls
 from .versions import PipRelease
 
 # Provider options that change the numbers a cell measures, shown on the cell's backend line.
@@ -54,15 +55,7 @@ class OrtSession(Session):
         return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
-        run, names, clock = self.session.run, self.output_names, time.perf_counter_ns
-        for _ in range(warmup):
-            run(names, feeds)
-        samples = []
-        for _ in range(iters):
-            start = clock()
-            run(names, feeds)
-            samples.append(clock() - start)
-        return samples
+        return time_calls(functools.partial(self.session.run, self.output_names, feeds), warmup, iters)
 
     def placement(self) -> list[PlacementRow]:
         if not hasattr(self.session, "get_provider_graph_assignment_info"):  # onnxruntime < 1.24 (a pinned release)

@@ -8,12 +8,10 @@ inside node with process.hrtime. ORT's verbose log (stderr) gives placement.
 from __future__ import annotations
 
 import functools
-import json
 import subprocess
-import tempfile
-from pathlib import Path
 
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
+from .jsonl_process import JsonLinesProcess
 from .versions import NpmRelease
 from .web_support import (
     HARNESS_DIR,
@@ -40,35 +38,19 @@ def node_version() -> str:
 class NodeSession(Session):
     def __init__(self, artifact: Artifact, threads: int, backend: str, ort_ep: str):
         self.artifact, self.backend_name, self.ort_ep = artifact, backend, ort_ep
-        self.stderr = tempfile.NamedTemporaryFile(prefix="ort-node-", suffix=".log")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [node_executable(), str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.stderr, text=True, bufsize=1,
-        )
+        self.runner = JsonLinesProcess([node_executable(), str(RUNNER)], "node")
         try:
-            self.opened = self._call("open", model=str(artifact.path), threads=threads, backend=backend)
-            self.log = Path(self.stderr.name).read_text(errors="replace").splitlines()
+            self.opened = self.runner.call("open", model=str(artifact.path), threads=threads, backend=backend)
+            self.log = self.runner.log().splitlines()  # ORT's verbose session log: placement
         except BaseException:
             self.close()
             raise
 
-    def _call(self, op: str, **request):
-        self.process.stdin.write(json.dumps({"op": op, **request}) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            tail = Path(self.stderr.name).read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"node exited (code {self.process.poll()}): {tail}")
-        reply = json.loads(line)
-        if not reply["ok"]:
-            raise RuntimeError(reply["error"])
-        return reply["result"]
-
     def run(self, feeds: Feeds) -> Feeds:
-        return decode_outputs(self._call("run", feeds=encode_feeds(feeds)))
+        return decode_outputs(self.runner.call("run", feeds=encode_feeds(feeds)))
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
-        return self._call("time", feeds=encode_feeds(feeds), warmup=warmup, iters=iters)
+        return self.runner.call("time", feeds=encode_feeds(feeds), warmup=warmup, iters=iters)
 
     def placement(self) -> list[PlacementRow]:
         return placement_rows(model_nodes(self.artifact.path), placement_from_log(self.log), self.ort_ep, self.ort_ep)
@@ -81,14 +63,7 @@ class NodeSession(Session):
                            detail=f"onnxruntime-node {loaded.get('node', '?')}, node {loaded.get('nodejs', '')}")
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.stderr.close()
+        self.runner.close()
 
 
 class OrtNode(Target):

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
-from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, PrepareContext, RunService, Session, Settings, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, RunService, Session, Settings, Target
 from .chromium import (
     BROWSER_ENDPOINT_ENV,
     UserBrowser,
@@ -70,7 +70,7 @@ class WebSession(Session):
         if batch not in self.sessions:
             model = self.artifact.path
             if batch is not None:
-                model = fixed_batch_model(model, batch, Path(self.artifact.extra["cache_dir"]))
+                model = fixed_batch_model(model, batch, self.artifact.cache_dir)
             key = f"s{next(_SESSION_KEYS)}-b{batch}"
             url = self.page.server.publish(model)
             opened = self.page.call("open", key, url, self.target.backend, self.threads, True)
@@ -108,7 +108,7 @@ class WebSession(Session):
         info.detail = "; ".join(filter(None, [info.detail, f"onnxruntime-web {loaded} in the page" if loaded else ""]))
         if info.emulated:
             info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
-        info.detail += self.target.variant_note(self.probe, self.artifact.extra.get("variant", ""))
+        info.detail += self.target.variant_note(self.probe, self.artifact.variant)
         return info
 
     def close(self) -> None:
@@ -137,11 +137,6 @@ class OrtWebTarget(Target):
 
     def unavailable_reason(self) -> str | None:
         return web_unavailable_reason()
-
-    def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
-        artifact = super().prepare(ctx, variant)
-        artifact.extra.update(variant=variant, cache_dir=str(ctx.cache_dir))
-        return artifact
 
     def start_runtime(self) -> None:
         if self.unavailable_reason() is None:

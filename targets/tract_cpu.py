@@ -9,13 +9,13 @@ plan: each ONNX node with the op tract turned it into (e.g. Gemm -> OptMatMul).
 from __future__ import annotations
 
 import json
-import time
 from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 import onnx
 
 from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
+from .timing import time_calls
 from .versions import PipRelease
 
 WHERE = "tract (CPU)"
@@ -46,16 +46,12 @@ class TractSession(Session):
         return {name: value.to_numpy() for name, value in zip(self.output_names, values)}
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
-        run, inputs, clock = self.runnable.run, self._inputs(feeds), time.perf_counter_ns
-        for _ in range(warmup):
-            run(inputs)
-        samples = []
-        for _ in range(iters):
-            start = clock()
-            outputs = run(inputs)
-            [value.to_numpy() for value in outputs]  # a caller needs the action as an array
-            samples.append(clock() - start)
-        return samples
+        run, inputs = self.runnable.run, self._inputs(feeds)
+
+        def call() -> None:
+            [value.to_numpy() for value in run(inputs)]  # a caller needs the action as an array
+
+        return time_calls(call, warmup, iters)
 
     def placement(self) -> list[PlacementRow]:
         # Without inputs, tract lists its plan without timing it: the same nodes and ops as a

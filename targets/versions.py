@@ -39,7 +39,7 @@ from matrix.errors import InputError
 from matrix.paths import cache_dir
 
 from .base import CellSkip, Target
-from .isolated_env import build_once
+from .build_once import build_once
 
 SEPARATOR = "@"
 PINNED_ENV = "POLICY_MATRIX_PINNED"  # the label whose environment a worker was started in
@@ -92,7 +92,8 @@ class PipRelease:
             if done.returncode != 0:
                 raise VersionUnavailable(f"pip cannot install {self.package}=={version} here: "
                                          f"{_meaningful_line(done.stderr, ('WARNING', 'notice')) or 'no reason given'}")
-        return build_once(self.directory(version), build)
+        build_once(self.directory(version), build)
+        return self.directory(version)
 
     def worker_env(self, directory: Path) -> dict[str, str]:
         paths = [str(directory), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -142,7 +143,8 @@ class NpmRelease:
             if done.returncode != 0:
                 words = _meaningful_line(done.stderr, ("npm error code", "npm ERR! code"), first=True)
                 raise VersionUnavailable(f"npm cannot install {self.package}@{version} here: {words or 'no reason given'}")
-        return build_once(self.directory(version), build)
+        build_once(self.directory(version), build)
+        return self.directory(version)
 
     def worker_env(self, directory: Path) -> dict[str, str]:
         return {NODE_MODULES_ENV: str(directory / "node_modules")}

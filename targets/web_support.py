@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 
 from .base import Feeds, PlacementRow
+from .build_once import build_once
 from .versions import NODE_MODULES_ENV
 
 # The harness as shipped: beside targets/ in a checkout and in an installed wheel alike.
@@ -186,21 +187,20 @@ def model_nodes(path: Path) -> list[tuple[str, str]]:
 
 
 def fixed_batch_model(source: Path, batch: int, cache_dir: Path) -> Path:
-    """A copy of `source` whose inputs and outputs have leading dimension `batch`."""
+    """A copy of `source` whose inputs and outputs have leading dimension `batch` (cached, made once)."""
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     target = cache_dir / "fixed-batch" / f"{digest}-b{batch}-v2.onnx"  # bump the tag when the recipe changes
-    if target.exists():
-        return target
-    model = onnx.load(str(source))
-    for value in list(model.graph.input) + list(model.graph.output):
-        dims = value.type.tensor_type.shape.dim
-        if dims and not dims[0].HasField("dim_value"):  # only the symbolic leading (batch) dimension
-            dims[0].dim_value = batch
-    del model.graph.value_info[:]  # stale symbolic shapes; the runtime infers its own
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(f".{threading.get_ident()}.tmp")
-    onnx.save(model, str(partial))
-    partial.replace(target)
+
+    def write(staging: Path) -> None:
+        model = onnx.load(str(source))
+        for value in list(model.graph.input) + list(model.graph.output):
+            dims = value.type.tensor_type.shape.dim
+            if dims and not dims[0].HasField("dim_value"):  # only the symbolic leading (batch) dimension
+                dims[0].dim_value = batch
+        del model.graph.value_info[:]  # stale symbolic shapes; the runtime infers its own
+        onnx.save(model, str(staging))
+
+    build_once(target, write)
     return target
 
 

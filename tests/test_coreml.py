@@ -79,7 +79,7 @@ def test_bundled_policies_convert_with_an_op_inventory(tmp_path, name, variant):
     assert artifact.op_inventory == expected
     assert artifact.path.suffix == ".mlpackage" and (artifact.path / "Manifest.json").exists()
     assert artifact.size_bytes > 1000 and artifact.conversion_s > 0
-    ops = artifact.extra["conversion"]["ops"]
+    ops = artifact.conversion["ops"]
     onnx_nodes = {node.name: node.op_type for node in onnx.load(example(name)).graph.node}
     traced = [op for op in ops if not op["inserted_by"]]
     assert traced and all(onnx_nodes.get(op["onnx_node"]) == op["onnx_op"] for op in traced), ops
@@ -100,14 +100,14 @@ def test_int8_stores_int8_weights_and_is_smaller(tmp_path):
     fp16 = targets.get("coreml").prepare(ctx, "fp16")
     int8 = targets.get("coreml").prepare(ctx, "int8")
     assert int8.op_inventory["constexpr_affine_dequantize"] == 4  # two conv + two linear weights
-    dequantized = [op for op in int8.extra["conversion"]["ops"] if op["mil_op"] == "constexpr_affine_dequantize"]
+    dequantized = [op for op in int8.conversion["ops"] if op["mil_op"] == "constexpr_affine_dequantize"]
     assert {op["onnx_op"] for op in dequantized} == {"Conv", "Gemm"}
     assert int8.size_bytes < 0.7 * fp16.size_bytes
 
 
 def test_int64_actions_come_back_as_int64(tmp_path):
     artifact = targets.get("coreml").prepare(context(example("discrete_mlp"), tmp_path), "fp32")
-    assert artifact.extra["conversion"]["outputs"]["action"]["dtype"] == "int64"
+    assert artifact.conversion["outputs"]["action"]["dtype"] == "int64"
     assert any("int32 inside Core ML" in note for note in artifact.notes)
 
 
@@ -138,7 +138,7 @@ def test_min_max_clipping_converts_through_the_broadcast_to_alias(tmp_path):
              helper.make_node("Min", ["floored", "high"], ["action"], name="ceil")]
     artifact = targets.get("coreml").prepare(context(policy(tmp_path, "clip", nodes, bounds, 17), tmp_path), "fp32")
     assert artifact.op_inventory["reduce_max"] == 1 and artifact.op_inventory["reduce_min"] == 1
-    mapped = {op["onnx_node"] for op in artifact.extra["conversion"]["ops"]}
+    mapped = {op["onnx_node"] for op in artifact.conversion["ops"]}
     assert {"floor", "ceil"} <= mapped
 
 
@@ -166,7 +166,7 @@ def test_prediction_process_answers_with_core_ml_own_refusal(tmp_path):
             session.run(ctx.calibration)
     finally:
         session.close()
-    assert session.helper.process.returncode == 0
+    assert session.helper.server.process.returncode == 0
 
 
 @pytest.mark.parametrize("units, accelerators", [("CPU_ONLY", {"CPU"}), ("CPU_AND_NE", {"ANE"}), ("ALL", {"ANE", "GPU"})])
@@ -175,8 +175,8 @@ def test_compute_plan_rows_become_one_row_per_onnx_node(tmp_path, units, acceler
     artifact = targets.get("coreml").prepare(context(example("continuous_mlp"), tmp_path), "int8")
     session = coreml.CoremlSession.__new__(coreml.CoremlSession)  # no process: the mapping alone
     session.compute_units, session.accelerators = units, frozenset(accelerators)
-    session.ops = {out: op for op in artifact.extra["conversion"]["ops"] for out in op["outputs"]}
-    ops = artifact.extra["conversion"]["ops"]
+    session.ops = {out: op for op in artifact.conversion["ops"] for out in op["outputs"]}
+    ops = artifact.conversion["ops"]
     # Put every op on the ANE except fc1's weight decompression (CPU) and one op Core ML cannot place.
     plan = [{"operator": op["mil_op"], "outputs": op["outputs"], "supported": [],
              "preferred": "CPU" if op["mil_op"].startswith("constexpr") and op["onnx_node"] == "fc1" else "ANE"}

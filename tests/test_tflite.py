@@ -22,8 +22,9 @@ from onnx import TensorProto, helper, numpy_helper
 import targets
 from matrix import examples, model, observations
 from matrix.paths import cache_dir
-from targets import tflite
+from targets import tflite, tflite_conversion
 from targets.base import PrepareContext
+from targets.tflite_provenance import BUILTIN, XNNPACK
 
 pytestmark = [pytest.mark.tflite_env]
 
@@ -117,19 +118,19 @@ def test_xnnpack_placement_marks_argmax_fallback(tmp_path):
     _, _, session = run_cell("tflite", "discrete_mlp", "fp32", tmp_path)
     rows = session.placement()
     by_op = {(row.node, row.op_type): row for row in rows}
-    assert by_op[("greedy", "ARG_MAX")].where == tflite.BUILTIN
+    assert by_op[("greedy", "ARG_MAX")].where == BUILTIN
     assert by_op[("greedy", "ARG_MAX")].fallback
-    assert by_op[("fc0", "FULLY_CONNECTED")].where == tflite.XNNPACK
+    assert by_op[("fc0", "FULLY_CONNECTED")].where == XNNPACK
     assert not by_op[("fc0", "FULLY_CONNECTED")].fallback
     assert {"fc0", "act0", "fc1", "act1", "q", "greedy"} <= {row.node for row in rows}
     backend = session.backend()
-    assert backend.matches and backend.actual == tflite.XNNPACK and "ARG_MAX" in backend.detail
+    assert backend.matches and backend.actual == XNNPACK and "ARG_MAX" in backend.detail
 
 
 def test_without_xnnpack_everything_runs_on_builtin_kernels(tmp_path):
     _, _, session = run_cell("tflite-noxnn", "discrete_mlp", "fp32", tmp_path)
     rows = session.placement()
-    assert rows and all(row.where == tflite.BUILTIN and not row.fallback for row in rows)
+    assert rows and all(row.where == BUILTIN and not row.fallback for row in rows)
     assert session.backend().matches
 
 
@@ -153,8 +154,8 @@ def test_conversion_is_cached_by_content(tmp_path):
 def test_calibration_set_is_part_of_the_full_int8_key(tmp_path):
     onnx_path = examples.path("continuous_mlp")
     one, other = context(onnx_path, tmp_path, n_obs=64), context(onnx_path, tmp_path, n_obs=32)
-    assert tflite.cache_key(onnx_path, "full", one.calibration) != tflite.cache_key(onnx_path, "full", other.calibration)
-    assert tflite.cache_key(onnx_path, "dynamic", {}) != tflite.cache_key(onnx_path, "full", one.calibration)
+    assert tflite_conversion.cache_key(onnx_path, "full", one.calibration) != tflite_conversion.cache_key(onnx_path, "full", other.calibration)
+    assert tflite_conversion.cache_key(onnx_path, "dynamic", {}) != tflite_conversion.cache_key(onnx_path, "full", one.calibration)
 
 
 def tiny_model(path: Path, nodes, initializers=()) -> Path:
@@ -206,7 +207,7 @@ def test_whole_run_through_the_cli(tmp_path):
     cells = json.loads((out / "results.json").read_text())["cells"]
     tflite_cells = {(c["target"], c["variant"]): c for c in cells if c["target"].startswith("tflite")}
     assert len(tflite_cells) == 6 and all(c["verdict"] == "PASS" for c in tflite_cells.values())
-    assert tflite_cells[("tflite", "fp32")]["backend"]["actual"] == tflite.XNNPACK
+    assert tflite_cells[("tflite", "fp32")]["backend"]["actual"] == XNNPACK
     assert tflite_cells[("tflite", "fp32")]["artifact"]["op_inventory"]["FULLY_CONNECTED"] == 3
 
 

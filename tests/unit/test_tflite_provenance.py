@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from saved import fixture_json
 
-from targets.tflite import (
-    BUILTIN, XNNPACK, delegated_ops, map_signature, original_node_names, placement_rows, tf_spellings,
+from targets.tflite_provenance import (
+    BUILTIN, XNNPACK, OnnxInterface, OpDetails, Provenance, channel_first_permutation, delegated_ops, map_signature,
+    original_node_names, placement_rows, tf_spellings,
 )
 
 NODES = ["/policy/Gemm_0", "/policy/Tanh_1", "/policy/Gemm_2", "/policy/Tanh_3", "/policy/Gemm_4", "/policy/Min_5", "/policy/Max_6"]
@@ -21,12 +22,11 @@ def recorded(target: str, variant: str, policy: str = "minmax_clip_mlp") -> dict
 
 def rows_of(entry: dict, requested: str):
     """Placement as the session builds it, from the recorded details."""
-    interface = entry["onnx_interface"]
+    provenance = Provenance.from_converter(OnnxInterface(**entry["onnx_interface"]), entry["layers"])
     signature = entry["signature"] or entry["unsigned"]
-    outputs = map_signature(signature["outputs"], list(interface["onnx_outputs"]), "output_")
-    extra = {"layers": original_node_names(entry["layers"], interface["node_order"]), **interface}
+    outputs = map_signature(signature["outputs"], list(provenance.interface.onnx_outputs), "output_")
     names = {int(index): name for index, name in entry["tensors"].items()}
-    return placement_rows(entry["ops"], names, extra, outputs, requested)
+    return placement_rows(OpDetails.of(entry["ops"]), names, provenance, outputs, requested)
 
 
 def test_respellings_cover_colons_and_a_leading_slash():
@@ -92,3 +92,20 @@ def test_names_with_colons_still_find_their_nodes():
     entry = recorded("tflite", "fp32", "colon_names_mlp")
     rows = rows_of(entry, XNNPACK)
     assert list(dict.fromkeys(row.node for row in rows)) == [n.replace("_", ":") for n in NODES]
+
+
+def test_the_delegate_partition_is_found_once_and_delegate_nodes_are_no_ops_of_the_model():
+    details = OpDetails.of(recorded("tflite-int8-full", "int8")["ops"])
+    kernels = details.kernels()
+    assert kernels and all(op["op_name"] != "DELEGATE" for op in kernels)
+    assert len(kernels) < len(details.ops)  # LiteRT appended its DELEGATE node(s)
+    builtin = {op["op_name"] for op in kernels if details.where(op) == BUILTIN}
+    assert builtin == {"MINIMUM", "MAXIMUM"}  # the ops XNNPACK left to LiteRT's own kernels
+    assert {details.where(op) for op in kernels if op["index"] in details.delegated} == {XNNPACK}
+
+
+def test_a_channel_last_output_is_permuted_back_and_a_matching_one_is_left_alone():
+    assert channel_first_permutation(["N", 3, 8, 8], [-1, 8, 8, 3]) == (0, 3, 1, 2)
+    assert channel_first_permutation(["N", 3, 8, 8], [-1, 3, 8, 8]) is None
+    assert channel_first_permutation(["N", 4], [-1, 4]) is None  # rank 2: no layout to undo
+    assert channel_first_permutation(["N", 3, 5, 7], [-1, 9, 9, 9]) is None  # no permutation explains it

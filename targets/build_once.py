@@ -1,0 +1,58 @@
+"""Build a cache entry once, whole, however many cells or runs ask for it at the same time.
+
+Every hand-written cache of the targets (converted .tflite and .mlpackage files,
+fixed-batch ONNX copies, the converter environments) follows one rule: a file
+lock named `<entry>.lock` beside the entry is held while the entry is checked
+and built, and the entry appears in one step (a rename of a finished staging
+copy), so a reader sees all of it or none and a killed build leaves only a
+staging copy nobody reads. The lock is filelock's (flock on Unix): it is
+released when its holder dies, so a crashed build never blocks the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from filelock import FileLock
+
+
+@contextlib.contextmanager
+def exclusive(entry: Path) -> Iterator[None]:
+    """Hold the entry's lock: one builder at a time, across processes."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{entry}.lock"):
+        yield
+
+
+def build_once(entry: Path, build: Callable[[Path], None], ready: Callable[[Path], bool] = Path.exists) -> bool:
+    """Make `entry` unless `ready(entry)`; True when this call made it.
+
+    `build(staging)` writes the whole entry (a file or a folder) at `staging`, a
+    fresh sibling path; it is renamed onto `entry` once build returns. A build
+    that raises leaves no entry, and the next call tries again.
+    """
+    if ready(entry):
+        return False
+    with exclusive(entry):
+        if ready(entry):  # another process built it while this one waited
+            return False
+        staging = entry.with_name(f"{entry.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            build(staging)
+            _remove(entry)  # an unusable leftover (ready() said no): replaced, never merged into
+            os.replace(staging, entry)
+        finally:
+            _remove(staging)
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
