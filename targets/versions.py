@@ -22,6 +22,7 @@ the tool's problem, reported as a SKIP, never a silent run of the default).
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.metadata
 import json
 import os
@@ -73,27 +74,34 @@ def _meaningful_line(text: str, noise: tuple[str, ...] = (), first: bool = False
 
 
 @dataclass(frozen=True)
-class PipRelease:
-    """A Python runtime as a wheel overlay. `floor`: the oldest release the target's code works with."""
+class Release:
+    """Where a target's runtime comes from, per release. `floor`: the oldest release the target's code works with."""
 
     package: str
     floor: str
     why_floor: str
 
+    def install(self, version: str) -> Path:
+        """The release's folder, installed once (build_once: under a lock, swapped in whole)."""
+        build_once(self.directory(version), functools.partial(self._install, version))
+        return self.directory(version)
+
+
+@dataclass(frozen=True)
+class PipRelease(Release):
+    """A Python runtime as a wheel overlay."""
+
     def directory(self, version: str) -> Path:
         platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
         return cache_dir() / "runtimes" / "pip" / f"{self.package}-{version}-py{sys.version_info[0]}{sys.version_info[1]}-{platform}"
 
-    def install(self, version: str) -> Path:
-        def build(into: Path) -> None:
-            done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-                                   "--only-binary=:all:", "--target", str(into), f"{self.package}=={version}"],
-                                  capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-            if done.returncode != 0:
-                raise VersionUnavailable(f"pip cannot install {self.package}=={version} here: "
-                                         f"{_meaningful_line(done.stderr, ('WARNING', 'notice')) or 'no reason given'}")
-        build_once(self.directory(version), build)
-        return self.directory(version)
+    def _install(self, version: str, into: Path) -> None:
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
+                               "--only-binary=:all:", "--target", str(into), f"{self.package}=={version}"],
+                              capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        if done.returncode != 0:
+            raise VersionUnavailable(f"pip cannot install {self.package}=={version} here: "
+                                     f"{_meaningful_line(done.stderr, ('WARNING', 'notice')) or 'no reason given'}")
 
     def worker_env(self, directory: Path) -> dict[str, str]:
         paths = [str(directory), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -119,32 +127,24 @@ class PipRelease:
 
 
 @dataclass(frozen=True)
-class NpmRelease:
+class NpmRelease(Release):
     """An npm package (onnxruntime-web, -node) installed into its own folder per release."""
-
-    package: str
-    floor: str
-    why_floor: str
 
     def directory(self, version: str) -> Path:
         return cache_dir() / "runtimes" / "npm" / f"{self.package}-{version}"
 
-    def install(self, version: str) -> Path:
+    def _install(self, version: str, into: Path) -> None:
         npm = shutil.which("npm")
         if npm is None:
             raise VersionUnavailable("npm is not installed: pinned onnxruntime-web/-node releases need it")
-
-        def build(into: Path) -> None:
-            # the package's install script only fetches optional CUDA files (onnxruntime-node): never needed here
-            environment = {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip"}
-            done = subprocess.run([npm, "install", "--prefix", str(into), "--no-save", "--no-audit", "--no-fund",
-                                   "--ignore-scripts", "--loglevel=error", f"{self.package}@{version}"],
-                                  capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, env=environment)
-            if done.returncode != 0:
-                words = _meaningful_line(done.stderr, ("npm error code", "npm ERR! code"), first=True)
-                raise VersionUnavailable(f"npm cannot install {self.package}@{version} here: {words or 'no reason given'}")
-        build_once(self.directory(version), build)
-        return self.directory(version)
+        # the package's install script only fetches optional CUDA files (onnxruntime-node): never needed here
+        environment = {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip"}
+        done = subprocess.run([npm, "install", "--prefix", str(into), "--no-save", "--no-audit", "--no-fund",
+                               "--ignore-scripts", "--loglevel=error", f"{self.package}@{version}"],
+                              capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, env=environment)
+        if done.returncode != 0:
+            words = _meaningful_line(done.stderr, ("npm error code", "npm ERR! code"), first=True)
+            raise VersionUnavailable(f"npm cannot install {self.package}@{version} here: {words or 'no reason given'}")
 
     def worker_env(self, directory: Path) -> dict[str, str]:
         return {NODE_MODULES_ENV: str(directory / "node_modules")}
