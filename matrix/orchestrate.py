@@ -180,8 +180,9 @@ def run(config: RunConfig, console: Console) -> RunResults:
                         cell = runner.run(registry.get(target_name), spec, workers.for_target(target_name))
                         jsonl.append(cell)
                     else:
-                        progress.add_task(f"{_cell_label(target_name, variant, candidate, knobs)}: {cell.verdict} (kept)",
-                                          total=1, completed=1, start=False)
+                        label = escape(_cell_label(target_name, variant, candidate, knobs))
+                        progress.add_task(f"{label}: {cell.verdict} (kept)", total=1, completed=1, start=False)
+                        log_finished(progress, label, f"{cell.verdict} (kept)", cell.duration_s)
                     results.cells.append(cell)
             finally:
                 workers.stop()
@@ -454,6 +455,7 @@ class CellRunner:
             colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "CONVERTED": "blue"}[cell.verdict]
             self.progress.update(task, completed=len(STAGES), description=f"{label}: [{colour}]{cell.verdict}[/]")
         cell.candidate, cell.settings = spec.candidate, spec.settings
+        log_finished(self.progress, label, cell.verdict, cell.duration_s)
         return cell
 
     def _on_stage(self, task, label: str):
@@ -534,6 +536,14 @@ class Services:
 
 
 def _progress(console: Console) -> Progress:
+    """Live bars on a terminal. Elsewhere (a CI log) rich draws nothing until the run ends, so the
+    bars are off there and `log_finished` prints one plain line per cell as it finishes instead."""
     return Progress(
-        TextColumn("{task.description}", style="bold"), BarColumn(), TimeElapsedColumn(), console=console, transient=False
+        TextColumn("{task.description}", style="bold"), BarColumn(), TimeElapsedColumn(), console=console, transient=False,
+        disable=not console.is_terminal,
     )
+
+
+def log_finished(progress: Progress, label: str, verdict: str, duration_s: float) -> None:
+    if not progress.console.is_terminal:
+        progress.console.print(f"cell {label}: {verdict} ({duration_s:.1f} s)", highlight=False)

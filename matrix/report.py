@@ -298,6 +298,8 @@ def summary_markdown(results: RunResults) -> str:
     lines += [f"**{counts}**", ""]
     if results.interrupted:
         lines += [f"> **{results.interrupted.describe()}**", ""]
+    for name in results.required_not_run:
+        lines += [f"> ❌ **required target {_md(name)} did not run** (every cell SKIPped)", ""]
     if results.decision:
         lines += ["### Decision", ""] + [f"- {_md(line)}" for line in decide.summary_lines(results)] + [""]
     for variant, error in results.variant_errors.items():
@@ -376,6 +378,11 @@ def write_junit(results: RunResults, path: Path) -> None:
                 ET.SubElement(case, "skipped", message=message[:500])
             elif message:
                 ET.SubElement(case, "system-out").text = message
+        for name in results.required_not_run:  # `--require`: a target that did not run fails CI visibly
+            case = ET.SubElement(suite, "testcase", classname=f"{host}.{name}", name=f"{name} required")
+            ET.SubElement(case, "failure", message=f"required target {name} did not run (every cell SKIPped)")
+        suite.set("tests", str(int(suite.get("tests")) + len(results.required_not_run)))
+        suite.set("failures", str(int(suite.get("failures")) + len(results.required_not_run)))
         for regression in regressions:  # a regression fails CI like a FAILed cell, under its own name
             case = ET.SubElement(suite, "testcase", classname=f"{host}.{regression.target}",
                                  name=f"{regression.target} {regression.variant} regression: {regression.kind}")

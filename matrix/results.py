@@ -283,6 +283,8 @@ class RunResults(Record):
     grid: dict = Field(default_factory=dict)  # candidates, settings per target, number of configurations
     decision: list[Decision] = Field(default_factory=list)
     interrupted: Interruption | None = None
+    # `--require`d targets whose every cell SKIPped: the run fails for them (exit 1, junit, summary.md).
+    required_not_run: list[str] = Field(default_factory=list)
 
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2))

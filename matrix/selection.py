@@ -29,9 +29,10 @@ def _matching_labels(pattern: str, known: list[str], option: str) -> list[str]:
     return [f"{name}{pinned_to}{version}" for name in _matching(names, known, option)]
 
 
-def select_targets(spec: str, skip: str, known: list[str]) -> list[str]:
-    """Targets `spec` names ('all', names, globs; in the order given) that no `skip` glob matches."""
-    wanted = known if spec.strip() == "all" else [n for p in _patterns(spec) for n in _matching_labels(p, known, "--targets")]
+def select_targets(spec: str, skip: str, known: list[str], option: str = "--targets") -> list[str]:
+    """Targets `spec` names ('all', names, globs; in the order given) that no `skip` glob matches.
+    `option` is the flag `spec` came from, so an unknown name is reported against it."""
+    wanted = known if spec.strip() == "all" else [n for p in _patterns(spec) for n in _matching_labels(p, known, option)]
     skipped = {name for pattern in _patterns(skip) for name in _matching_labels(pattern, known, "--skip")}
     chosen = [name for name in dict.fromkeys(wanted) if name not in skipped]
     if not chosen:

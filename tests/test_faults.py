@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
 import numpy as np
 import onnx
@@ -266,9 +267,26 @@ def test_require_and_fail_on_skip_make_an_all_skip_run_fail(tmp_path):
     if sys.platform == "darwin":
         pytest.skip("coreml-cpu runs on macOS")
     assert run_cli("run", *args, "--out", tmp_path / "a").returncode == 0
-    done = run_cli("run", *args, "--require", "coreml-cpu", "--out", tmp_path / "b")
+    done = run_cli("-q", "run", *args, "--require", "coreml-cpu", "--out", tmp_path / "b")
+    # -q silences progress, not this: CI must see why it failed, in the log, junit.xml and summary.md
     assert done.returncode == 1 and "required target coreml-cpu did not run" in done.stderr
+    failures = [case.find("failure") for case in ET.parse(tmp_path / "b" / "junit.xml").getroot().iter("testcase")]
+    assert any(f is not None and "required target coreml-cpu" in f.get("message") for f in failures)
+    assert "required target coreml-cpu did not run" in (tmp_path / "b" / "summary.md").read_text()
     assert run_cli("run", *args, "--fail-on", "skip", "--out", tmp_path / "c").returncode == 1
+
+
+def test_a_piped_run_logs_each_cell_as_it_finishes(tmp_path):
+    """A CI log is not a terminal: one plain line per finished cell, and no line cut at 80 columns."""
+    done = run_cli("run", MLP, "--targets", "ort-cpu,coreml-cpu", "--precisions", "fp32,fp16", "--iters", "5",
+                   "--out", tmp_path / "a")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("cell ")]
+    assert [line.split(":")[0] for line in lines] == ["cell ort-cpu fp32", "cell ort-cpu fp16",
+                                                      "cell coreml-cpu fp32", "cell coreml-cpu fp16"]
+    assert all(line.endswith(" s)") for line in lines)
+    assert "cell coreml-cpu fp32: SKIP" in done.stderr or sys.platform == "darwin"
+    assert "━" not in done.stderr  # no progress bars drawn into the log
 
 
 def test_harness_server_answers_head_like_get(tmp_path):

@@ -261,7 +261,7 @@ OPTIONS = {
     "bare unknown tolerance key": (["--tolerance", "fast=0.1"], "matches nothing"),
     "--memory-limit too small": (["--memory-limit", "12"], "--memory-limit"),
     "--memory-limit not a size": (["--memory-limit", "lots"], "--memory-limit"),
-    "--require unknown target": (["--require", "no-such"], "unknown target"),
+    "--require unknown target": (["--require", "no-such"], "--require: unknown target"),
     "--require a target not selected": (["--targets", "ort-cpu", "--require", "tract"], "--require"),
     "--drift-factor nan": (["--drift-factor", "nan"], "--drift-factor"),
     "--latency-threshold -1": (["--latency-threshold", "-1"], "--latency-threshold"),
