@@ -7,7 +7,9 @@ onnxruntime-node/-web, tract). The float64 reference evaluates the ORIGINAL
 graph and keeps every intermediate. Tensors are matched by their original name
 (the fp16 variant adds Casts under new names, int8 renames its quantized
 tensors; what no longer exists is not compared), then walked in the original
-topological order.
+topological order. A tensor the variant renamed (the fp16 converter's
+`/Min_output_cast_0` for `/Min_output_0`) is followed through the node that
+produces it.
 
 Threshold (stated in the report): a float tensor diverges when
     max |y - y_ref| > level * max(1, max |y_ref|)
@@ -29,7 +31,7 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
-from . import cells, guarded, observations, reference
+from . import cells, guarded, observations, reference, variants
 from . import model as model_loader
 from .model import ModelInfo
 from .protocol import CellInputs
@@ -63,9 +65,10 @@ def expose_intermediates(proto: onnx.ModelProto, names: list[str]) -> onnx.Model
     inferred = onnx.shape_inference.infer_shapes(exposed)
     types = {value.name: value for value in inferred.graph.value_info}
     present = {value.name for value in exposed.graph.output}
+    produced = set(_node_outputs(exposed.graph))  # converters leave value_info behind for tensors they renamed
     for name in names:
         value = types.get(name)
-        if name not in present and value is not None and len(value.type.tensor_type.shape.dim) >= 1:
+        if name not in present and name in produced and value is not None and len(value.type.tensor_type.shape.dim) >= 1:
             exposed.graph.output.append(value)
             present.add(name)
     return exposed
@@ -226,6 +229,23 @@ def _node_outputs(graph: onnx.GraphProto) -> list[str]:
     return list(dict.fromkeys(name for node in graph.node for name in node.output if name))
 
 
+def renamed_outputs(original: onnx.ModelProto, variant: onnx.ModelProto) -> dict[str, str]:
+    """Each original node output -> the same node's output in the variant.
+
+    Converters rename tensors (fp16: `/Min_output_0` -> `/Min_output_cast_0` when they wrap a node
+    in Casts) but keep node names, so a node is matched by name (unnamed ones by the name the
+    variant maker gave them) and an output by its position.
+    """
+    produced = {node.name: list(node.output) for node in variant.graph.node}
+    mapping = {}
+    for node in variants.named_nodes(original).graph.node:
+        for position, name in enumerate(node.output):
+            renamed = produced.get(node.name, [])[position:position + 1]
+            if name and renamed and renamed[0]:
+                mapping[name] = renamed[0]
+    return mapping
+
+
 # --- running it through the cell's own target ------------------------------------------
 
 
@@ -239,12 +259,15 @@ def diagnose_cell(cell: Cell, template: CellInputs, model: ModelInfo, folder: Pa
     observations.save(feeds, subset_path)
     level = (cell.tolerance or 0.0) * (1.0 if cell.verdict == "FAIL" else WARN_FRACTION)
     diagnosis = Diagnosis(runtime=cell.target, observations=observations.count(feeds), threshold_rule=THRESHOLD_RULE, level=level)
-    outcome = _run_exposed(cell, template, variant, _node_outputs(original.graph), subset_path, folder, env, limits)
+    renamed = renamed_outputs(original, variant)
+    names = [renamed.get(name, name) for name in _node_outputs(original.graph)]
+    outcome = _run_exposed(cell, template, variant, names, subset_path, folder, env, limits)
     error = outcome.measurement.error
     if error:
         diagnosis.note = f"the {cell.target} runtime could not run the graph with exposed intermediates: {error.message}"
         return diagnosis
-    actual = {key[len("outputs/"):]: value for key, value in outcome.arrays.items() if key.startswith("outputs/")}
+    actual = {name: outcome.arrays[f"outputs/{renamed.get(name, name)}"] for name in _node_outputs(original.graph)
+              if f"outputs/{renamed.get(name, name)}" in outcome.arrays}
     expected = _guarded_intermediates(model, subset_path, folder / "float64", limits)
     diagnosis.nodes, diagnosis.first = compare(original, variant, expected, actual, level, cell.variant)
     if diagnosis.first is not None and not diagnosis.first.cause and cell.backend and "no shader-f16" in cell.backend.detail:

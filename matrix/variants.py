@@ -87,7 +87,7 @@ def _fp32(model: ModelInfo, out: Path) -> None:
 
 def _fp16(model: ModelInfo, out: Path) -> None:
     first_error = None
-    source = _named_nodes(model.proto)
+    source = named_nodes(model.proto)
     for keep_io_types in (True, False):
         try:
             converted = restore_interface(model.proto, float16.convert_float_to_float16(source, keep_io_types=keep_io_types))
@@ -100,7 +100,7 @@ def _fp16(model: ModelInfo, out: Path) -> None:
     raise first_error
 
 
-def _named_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
+def named_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy whose unnamed nodes have unique names: onnxconverter-common keys nodes by name
     and corrupts graphs whose nodes share the empty name (many exporters leave names empty)."""
     named = onnx.ModelProto()

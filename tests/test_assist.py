@@ -205,6 +205,21 @@ def test_fp16_overflow_names_the_scale_up_node_not_its_neighbours(tmp_path):
     assert "<b>scale_up</b>" in section and "<svg" in section
 
 
+def test_diagnosis_follows_tensors_the_fp16_converter_renamed(tmp_path):
+    """onnxconverter-common wraps the Min/Max clip in Casts and renames its outputs, leaving stale
+    value_info behind: the diagnosis must still run and compare those nodes under their original names."""
+    model = write(sb3_pendulum_like(), tmp_path, "pendulum")
+    out = tmp_path / "report"
+    done = run_cli("run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--tolerance", "ort-cpu:fp16=1e-6",
+                   "--diagnose", "--out", out, *RUN_FAST)
+    assert done.returncode == 1, done.stderr  # fp16 rounding is far above 1e-6: the cell FAILs and is diagnosed
+    diagnosis = schema.load(out / "results.json").cells[0].diagnosis
+    assert not diagnosis.note, diagnosis.note
+    assert diagnosis.first is not None and diagnosis.first.op_type == "Gemm"
+    compared = {n.node: n.output for n in diagnosis.nodes}
+    assert compared["/Max"] == "above_low" and compared["/Min"] == "action"  # renamed in the variant, still compared
+
+
 def test_webgpu_fp16_without_shader_f16_diverges_at_its_first_gemm(tmp_path):
     if targets.get("ort-web-webgpu").unavailable_reason():
         pytest.skip(targets.get("ort-web-webgpu").unavailable_reason())
