@@ -250,6 +250,8 @@ BROWSER_PATH_OPTION = click.option(
                    "batch), size:1MB.")
 @click.option("--prefer", type=click.Choice(["latency", "size", "accuracy"]), default="latency", show_default=True,
               help="Among configurations meeting every budget, ship the fastest, the smallest or the most accurate.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Also print the verdict counts and the per-target decision (the ship table) as JSON on stdout.")
 @FAIL_ON_OPTION
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
@@ -258,8 +260,8 @@ BROWSER_PATH_OPTION = click.option(
 @BROWSER_PATH_OPTION
 def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
-        return_tolerance, trajectory, initial_state, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer, fail_on, baseline,
-        latency_threshold, drift_factor):
+        return_tolerance, trajectory, initial_state, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer, as_json,
+        fail_on, baseline, latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
     from . import candidates as candidate_models
     from . import decide
@@ -313,7 +315,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
             raise InputError(f"cannot write {error.filename or settings.out}: {error.strerror or error}") from None
         results.settings["decision"] = {"budgets": list(budget_specs), "prefer": prefer}
         results.decision = decide.decide_all(results, budgets, prefer)
-        _finish(results, settings.out, fail_on, baseline_results, thresholds, required)
+        _finish(results, settings.out, fail_on, baseline_results, thresholds, required, as_json)
 
 
 def _settings_grid(specs: list[str], target_names: list[str]):
@@ -421,7 +423,7 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json):
     sys.exit(1 if found else 0)
 
 
-def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = ()) -> None:
+def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = (), as_json: bool = False) -> None:
     """Compare with the baseline, write the report, print the tally and exit with the verdict."""
     from . import results as schema
     from .compare import compare as compare_results
@@ -445,6 +447,9 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
         console.print(escape(line), highlight=False)
     _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
+    if as_json:
+        _print_json({"report": str(index), "counts": counts, "required_not_run": results.required_not_run,
+                     "decision": [decision.model_dump(mode="json") for decision in results.decision]})
     if results.interrupted is not None:
         sys.exit(143 if results.interrupted.signal == "SIGTERM" else 130)
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "skip": ("FAIL", "SKIP"), "never": ()}[fail_on]

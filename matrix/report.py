@@ -300,8 +300,10 @@ def summary_markdown(results: RunResults) -> str:
         lines += [f"> **{results.interrupted.describe()}**", ""]
     for name in results.required_not_run:
         lines += [f"> ❌ **required target {_md(name)} did not run** (every cell SKIPped)", ""]
-    if results.decision:
-        lines += ["### Decision", ""] + [f"- {_md(line)}" for line in decide.summary_lines(results)] + [""]
+    lines += _ship_table_markdown(results)
+    errors = [lint for lint in results.lints if lint.level != "ok"]
+    if errors:
+        lines += ["### Lints", ""] + [f"- **{lint.level}** {_md(lint.id)}: {_md(lint.message)}" for lint in errors] + [""]
     for variant, error in results.variant_errors.items():
         lines += [f"> **The tool could not make the {variant} variant** (its cells are SKIP): {_md(error)}", ""]
     if results.regressions:
@@ -317,9 +319,39 @@ def summary_markdown(results: RunResults) -> str:
     lines += report_behaviour.summary_lines(results)
     problems = [c for c in results.cells if c.verdict in ("FAIL", "WARN")]
     if problems:
-        lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(_label(c, False))}: {_md(c.reasons[0])}"
+        lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(_label(c, False))}: {_md('; '.join(_why(c)))}"
                                     for c in problems if c.reasons]
     return "\n".join(lines) + "\n"
+
+
+def _why(cell: Cell) -> list[str]:
+    """A cell's first reason, and what --diagnose and --assist found about it."""
+    found = [r for r in cell.reasons[1:] if r.startswith(("first divergent node", "diagnosis", "fix:"))]
+    return cell.reasons[:1] + found
+
+
+def _ship_table_markdown(results: RunResults) -> list[str]:
+    """The decision as the first table of a CI job summary: what ships per target and why, and the runner-up."""
+    if not results.decision:
+        return []
+    name = str(results.model.get("name", "the model"))
+    multi_host = len(results.hosts) > 1
+    lines = ["### What to ship", "", "| target | ships | verdict | Δ return | p50 / p99 | size | why |", "|---|---|---|---|---|---|---|"]
+    for decision in results.decision:
+        where = _md(f"{decision.host} {decision.target}" if multi_host else decision.target)
+        chosen = decision.chosen
+        if chosen is None:
+            lines.append(f"| {where} | {_md(decide.headline(decision, name))} | | | | | |")
+            continue
+        ready = f"not deployment-ready: {'; '.join(decision.not_ready)}. " if decision.not_ready else ""
+        latency = f"{_duration(chosen.p50_us)} / {_duration(chosen.p99_us)}" if chosen.p50_us and chosen.p99_us else "–"
+        delta = f"{chosen.return_delta:+.3g}" if chosen.return_delta is not None else "–"
+        size = decide.size_text(chosen.size_bytes) if chosen.size_bytes is not None else "–"
+        lines.append(f"| {where} | {_md(ready + decide.shipped_as(chosen, name))} | {chosen.verdict} | {delta} | {latency} "
+                     f"| {size} | {_md(chosen.why)} |")
+        if decision.runner_up:
+            lines.append(f"| | ↳ {_md(decide.runner_up_line(decision, name))} | | | | | |")
+    return lines + ["", f"_{_md(results.decision[0].tie_rule)}_", ""]
 
 
 def _md_cell(cell: Cell | None) -> str:
@@ -364,7 +396,7 @@ def write_junit(results: RunResults, path: Path) -> None:
     for host, grid in _verdict_grid(results).items():
         cells = list(grid["cells"].values())
         suite = ET.SubElement(suites, "testsuite", name=f"policy-matrix {host}", tests=str(len(cells)),
-                              failures=str(sum(c.verdict == "FAIL" for c in cells)), skipped=str(sum(c.verdict == "SKIP" for c in cells)))
+                              failures=str(sum(c.verdict == "FAIL" for c in cells)), skipped=str(sum(c.verdict in ("SKIP", "CONVERTED") for c in cells)))
         regressions = [r for r in results.regressions if r.host == host]
         suite.set("tests", str(len(cells) + len(regressions)))
         suite.set("failures", str(sum(c.verdict == "FAIL" for c in cells) + len(regressions)))
@@ -374,8 +406,8 @@ def write_junit(results: RunResults, path: Path) -> None:
             message = "; ".join(cell.reasons)
             if cell.verdict == "FAIL":
                 ET.SubElement(case, "failure", message=message[:500]).text = message
-            elif cell.verdict == "SKIP":
-                ET.SubElement(case, "skipped", message=message[:500])
+            elif cell.verdict in ("SKIP", "CONVERTED"):  # converted, nothing predicted: not a pass
+                ET.SubElement(case, "skipped", message=(message or "conversion only: nothing predicted on this host")[:500])
             elif message:
                 ET.SubElement(case, "system-out").text = message
         for name in results.required_not_run:  # `--require`: a target that did not run fails CI visibly

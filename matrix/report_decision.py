@@ -26,7 +26,11 @@ def context(results: RunResults) -> dict:
         "scatters": {(d.host, d.target): scatter(_cells_of(results, d.host, d.target), d, behaviour, name)
                      for d in results.decision},
         "configuration": lambda choice: decide.configuration(choice, name),
+        "shipped_as": lambda choice: decide.shipped_as(choice, name),
+        "headline": lambda decision: decide.headline(decision, name),
+        "runner_up_line": lambda decision: decide.runner_up_line(decision, name),
         "evidence": decide.evidence,
+        "size_text": decide.size_text,
         "cell_name": lambda cell: cell.candidate or name,
         "quality_axis": "|return delta|" if behaviour else "max drift",
         "budgets_given": results.settings.get("decision", {}).get("budgets", []),
@@ -84,8 +88,16 @@ def scatter(cells: list[Cell], decision, behaviour: bool, model_name: str) -> Ma
         radius = 7 if is_chosen else 5
         parts.append(f'<circle class="point" cx="{_px(xs, x):.1f}" cy="{_py(ys, y):.1f}" r="{radius}" {fill}>'
                      f"<title>{escape(title)}</title></circle>")
+        parts.append(f'<text class="point-label" x="{_px(xs, x) + radius + 3:.1f}" y="{_py(ys, y) + 4:.1f}" fill="#1d2330">'
+                     f"{escape(_point_label(cell))}</text>")
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def _point_label(cell: Cell) -> str:
+    """A short name beside each dot: the candidate's file stem, the variant, the non-default settings."""
+    stem = cell.candidate.rsplit(".", 1)[0] if cell.candidate else ""
+    return " ".join(part for part in (stem, cell.variant, cell.settings_label) if part)
 
 
 class _Axis:

@@ -208,16 +208,23 @@ class DecisionChoice(Record):
     p50_us: float | None = None
     p99_us: float | None = None
     size_bytes: int | None = None
-    drift: float | None = None  # max |action - float64 reference of the first model|
+    drift: float | None = None  # max |action - float64 reference of the first model| (continuous outputs)
+    agreement: float | None = None  # discrete outputs: the lowest share of actions equal to the reference's
+    flips: int | None = None  # discrete outputs: disagreements above the tie margin
     return_delta: float | None = None  # mean return minus the reference's, when rollouts ran
     emulated: bool = False  # software adapter: its latency never decides
-    misses: list[str] = Field(default_factory=list)  # budgets (or quality) it does not meet
+    fix: str = ""  # the graph preparation (--assist) it passes only after, e.g. "onnxsim (batch 1) + Min/Max -> Clip"
+    prepared_onnx: str = ""  # that preparation's graph, relative to the report folder
+    misses: list[str] = Field(default_factory=list)  # budgets (or quality) it does not meet: why it cannot ship
+    flags: list[str] = Field(default_factory=list)  # e.g. an int8 file larger than its fp32
+    why: str = ""  # chosen: why it won
+    lost: str = ""  # qualified but ranked lower: why it lost to the one above it
 
 
 class Decision(Record):
     """Per host and target: the cheapest configuration meeting every budget (decide.py)."""
 
-    decision_version: int = 1
+    decision_version: int = 2
     host: str
     target: str
     prefer: str  # latency | size | accuracy: the order among configurations that meet every budget
@@ -227,6 +234,11 @@ class Decision(Record):
     closest: DecisionChoice | None = None  # when nothing meets the budget: what came nearest, and why it misses
     considered: int = 0
     quality_bar: str = ""  # what "quality" meant for this target (drift tolerance or return tolerance)
+    tie_rule: str = ""  # how equally good configurations were ordered
+    not_ready: list[str] = Field(default_factory=list)  # error-level lints: nothing is called shippable while they stand
+    # every configuration considered: those that qualify in rank order (each with why it lost), then those that
+    # cannot ship (each with its misses)
+    configurations: list[DecisionChoice] = Field(default_factory=list)
 
 
 class Host(Record):

@@ -262,6 +262,10 @@ def test_webgl_sb3_pattern_fails_as_exported_and_passes_simplified_with_clip(tmp
     assert {n.op_type for n in prepared_model.graph.node} == {"Gemm", "Tanh", "Clip"}
     section = _fixes_section(out)
     assert "simplify + minmax-clip" in section and fixed.prepared_onnx in section
+    (decision,) = schema.load(out / "results.json").decision  # the fix counts: it is what ships on WebGL
+    assert decision.chosen.fix == "simplify + minmax-clip" and decision.chosen.prepared_onnx == fixed.prepared_onnx
+    assert f"decision ort-web-webgl: ship pendulum.onnx fp32 after simplify + minmax-clip -> {fixed.prepared_onnx}" in done.stderr
+    assert "budget" not in next(line for line in done.stderr.splitlines() if line.startswith("decision "))
 
 
 @pytest.mark.skipif(_web_ready() is not None, reason=str(_web_ready()))

@@ -7,11 +7,12 @@ import pytest
 from matrix import decide
 from matrix.compare import compare
 from matrix.errors import InputError
-from matrix.results import ArtifactInfo, Backend, Cell, LatencyStats, OutputParity, RunResults
+from matrix.results import ArtifactInfo, Backend, Cell, FixAttempt, LatencyStats, LintResult, OutputParity, RunResults
 
 
-def _cell(variant: str, p50: float, size: int, drift: float, verdict: str = "PASS", emulated: bool = False, **axes) -> Cell:
-    stats = [LatencyStats(batch=1, n=10, p50_us=p50, p90_us=p50, p99_us=2 * p50, mean_us=p50, std_us=0, min_us=p50)]
+def _cell(variant: str, p50: float, size: int, drift: float, verdict: str = "PASS", emulated: bool = False,
+          p99: float | None = None, **axes) -> Cell:
+    stats = [LatencyStats(batch=1, n=10, p50_us=p50, p90_us=p50, p99_us=p99 or 2 * p50, mean_us=p50, std_us=0, min_us=p50)]
     parity = [OutputParity(output="action", kind="continuous", max_abs=drift, mean_abs=0, p99_abs=0, max_rel=0)]
     return Cell(host="h", target="t", variant=variant, verdict=verdict, latency=stats, parity=parity,
                 artifact=ArtifactInfo(size_bytes=size, conversion_s=0), backend=Backend(requested="x", actual="x", emulated=emulated),
@@ -22,7 +23,7 @@ CELLS = [_cell("fp32", 10, 4000, 1e-7), _cell("fp16", 10.5, 2000, 1e-3), _cell("
 
 
 @pytest.mark.parametrize("prefer, chosen, runner_up", [
-    ("latency", "fp16", "fp32"),  # fp16 is as fast (within 10%) and smaller
+    ("latency", "fp32", "fp16"),  # fp16 is as fast (within 10%): the tie goes to the simpler fp32
     ("size", "int8", "fp16"),
     ("accuracy", "fp32", "fp16"),
 ])
@@ -43,7 +44,8 @@ def test_budgets_exclude_and_nothing_meeting_them_names_the_closest_and_its_miss
 
 def test_emulated_latency_never_decides_and_never_meets_a_latency_budget():
     cells = [_cell("fp32", 5000, 4000, 1e-7, emulated=True), _cell("fp16", 9000, 2000, 1e-3, emulated=True)]
-    assert decide.decide_target("h", "t", cells, [], "latency").chosen.variant == "fp16"  # size decides
+    decision = decide.decide_target("h", "t", cells, [], "latency")
+    assert decision.chosen.variant == "fp32" and "emulated latency does not rank" in decision.chosen.why  # simplest
     decision = decide.decide_target("h", "t", cells, decide.parse_budgets(["t=p50:1s"]), "latency")
     assert decision.chosen is None and "emulated adapter" in decision.closest.misses[0]
 
@@ -69,3 +71,70 @@ def test_cells_that_differ_only_in_candidate_or_settings_do_not_collide_in_compa
     after = [_cell("fp32", 10, 1, 1e-7, settings={"threads": "1"}), _cell("fp32", 10, 1, 1e-7, verdict="FAIL", settings={"threads": "2"})]
     found = compare(results(before), results(after))
     assert [(r.kind, r.configuration) for r in found] == [("verdict", "threads=2")]
+
+
+def test_a_noisy_tail_cannot_win_on_latency_and_the_loser_says_why():
+    """Measured: threads=2 had the better p50 (5.88 µs) but a p99 of 53.7 µs against threads=1's 6.55 µs."""
+    cells = [_cell("fp32", 5.88, 4000, 1e-7, p99=53.7, settings={"threads": "2"}),
+             _cell("fp32", 6.06, 4000, 1e-7, p99=6.55, settings={"threads": "1"})]
+    decision = decide.decide_target("h", "t", cells, [], "latency")
+    assert decision.chosen.settings == {"threads": "1"} and decision.runner_up.settings == {"threads": "2"}
+    assert decision.runner_up.lost == "p99 53.7 µs vs 6.55 µs: a tail more than 3x worse"
+
+
+def test_equally_fast_configurations_go_to_the_simpler_one():
+    """Measured on a recurrent policy: fp16 p50 7.87 µs, fp32 7.78 µs: no reason to ship fp16 for speed."""
+    cells = [_cell("fp16", 7.87, 2000, 1e-3), _cell("fp32", 7.78, 4000, 1e-7),
+             _cell("fp32", 7.5, 1000, 1e-3, candidate="student.onnx")]
+    decision = decide.decide_target("h", "t", cells, [], "latency")
+    assert (decision.chosen.variant, decision.chosen.candidate) == ("fp32", "")
+    assert "as fast as 2 others" in decision.chosen.why
+    assert [c.lost for c in decision.configurations[1:]] == ["as good on the preferred measure; the simpler configuration wins the tie"] * 2
+
+
+def test_a_fix_that_passes_ships_when_nothing_else_does_and_ranks_after_what_needs_none():
+    fix = FixAttempt(preparation="onnxsim (batch 1) + Min/Max -> Clip", verdict="PASS", drift=5.2e-7, p50_us=900, batch=1,
+                     prepared_onnx="fixes/webgl/prepared.onnx")
+    failing = _cell("fp32", 10, 4000, 1e-7, verdict="FAIL", reasons=["cannot resolve operator 'Min'"], fixes=[fix])
+    decision = decide.decide_target("h", "t", [failing], [], "latency")
+    assert decision.chosen.fix == fix.preparation and decision.chosen.prepared_onnx == fix.prepared_onnx
+    assert decide.headline(decision, "pendulum.onnx").startswith(
+        "ship pendulum.onnx fp32 after onnxsim (batch 1) + Min/Max -> Clip -> fixes/webgl/prepared.onnx")
+    passing = _cell("fp16", 2000, 2000, 1e-3)
+    decision = decide.decide_target("h", "t", [failing, passing], [], "latency")
+    assert decision.chosen.variant == "fp16" and decision.runner_up.fix  # slower, yet needs no preparation
+    assert decision.runner_up.lost == "needs a graph preparation; one that needs none qualifies"
+
+
+def test_without_a_budget_nothing_says_budget_and_every_rejected_configuration_has_a_reason():
+    cells = [_cell("fp32", 10, 4000, 0.5, verdict="FAIL", reasons=["action: drift 0.5 above tolerance 0.0001"]),
+             _cell("int8", 10, 1000, 0.9, verdict="FAIL", reasons=["action: drift 0.9 above tolerance 0.25"])]
+    decision = decide.decide_target("h", "t", cells, [], "latency")
+    line = decide.headline(decision, "m.onnx")
+    assert "budget" not in line and line.startswith("nothing passes; closest: m.onnx fp32") and "(try --assist)" in line
+    assert all(c.misses for c in decision.configurations)
+    budgets = decide.parse_budgets(["t=size:15kB"])
+    fat = [_cell("fp32", 10, 21900, 1e-7), _cell("fp16", 10, 12000, 1e-3)]
+    decision = decide.decide_target("h", "t", fat, budgets, "latency")
+    rejected = {c.variant: c.misses for c in decision.configurations if c.misses}
+    assert decision.chosen.variant == "fp16" and rejected == {"fp32": ["size ≤ 15 kB: measured 21.9 kB"]}
+
+
+def test_error_lints_say_not_deployment_ready_and_discrete_policies_are_described_by_agreement():
+    discrete = _cell("fp16", 10, 2000, 0)
+    discrete.parity = [OutputParity(output="action", kind="discrete", max_abs=1, mean_abs=0, p99_abs=0, max_rel=0,
+                                    agreement=0.992, flips=2)]
+    results = RunResults(tool_version="t", created="now", model={"name": "m.onnx", "sha256": "x"}, hosts=[], settings={},
+                         lints=[LintResult(id="random-op", level="error", message="RandomNormal makes actions random")],
+                         cells=[discrete])
+    results.decision = decide.decide_all(results, [])
+    (line,) = decide.summary_lines(results)
+    assert line.startswith("decision t: not deployment-ready (random-op: RandomNormal makes actions random); best measured: ship")
+    assert "agreement 99.2% (2 flips)" in line and "drift" not in line
+
+
+def test_a_reduced_precision_file_larger_than_its_fp32_is_flagged():
+    cells = [_cell("fp32", 10, 1000, 1e-7), _cell("int8", 12, 2400, 1e-2)]
+    decision = decide.decide_target("h", "t", cells, [], "size")
+    int8 = next(c for c in decision.configurations if c.variant == "int8")
+    assert int8.flags == ["int8 file 2.4x the size of its fp32"] and "int8 file 2.4x" in decide.evidence(int8)

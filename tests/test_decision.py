@@ -32,7 +32,7 @@ def distilled_run(models, tmp_path_factory):
     """Teacher and student on ort-cpu at batch 256, with a drift tolerance the student meets and a loose latency budget."""
     out = tmp_path_factory.mktemp("distilled")
     done = run_cli("run", models["teacher"], "--candidate", models["student"], "--targets", "ort-cpu", *FAST,
-                   "--batch-sizes", "256", "--tolerance", "ort-cpu:fp32=2.0", "--budget", "ort-cpu=p50:100ms", "--out", out)
+                   "--batch-sizes", "256", "--tolerance", "ort-cpu:fp32=2.0", "--budget", "ort-cpu=p50:100ms", "--out", out, "--json")
     assert done.returncode == 0, done.stderr
     return out, done
 
@@ -53,11 +53,15 @@ def test_the_student_is_shipped_when_it_meets_budget_and_quality(distilled_run):
     assert (decision.chosen.candidate, decision.runner_up.candidate) == ("student.onnx", "")
     assert decision.chosen.p50_us == cells["student.onnx"].latency[0].p50_us
     assert "decision ort-cpu: ship student.onnx fp32" in done.stderr and "runner-up teacher.onnx fp32" in done.stderr
+    printed = json.loads(done.stdout)  # --json: the same decision, machine-readable
+    assert printed["decision"][0]["chosen"]["candidate"] == "student.onnx" and printed["counts"]["PASS"] == 2
+    assert printed["decision"][0]["runner_up"]["lost"]
     assert results.grid["configurations"] == 2 and results.grid["candidates"] == ["student.onnx"]
     assert "grid: 2 configurations" in done.stderr
     html = (out / "index.html").read_text()
     assert html.index('id="decision"') < html.index('id="verdicts"')  # the answer comes first
-    assert "Ship <b>student.onnx fp32</b>" in html and "behaviour not measured" in html
+    ship_table = html[html.index('id="ship-table"'):html.index("</table>", html.index('id="ship-table"'))]
+    assert "<b>student.onnx fp32</b>" in ship_table and "behaviour not measured" in html
     assert html.count('class="point"') == 2 and 'id="configurations-table"' in html
 
 
@@ -84,7 +88,7 @@ def test_the_teacher_is_shipped_when_the_student_misses_quality_and_nothing_meet
     assert _by_model(results)["student.onnx"].verdict == "FAIL"
     (decision,) = results.decision
     assert decision.chosen is None and decision.closest.candidate == "" and "p50 ≤ 0.001 µs" in decision.closest.misses[0]
-    assert "Nothing meets the budget" in (tmp_path / "index.html").read_text()
+    assert "nothing meets the budget; closest: teacher.onnx fp32" in (tmp_path / "index.html").read_text()
     (unbudgeted,) = decide.decide_all(results, [], "latency")
     assert unbudgeted.chosen.candidate == "" and unbudgeted.runner_up is None  # the teacher, alone in quality
 

@@ -170,3 +170,35 @@ def test_fallback_matrix_marks_exactly_the_nodes_that_left_the_device(report_pag
     assert sorted(map(tuple, red)) == sorted(map(tuple, expected))
     width = report_page.locator("table.placement").bounding_box()["width"]
     assert width < 600 + 30 * len(cells)  # node and op names, then a square per cell (not a device name per cell)
+
+
+# --- the decision at a glance -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def settings_grid_report(tmp_path_factory):
+    """A grid with two runtime settings and two precisions: a decision with a runner-up and rejected configurations."""
+    folder = tmp_path_factory.mktemp("grid")
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu,tract", "--variants", "fp32,int8",
+                   "--settings", "ort-cpu:threads=1,2", "--iters", "20", "--warmup", "2", "--out", folder)
+    assert done.returncode in (0, 1), done.stderr
+    return folder
+
+
+def test_the_ship_table_comes_first_and_fits_1280_pixels(page, settings_grid_report):
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto((settings_grid_report / "index.html").as_uri())
+    first = page.eval_on_selector("main", "m => m.querySelector('section').id")
+    assert first == "decision" and page.locator("#decision table").first.get_attribute("id") == "ship-table"
+    rows = page.locator("#ship-table tr.ship-row")
+    assert rows.count() == 2 and "ort-cpu" in rows.first.inner_text()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280  # nothing scrolls sideways
+    clipped = page.eval_on_selector_all("table", "ts => ts.filter(t => t.checkVisibility() && "
+                                                 "t.scrollWidth > t.parentElement.clientWidth + 1).map(t => t.id || t.className)")
+    assert clipped == []
+    assert not page.locator("#decision-detail").evaluate("d => d.open")  # the evidence waits behind one click
+    page.locator("#decision-detail summary").click()
+    outcomes = page.locator("#decision-detail table.decision-rules tbody tr")
+    assert outcomes.count() >= 4  # every ort-cpu configuration, each with the rule that placed it
+    summary = (settings_grid_report / "summary.md").read_text()
+    assert summary.index("| target | ships |") < summary.index("| target | fp32 |")  # first table of the job summary
