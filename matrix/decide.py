@@ -1,16 +1,18 @@
 """What to ship per target: the cheapest measured configuration that meets every budget.
 
-A configuration is one cell: (candidate, variant, settings) on a target. It
-meets the quality bar when its verdict is PASS or WARN (drift within tolerance,
-the action contract, and the return tolerance when rollouts ran), and it is not
-an "int8" artifact with nothing quantized. Budgets add limits per target:
+A configuration is one cell: (candidate, variant, settings) on a target, or
+such a cell after a graph preparation that made it pass (--assist). It meets
+the quality bar when its verdict is PASS or WARN (drift within tolerance, the
+action contract, and the return tolerance when rollouts ran), and it is not an
+"int8" artifact with nothing quantized. Budgets add limits per target:
 `--budget 'ort-cpu=p50:200us'`, `'*=p99:2ms'`, `'tflite=size:1MB'` (latency at
-the smallest timed batch). Among configurations meeting all of them (a PASS
-before a WARN), `--prefer` orders: latency (the fastest; p50s within SAME_SPEED of it count as equally
-fast, and the smaller artifact wins among those), size, or accuracy. Emulated
-adapters' latency never decides: it cannot meet a latency budget and does not
-rank. When nothing meets the budget, the closest configuration is named with
-what it misses.
+the smallest timed batch). Among configurations meeting all of them (those
+needing no preparation first, then a PASS before a WARN), `--prefer` orders:
+latency, size or accuracy. Latency is compared with its noise: p50s within
+SAME_SPEED count as equally fast, a p99 above TAIL_FACTOR times the best cannot
+win, and equals go to the simpler configuration (TIE_RULE). Emulated adapters'
+latency never decides. Every configuration leaves with its outcome: why it
+ships, why it lost to the one ranked above it, or what it misses.
 """
 
 from __future__ import annotations
