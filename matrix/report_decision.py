@@ -65,6 +65,7 @@ def scatter(cells: list[Cell], decision, behaviour: bool, model_name: str) -> Ma
     plotted = [(c, x, y) for c, x, y in plotted if x and y is not None]
     if len(plotted) < 2:
         return Markup("")
+    plotted.sort(key=lambda item: not _is_chosen(item[0], decision.chosen))  # the shipped point gets its label first
     front = pareto_front([(x, y) for _, x, y in plotted])
     chosen = decision.chosen
     xs, ys = _Axis([x for _, x, _ in plotted]), _Axis([y for _, _, y in plotted])
@@ -76,8 +77,9 @@ def scatter(cells: list[Cell], decision, behaviour: bool, model_name: str) -> Ma
     if len(ordered) > 1:
         line = " ".join(f"{_px(xs, x):.1f},{_py(ys, y):.1f}" for _, x, y in ordered)
         parts.append(f'<polyline points="{line}" fill="none" stroke="{FRONT}" stroke-width="1.5" stroke-dasharray="4 3"/>')
+    labels, texts = _LabelSpace(), []
     for index, (cell, x, y) in enumerate(plotted):
-        is_chosen = chosen is not None and (cell.candidate, cell.variant, cell.settings) == (chosen.candidate, chosen.variant, chosen.settings)
+        is_chosen = _is_chosen(cell, chosen)
         colour = CHOSEN if is_chosen else FRONT if index in front else OTHER
         emulated = bool(cell.backend and cell.backend.emulated)
         title = (f"{cell.candidate or model_name} {cell.variant} {cell.settings_label}: p50 {decide.duration(x)}, "
@@ -88,10 +90,32 @@ def scatter(cells: list[Cell], decision, behaviour: bool, model_name: str) -> Ma
         radius = 7 if is_chosen else 5
         parts.append(f'<circle class="point" cx="{_px(xs, x):.1f}" cy="{_py(ys, y):.1f}" r="{radius}" {fill}>'
                      f"<title>{escape(title)}</title></circle>")
-        parts.append(f'<text class="point-label" x="{_px(xs, x) + radius + 3:.1f}" y="{_py(ys, y) + 4:.1f}" fill="#1d2330">'
-                     f"{escape(_point_label(cell))}</text>")
+        label = _point_label(cell)
+        if labels.claim(_px(xs, x) + radius + 3, _py(ys, y) + 4, len(label)):  # overlapping labels are left to the hover
+            texts.append(f'<text class="point-label" x="{_px(xs, x) + radius + 3:.1f}" y="{_py(ys, y) + 4:.1f}" '
+                         f'fill="#1d2330">{escape(label)}</text>')
+    parts += texts  # labels over every dot, not under the next one
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def _is_chosen(cell: Cell, chosen) -> bool:
+    return chosen is not None and not chosen.fix and (cell.candidate, cell.variant, cell.settings) == (
+        chosen.candidate, chosen.variant, chosen.settings)
+
+
+class _LabelSpace:
+    """Where labels already sit (11 px text, ~6 px a character): a label that would overlap one is not drawn."""
+
+    def __init__(self):
+        self.boxes: list[tuple[float, float, float, float]] = []
+
+    def claim(self, x: float, y: float, characters: int) -> bool:
+        box = (x, y - 11, x + 6 * characters, y + 2)
+        if any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in self.boxes):
+            return False
+        self.boxes.append(box)
+        return True
 
 
 def _point_label(cell: Cell) -> str:
