@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from . import __version__, options
 from . import config as run_config_file
 from .errors import InputError, Terminated, raise_terminated
-from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN
+from .rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
@@ -149,10 +149,10 @@ def _tolerances(specs: list[str]):
     import targets as registry
     from targets.base import VARIANTS
 
-    from .verdict import Tolerances
+    from .rules import Tolerances
 
     tolerances = Tolerances.parse(specs, click.get_current_context().meta.get("config_tolerances", {}))
-    for key, value in tolerances.overrides.items():
+    for key, value in [*tolerances.overrides.items(), *tolerances.rtol_overrides.items()]:
         where = f"tolerance {key!r}"
         options.tolerance_value(value, where)
         options.tolerance_key(key, list(registry.REGISTRY), VARIANTS, where)
@@ -210,7 +210,8 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--iters", default=options.DEFAULT_ITERS, show_default=True, help="Timed calls per batch size.")
 @click.option("--threads", default=options.DEFAULT_THREADS, show_default=True, help="Intra-op threads given to each runtime.")
 @click.option("--tolerance", multiple=True,
-              help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards; also a [tolerance] table).")
+              help="TARGET:VARIANT=ATOL[,rtol=RTOL]: |y - y_ref| <= ATOL + RTOL*|y_ref| per element (repeatable; '*' "
+                   "wildcards; atol also from a [tolerance] table). Defaults: fp32 1e-4/1e-5, fp16 2e-2/1e-3, int8 0.25/1e-2.")
 @click.option("--tie-margin", default=DEFAULT_TIE_MARGIN, show_default=True,
               help="Discrete actions: a flip counts only where the reference's top-1 minus top-2 logit is above this.")
 @click.option("--min-agreement", default=DEFAULT_MIN_AGREEMENT, show_default=True,
@@ -231,7 +232,8 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--clip-actions/--no-clip-actions", default=None,
               help="Clip continuous actions to the action space before stepping (reported per cell).  [default: no]")
 @click.option("--return-tolerance", default=None,
-              help="Largest mean-return distance from the reference: 0.05 or 5% (relative, default 0.05) or abs:10.")
+              help="How much worse the paired mean return may be than the reference's: 5% or 0.05 (a fraction of "
+                   "|reference mean return|, at most 1; default 5%) or abs:10 (return units).")
 @click.option("--trajectory", type=click.Path(path_type=Path),
               help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it.")
 @click.option("--initial-state", type=click.Path(path_type=Path),
@@ -350,9 +352,10 @@ def _thresholds(drift_factor: float, latency_threshold: float):
 def _rollout_settings(info, seed: int, given: dict):
     """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
     from . import rollouts
+    from .rules import DEFAULT_RETURN_TOLERANCE, ReturnTolerance
 
     chosen = {key: value for key, value in given.items() if value is not None}
-    return_tolerance = rollouts.ReturnTolerance.parse(str(chosen.get("return_tolerance", rollouts.DEFAULT_RETURN_TOLERANCE)))
+    return_tolerance = ReturnTolerance.parse(str(chosen.get("return_tolerance", DEFAULT_RETURN_TOLERANCE)))
     env, trajectory = chosen.get("env"), chosen.get("trajectory")
     if env and trajectory:
         raise InputError("--env and --trajectory exclude each other: closed loop with an env, or open loop along a recording")

@@ -21,6 +21,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+from . import rules
 from .errors import InputError
 from .results import Cell, Decision, DecisionChoice, RunResults
 
@@ -106,8 +107,8 @@ def decide_target(host: str, target: str, cells: list[Cell], budgets: list[Budge
 
 def _quality_bar(behaviour: bool) -> str:
     if behaviour:
-        return ("the return tolerance against the first model's float64 reference (a candidate's single-step drift "
-                "is shown, not judged) and the action contract")
+        return ("the paired return difference against the first model's float64 reference within the return tolerance "
+                "(single-step drift is shown, not judged) and the action contract")
     return "the drift tolerance against the first model's float64 reference and the action contract (behaviour not measured: no --env)"
 
 
@@ -120,7 +121,7 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
         size_bytes=cell.artifact.size_bytes if cell.artifact else None, drift=_drift(cell),
         return_delta=cell.rollout.return_delta if cell.rollout else None, emulated=emulated,
     )
-    choice.misses = _quality_misses(cell) + [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
+    choice.misses = rules.quality_misses(cell) + [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
     return choice
 
 
@@ -130,22 +131,6 @@ def _drift(cell: Cell) -> float | None:
         return cell.max_drift
     agreement = [p.agreement for p in cell.parity if p.agreement is not None]
     return 1 - min(agreement) if agreement else None
-
-
-def _quality_misses(cell: Cell) -> list[str]:
-    if cell.verdict not in ("PASS", "WARN"):
-        return [f"quality: {cell.verdict}" + (f" ({cell.reasons[0]})" if cell.reasons else "")]
-    if any(check.ok is False for check in cell.contract):
-        return ["quality: the action contract is broken"]
-    if unquantized_int8(cell):
-        return ["int8 in name only: nothing quantized"]
-    return []
-
-
-def unquantized_int8(cell: Cell) -> bool:
-    """An "int8" artifact with nothing quantized is never recommended as int8."""
-    counted = cell.artifact.quantization if cell.artifact else None
-    return cell.variant == "int8" and counted is not None and not (counted.get("quantized_ops") or counted.get("quantized_weights"))
 
 
 def _measured(choice: DecisionChoice, metric: str) -> float | None:

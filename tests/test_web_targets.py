@@ -110,13 +110,14 @@ def test_webgpu_places_softsign_on_cpu_as_fallback(tmp_path, cache_dir):
         session.close()
 
 
-def test_webgpu_session_that_ran_only_on_wasm_is_not_webgpu(tmp_path, cache_dir):
+def test_webgpu_session_that_ran_only_on_wasm_is_a_total_fallback(tmp_path, cache_dir):
     path = write(softsign_only(), tmp_path, "softsign_only")
     session = REGISTRY["ort-web-webgpu"].open(artifact(path, cache_dir), threads=1)
     try:
         session.run(observations(path, 2))
         info = session.backend()
-        assert (info.requested, info.actual) == ("webgpu", "wasm") and "no node" in info.detail
+        assert (info.requested, info.actual) == ("webgpu", "webgpu") and "no node" in info.detail
+        assert all(row.fallback for row in session.placement())
     finally:
         session.close()
 
