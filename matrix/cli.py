@@ -78,6 +78,11 @@ LATENCY_THRESHOLD_OPTION = click.option(
 DRIFT_FACTOR_OPTION = click.option(
     "--drift-factor", default=10.0, show_default=True, help="Drift growth factor that counts as a regression."
 )
+ALLOW_DIFFERENT_INPUTS_OPTION = click.option(
+    "--allow-different-inputs", is_flag=True,
+    help="Compare or merge results measured on different observations, episodes or judging settings (refused by "
+         "default); the difference is printed in every regression line."
+)
 
 
 def _csv(value: str) -> list[str]:
@@ -255,12 +260,13 @@ BROWSER_PATH_OPTION = click.option(
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
+@ALLOW_DIFFERENT_INPUTS_OPTION
 @BROWSER_ENDPOINT_OPTION
 @BROWSER_PATH_OPTION
 def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
         return_tolerance, trajectory, initial_state, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer, fail_on, baseline,
-        latency_threshold, drift_factor):
+        latency_threshold, drift_factor, allow_different_inputs):
     """Run the matrix on MODEL and write the report."""
     from . import candidates as candidate_models
     from . import decide
@@ -314,7 +320,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
             raise InputError(f"cannot write {error.filename or settings.out}: {error.strerror or error}") from None
         results.settings["decision"] = {"budgets": list(budget_specs), "prefer": prefer}
         results.decision = decide.decide_all(results, budgets, prefer)
-        _finish(results, settings.out, fail_on, baseline_results, thresholds, required)
+        _finish(results, settings.out, fail_on, baseline_results, thresholds, required, allow_different_inputs)
 
 
 def _settings_grid(specs: list[str], target_names: list[str]):
@@ -384,7 +390,8 @@ def _rollout_settings(info, seed: int, given: dict):
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
-def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
+@ALLOW_DIFFERENT_INPUTS_OPTION
+def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor, allow_different_inputs):
     """Merge SHARDS (results.json files or report folders, one per host) into one report."""
     from . import results as schema
     from .merge import merge as merge_shards
@@ -394,10 +401,10 @@ def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
 
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
     thresholds = _thresholds(drift_factor, latency_threshold)
-    merged = merge_shards(list(shards))
+    merged = merge_shards(list(shards), allow_different_inputs)
     asked = merged.settings.get("decision", {})  # the first shard's budgets decide over every host's cells
     merged.decision = decide_all(merged, parse_budgets(list(asked.get("budgets", []))), asked.get("prefer", "latency"))
-    _finish(merged, options.writable_dir(out), fail_on, baseline_results, thresholds)
+    _finish(merged, options.writable_dir(out), fail_on, baseline_results, thresholds, allow_different_inputs=allow_different_inputs)
 
 
 @app.command()
@@ -406,14 +413,15 @@ def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the regressions as a JSON list on stdout.")
-def compare(baseline, current, latency_threshold, drift_factor, as_json):
+@ALLOW_DIFFERENT_INPUTS_OPTION
+def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_different_inputs):
     """Regressions of CURRENT against BASELINE, per cell (exit 1 if any)."""
     from . import results as schema
     from .compare import compare as compare_results
     from .merge import shard_path as merge_shard_path
 
     before, after = schema.load(merge_shard_path(baseline)), schema.load(merge_shard_path(current))
-    found = compare_results(before, after, _thresholds(drift_factor, latency_threshold))
+    found = compare_results(before, after, _thresholds(drift_factor, latency_threshold), allow_different_inputs)
     if as_json:
         _print_json([regression.model_dump(mode="json") for regression in found])
     else:
@@ -423,7 +431,8 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json):
     sys.exit(1 if found else 0)
 
 
-def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = ()) -> None:
+def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = (),
+            allow_different_inputs: bool = False) -> None:
     """Compare with the baseline, write the report, print the tally and exit with the verdict."""
     from . import results as schema
     from .compare import compare as compare_results
@@ -431,7 +440,11 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
     from .report import write_all
 
     if baseline is not None:
-        results.regressions = compare_results(baseline, results, thresholds)
+        try:
+            results.regressions = compare_results(baseline, results, thresholds, allow_different_inputs)
+        except InputError:  # refused (different inputs): the run's own report is still written
+            write_all(results, out)
+            raise
     try:
         index = write_all(results, out)
     except OSError as error:  # a full disk: the earlier report stays whole (files are replaced atomically)
