@@ -216,13 +216,14 @@ def test_two_runs_drive_the_same_episodes(policy_dir, tmp_path):
     assert [(e["episode_return"], e["length"]) for e in first] == [(e["episode_return"], e["length"]) for e in second]
 
 
-def test_return_tolerance_turns_a_behaviour_change_into_a_fail(policy_dir, tmp_path):
-    """Pendulum's int8 variant drifts, and its returns move: an absolute tolerance of 0 return units fails it."""
+def test_return_tolerance_turns_a_worse_return_into_a_finding(policy_dir, tmp_path):
+    """Pendulum's int8 variant drifts, and its return drops a little: with a tolerance of 0 return units two
+    paired episodes cannot rule out worse (WARN) or show it with confidence (FAIL)."""
     data = _run(policy_dir / "pendulum.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32,int8",
                 "--env", "Pendulum-v1", "--episodes", "2", "--return-tolerance", "abs:0")
     cells = {c["variant"]: c for c in data["cells"]}
-    assert cells["int8"]["verdict"] == "FAIL" and cells["int8"]["reasons"][0].startswith("behaviour: mean return")
-    assert cells["int8"]["rollout"]["return_delta"] != 0.0
+    assert cells["int8"]["rollout"]["return_delta"] < 0.0
+    assert cells["int8"]["verdict"] in ("WARN", "FAIL") and cells["int8"]["reasons"][0].startswith("behaviour: mean return")
 
 
 def test_tflite_in_the_loop(policy_dir, tmp_path):
