@@ -426,7 +426,8 @@ def _observation_set(config: RunConfig, source: sources.ObservationSource) -> ob
     if source.kind == sources.TRAJECTORY:
         recorded = rollouts.load_trajectory(Path(config.rollout.trajectory), config.rollout)
         return sources.visited_feeds([recorded], config.rollout, config.n_obs, observations.batch_multiple(config.model))
-    return observations.seeded(config.model, config.n_obs, config.seed)
+    seeded = observations.seeded(config.model, config.n_obs, config.seed)
+    return sources.inside_space(seeded, config.rollout, config.seed) if source.kind == sources.SPACE else seeded
 
 
 def _empty_results(config: RunConfig, feeds, template: CellInputs, source: sources.ObservationSource) -> RunResults:

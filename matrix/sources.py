@@ -2,7 +2,9 @@
 
 Precedence: recorded (`--obs`) > states the float64 reference visited in its own
 rollouts (`--env`) or the recorded trajectory (`--trajectory`), sampled evenly
-over episodes and steps > seeded synthetic rows. Single-step drift on states a
+over episodes and steps > samples inside the environment's observation space
+(`--env`, when the rollouts cannot give the set: a model with inputs besides the
+observation) > seeded synthetic rows. Single-step drift on states a
 policy never visits says little about the policy (SB3 Pendulum: 50 of 128
 synthetic rows are states the environment can produce; int8 drift 0.286 there,
 0.218 on its own states, equal returns), so a cell judged on synthetic rows says so.
@@ -22,18 +24,19 @@ import numpy as np
 from .model import ModelInfo
 from .observations import Feeds
 
-RECORDED, VISITED, TRAJECTORY, SYNTHETIC = "recorded", "visited", "trajectory", "synthetic"
+RECORDED, VISITED, TRAJECTORY, SPACE, SYNTHETIC = "recorded", "visited", "trajectory", "space", "synthetic"
 
 
 @dataclass(frozen=True)
 class ObservationSource:
-    kind: str  # recorded | visited | trajectory | synthetic
+    kind: str  # recorded | visited | trajectory | space | synthetic
     detail: str  # in words, for the report header and summary.md
     fallback_reason: str = ""  # why the policy's own states could not be used
 
     @property
     def synthetic(self) -> bool:
-        return self.kind == SYNTHETIC
+        """Not states the policy visited: drift judged on them says so."""
+        return self.kind in (SPACE, SYNTHETIC)
 
     def describe(self, size: int) -> str:
         why = f" ({self.fallback_reason})" if self.fallback_reason else ""
@@ -47,11 +50,12 @@ def choose(recorded: Path | None, plan, model: ModelInfo, seed: int) -> Observat
     synthetic = f"synthetic rows (seeded normal samples and edge values, seed {seed}): not states the policy visits"
     if plan is None:
         return ObservationSource(SYNTHETIC, synthetic, "pass --obs or --env for the policy's own states")
-    if [spec.name for spec in model.inputs] != [plan.obs_input]:
-        return ObservationSource(SYNTHETIC, synthetic, "the rollouts record only the observation input, and the model "
-                                 "has other inputs (recurrent state or side inputs)")
     if plan.open_loop:
         return ObservationSource(TRAJECTORY, f"observations of the trajectory {Path(plan.trajectory).name}, sampled evenly")
+    if [spec.name for spec in model.inputs] != [plan.obs_input]:
+        return ObservationSource(SPACE, f"samples inside {plan.env}'s observation space (uniform where bounded, normal "
+                                 f"where not; other inputs seeded, seed {seed})", "the rollouts record only the observation "
+                                 "input, and the model has others (recurrent state or side inputs)")
     return ObservationSource(VISITED, f"states the float64 reference visited in {plan.episodes} episodes of {plan.env} "
                              f"(seeds {plan.seed}..{plan.seed + plan.episodes - 1}), sampled evenly over episodes and steps")
 
@@ -89,6 +93,25 @@ def visited_feeds(episode_observations: list[np.ndarray], plan, count: int, mult
     """The observation set from the reference's episodes (or a trajectory as one run), in the model's dtype and shape."""
     runs = [np.asarray(obs).reshape([len(obs), *plan.obs_shape]) for obs in episode_observations if len(obs)]
     return {plan.obs_input: sample_evenly(runs, count, multiple).astype(plan.obs_dtype)}
+
+
+def inside_space(feeds: Feeds, plan, seed: int) -> Feeds:
+    """`feeds` (seeded rows) with the observation input drawn inside the environment's Box bounds instead."""
+    from .rollouts import make_env
+
+    env = make_env(plan.env, plan.env_kwargs)
+    try:
+        space = env.observation_space
+        low = np.broadcast_to(np.asarray(getattr(space, "low", -np.inf), np.float64), space.shape or ()).reshape(plan.obs_shape)
+        high = np.broadcast_to(np.asarray(getattr(space, "high", np.inf), np.float64), space.shape or ()).reshape(plan.obs_shape)
+    finally:
+        env.close()
+    rows = len(feeds[plan.obs_input])
+    rng = np.random.default_rng(seed)
+    bounded = np.isfinite(low) & np.isfinite(high)
+    values = np.where(bounded, rng.uniform(np.where(bounded, low, 0), np.where(bounded, high, 1), (rows, *plan.obs_shape)),
+                      np.clip(rng.standard_normal((rows, *plan.obs_shape)), low, high))
+    return {**feeds, plan.obs_input: values.astype(plan.obs_dtype)}
 
 
 def feeds_sha256(feeds: Feeds) -> str:

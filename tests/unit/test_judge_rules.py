@@ -234,3 +234,23 @@ def test_the_source_follows_the_precedence_and_says_why_it_fell_back(tmp_path):
     assert visited.kind == sources.VISITED and "10 episodes of Pendulum-v1 (seeds 0..9)" in visited.describe(128)
     synthetic = sources.choose(None, None, info, 0)
     assert synthetic.synthetic and "pass --obs or --env" in synthetic.describe(128)
+
+
+def test_a_recurrent_policy_with_an_env_gets_samples_inside_the_observation_space(tmp_path):
+    """The rollouts record only the observation, so a policy with a state input is fed samples inside the env's Box."""
+    import rollout_policies
+
+    from matrix import observations
+    from matrix.rollouts import plan_for
+
+    info = model_loader.load(rollout_policies.recurrent_toggle(tmp_path / "recurrent.onnx"))
+    plan = plan_for(info, env="CartPole-v1", episodes=2, seed=0)
+    source = sources.choose(None, plan, info, 0)
+    assert source.kind == sources.SPACE and source.synthetic and "recurrent state" in source.describe(64)
+    seeded = observations.seeded(info, 64, 0)
+    feeds = sources.inside_space(seeded, plan, 0)
+    obs = feeds["obs"]
+    assert obs.dtype == np.float32 and obs.shape == (64, 4)
+    assert np.abs(obs[:, 0]).max() <= 4.8 and np.abs(obs[:, 2]).max() <= 0.42  # CartPole's bounded x and angle
+    assert np.abs(obs[:, 0]).max() > 1.0  # uniform over the bounds, not squeezed near zero
+    assert np.array_equal(feeds["h_in"], seeded["h_in"])  # the state input keeps its seeded rows
