@@ -116,10 +116,16 @@ def _drift(old: Cell, new: Cell, factor: float):
     if old.max_drift is None or new.max_drift is None:
         return
     tolerance = new.tolerance or float("inf")
-    if new.max_drift > tolerance >= old.max_drift:
+    if _beyond_tolerance(new) and not _beyond_tolerance(old):
         yield "drift", f"drift {old.max_drift:.2e} -> {new.max_drift:.2e} crossed tolerance {tolerance:g}"
     elif new.max_drift > max(old.max_drift * factor, DRIFT_NOISE_FLOOR):
         yield "drift", f"drift {old.max_drift:.2e} -> {new.max_drift:.2e} (x{new.max_drift / max(old.max_drift, 1e-30):.0f})"
+
+
+def _beyond_tolerance(cell: Cell) -> bool:
+    """atol + rtol·|ref| where the cell recorded its share of it; atol alone in results written before."""
+    used = [p.tolerance_used for p in cell.parity if p.kind == "continuous" and p.tolerance_used is not None]
+    return max(used) > 1 if used else cell.max_drift > (cell.tolerance or float("inf"))
 
 
 def _latency(old: Cell, new: Cell, threshold: float):
