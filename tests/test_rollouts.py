@@ -216,14 +216,15 @@ def test_two_runs_drive_the_same_episodes(policy_dir, tmp_path):
     assert [(e["episode_return"], e["length"]) for e in first] == [(e["episode_return"], e["length"]) for e in second]
 
 
-def test_return_tolerance_turns_a_worse_return_into_a_finding(policy_dir, tmp_path):
-    """Pendulum's int8 variant drifts, and its return drops a little: with a tolerance of 0 return units two
-    paired episodes cannot rule out worse (WARN) or show it with confidence (FAIL)."""
+def test_a_better_return_never_warns_even_at_a_zero_return_tolerance(policy_dir, tmp_path):
+    """Pendulum's int8 variant drifts on every step and, over seeds 0 and 1, returns slightly more than the float64
+    reference (+0.006, measured): with a tolerance of 0 return units the better return is still no finding."""
     data = _run(policy_dir / "pendulum.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32,int8",
                 "--env", "Pendulum-v1", "--episodes", "2", "--return-tolerance", "abs:0")
     cells = {c["variant"]: c for c in data["cells"]}
-    assert cells["int8"]["rollout"]["return_delta"] < 0.0
-    assert cells["int8"]["verdict"] in ("WARN", "FAIL") and cells["int8"]["reasons"][0].startswith("behaviour: mean return")
+    int8 = cells["int8"]
+    assert int8["rollout"]["return_delta"] > 0.0 and int8["parity"][0]["max_abs"] > 1e-2
+    assert int8["verdict"] == "PASS" and not any(reason.startswith("behaviour") for reason in int8["reasons"]), int8["reasons"]
 
 
 def test_tflite_in_the_loop(policy_dir, tmp_path):
