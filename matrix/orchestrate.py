@@ -139,7 +139,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
     identity = run_identity(config)
     run_id, finished = resume_state(config.out, identity) if config.resume else (uuid.uuid4().hex[:12], {})
     (config.out / RUN_FILE).write_text(json.dumps({"run_id": run_id, **identity}, indent=2))
-    source = config.observation_source
+    judge = config.judge()  # once: every cell, fix attempt, candidate and release is judged by it
+    source = judge.observations
     obs_path = config.out / "observations.npz"
     whole = observations.whole_inputs(model)
     batched = [spec for spec in model.inputs if spec.name not in whole]
@@ -166,13 +167,12 @@ def run(config: RunConfig, console: Console) -> RunResults:
         rollout=config.rollout.as_dict() if config.rollout else None,
     )
     inputs_by_model = {"": template, **_candidate_inputs(template, candidate_variants)}
-    results = _empty_results(config, feeds, template, source)
+    results = _empty_results(config, feeds, template, judge)
     results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.variants}
     if config.rollout:
         results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe(),
                                        "return_rule": "paired per-seed return differences, Student's t interval of the mean"}
     results.settings["run_id"] = run_id
-    judge = config.judge()
     configurations = _configurations(config)
     results.grid = _grid_record(config, len(configurations))
     _print_grid(config, len(configurations), console)
@@ -430,8 +430,8 @@ def _observation_set(config: RunConfig, source: sources.ObservationSource) -> ob
     return sources.inside_space(seeded, config.rollout, config.seed) if source.kind == sources.SPACE else seeded
 
 
-def _empty_results(config: RunConfig, feeds, template: CellInputs, source: sources.ObservationSource) -> RunResults:
-    size = observations.count(feeds, template.whole_inputs)
+def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge) -> RunResults:
+    size, source = observations.count(feeds, template.whole_inputs), judge.observations
     return RunResults(
         tool_version=__version__,
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -442,7 +442,7 @@ def _empty_results(config: RunConfig, feeds, template: CellInputs, source: sourc
         settings={
             "batch_sizes": template.batch_sizes, "warmup": config.warmup, "iters": config.iters, "threads": config.threads,
             "targets": config.targets, "variants": config.variants, "timeout_s": config.timeout_s,
-            **config.judge().settings(),
+            **judge.settings(),
         },
         lints=[LintResult(**vars(item)) for item in lint(config.model)],
         cells=[],
