@@ -22,7 +22,7 @@ filters (decide.py) ask the same rules.
   below the minimum FAIL. Judged only where no behaviour was measured.
 - unquantized_int8: an "int8" artifact with nothing quantized WARNs (and never ships).
 - workarounds: a conversion workaround the tool applied is listed (no verdict).
-Drift or agreement judged on synthetic observations says so in its reason.
+A cell whose drift or agreement was judged on synthetic observations says so in its reasons.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def drift(cell, context: Context) -> Findings:
             found.failures.append(f"{line} above tolerance {context.tolerance.describe()}")
         elif used > WARN_FRACTION:
             found.warnings.append(f"{line} above half the tolerance {context.tolerance.describe()}")
-    return _on_states(cell, context, found, "drift")
+    return _on_states(cell, context, found)
 
 
 def agreement(cell, context: Context) -> Findings:
@@ -226,15 +226,14 @@ def agreement(cell, context: Context) -> Findings:
             found.failures.append(f"{flips}, below the minimum agreement {100 * context.min_agreement:g}%")
         else:
             found.warnings.append(flips)
-    return _on_states(cell, context, found, "agreement")
+    return _on_states(cell, context, found)
 
 
-def _on_states(cell, context: Context, found: Findings, measure: str) -> Findings:
-    """Single-step findings judge only where no behaviour was measured; on synthetic rows they say so."""
-    if behaviour_measured(cell) and (found.failures or found.warnings):
-        shown = [f"{line} (shown, not judged: the return decides)" for line in found.failures + found.warnings]
-        return Findings(notes=shown)
-    if context.synthetic_inputs and (found.failures or found.warnings):
+def _on_states(cell, context: Context, found: Findings) -> Findings:
+    """Single-step findings judge only where no behaviour was measured; a cell judged on synthetic rows says so."""
+    if behaviour_measured(cell):
+        return Findings(notes=[f"{line} (shown, not judged: the return decides)" for line in found.failures + found.warnings])
+    if context.synthetic_inputs and cell.parity:
         found.notes.append(SYNTHETIC_INPUTS)
     return found
 

@@ -174,6 +174,8 @@ def test_drift_judged_on_synthetic_rows_says_so_and_on_recorded_rows_does_not():
     verdict, reasons = rules.verdict(drifting, Context(tolerance=Tolerance(0.25), synthetic_inputs=True))
     assert verdict == "FAIL" and reasons[-1] == rules.SYNTHETIC_INPUTS
     assert rules.SYNTHETIC_INPUTS not in rules.verdict(drifting, Context(tolerance=Tolerance(0.25)))[1]
+    close = drifting.model_copy(update={"parity": [drifting.parity[0].model_copy(update={"tolerance_used": 0.1})]})
+    assert rules.verdict(close, Context(synthetic_inputs=True)) == ("PASS", [rules.SYNTHETIC_INPUTS])  # a PASS says it too
 
 
 # --- the one Judge ----------------------------------------------------------------------------------
