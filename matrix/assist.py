@@ -13,7 +13,7 @@ keeps the cells as they were first judged.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -21,18 +21,19 @@ from rich.console import Console
 import targets as registry
 
 from . import cells, diagnose, guarded, messages, preparations
+from .judge import Evidence, Judge
 from .model import ModelInfo
 from .protocol import CellInputs
-from .reference import Reference
 from .results import Cell, RunResults
+from .runtime_versions import base_name
 
 
 @dataclass
 class AssistContext:
     model: ModelInfo
     template: CellInputs  # what every cell of the run shares
-    reference: Reference
-    dev_runtime: dict | None  # ORT CPU fp32 outputs, the development runtime's
+    judge: Judge  # the run's: a fix attempt is judged like the cell it tries to fix
+    evidence: Evidence  # the float64 reference and the development runtime's outputs (no rollout: fixes drive no episodes)
     out: Path
     limits: guarded.Limits
     env_for: object  # Services.env_for: the run's shared services (one browser)
@@ -83,21 +84,26 @@ def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
     target = registry.get(cell.target)
     folder = context.out / "fixes" / _slug(f"{cell.host}-{cell.target}-{cell.variant}")
 
-    def judge(outcome: cells.CellOutcome, failing: Cell, info: ModelInfo) -> Cell:
-        return cells.judge(
-            outcome, host=failing.host, target=failing.target, variant=failing.variant, predicts=target.predicts,
-            model=info, reference=context.reference, dev_runtime=context.dev_runtime, tolerance=failing.tolerance or 0.0,
-        )
-
     try:
         env = context.env_for(target)
-        cell.fixes = preparations.try_fixes(cell, context.model, context.template, judge, folder, context.out, env, context.limits)
+        cell.fixes = preparations.try_fixes(cell, context.model, context.template, fix_judge(context, target.predicts),
+                                            folder, context.out, env, context.limits)
     except Exception as error:  # the tool's own failure, never the runtime's verdict
         cell.reasons.append(f"graph preparations could not be tried (policy-matrix): {type(error).__name__}: {error}")
         return
     fixed = next((f for f in cell.fixes if f.verdict in preparations.FIXED), None)
     if fixed:
         cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx})")
+
+
+def fix_judge(context: AssistContext, predicts: bool):
+    """How a fix attempt is judged: by the run's Judge, against the run's evidence, with the prepared model's
+    interface (a preparation may change it: argmax-cut returns the logits)."""
+    def judge(outcome: cells.CellOutcome, failing: Cell, info: ModelInfo) -> Cell:
+        evidence = replace(context.evidence, model=info)
+        return context.judge.cell(outcome, evidence, host=failing.host, target=failing.target, variant=failing.variant,
+                                  predicts=predicts, tolerance_of=base_name(failing.target))
+    return judge
 
 
 def _slug(text: str) -> str:

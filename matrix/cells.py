@@ -1,9 +1,9 @@
-"""Run one cell in a worker process with a timeout, then judge what it measured.
+"""Run one cell in a worker process with a timeout.
 
 The worker leaves plain files (matrix/protocol.py: spec in, `Measurement` and
-outputs out); this side validates them and turns them into a `Cell`: parity
-against the reference, the contract, the verdict. A worker that crashes, hangs
-or runs out of memory becomes that cell's FAIL row with what is known.
+outputs out); this side validates them into a `CellOutcome`, which the run's
+Judge (matrix/judge.py) turns into a `Cell`. A worker that crashes, hangs or
+runs out of memory becomes that cell's FAIL row with what is known.
 """
 
 from __future__ import annotations
@@ -23,14 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import contract, isolation, metrics, rollouts
-from .model import ModelInfo
+from . import isolation
 from .observations import Feeds
-from .protocol import (DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, STAGES_AFTER_PARITY, CellSpec, Measurement,
-                       read_message)
-from .reference import Reference
+from .protocol import DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, CellSpec, Measurement, read_message
 from .results import Cell, CellError
-from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, decide
 
 
 @dataclass
@@ -280,71 +276,6 @@ def _arrays(cell_dir: Path) -> Feeds:
             return {name: data[name] for name in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # cut short by a kill or a full disk
         return {}
-
-
-def judge(
-    outcome: CellOutcome, *, host: str, target: str, variant: str, predicts: bool, model: ModelInfo,
-    reference: Reference, dev_runtime: Feeds | None, tolerance: float,
-    tie_margin: float = DEFAULT_TIE_MARGIN, min_agreement: float = DEFAULT_MIN_AGREEMENT,
-    reference_rollout: rollouts.ReferenceRollout | None = None, rollout_plan: rollouts.RolloutPlan | None = None,
-    return_tolerance: rollouts.ReturnTolerance | None = None, parity_judged: bool = True,
-) -> Cell:
-    """parity_judged=False: drift and agreement are measured and shown, but the verdict comes from
-    everything else (a candidate with rollouts: its return against the reference is the bar)."""
-    m = _unfinished(outcome.measurement, outcome.duration_s)
-    cell = Cell(
-        host=host, target=target, variant=variant, verdict="SKIP", predicts=predicts,
-        runtime_version=m.runtime_version, artifact=m.artifact, latency=m.latency, cold_start_ms=m.cold_start_ms,
-        placement=m.placement, backend=m.backend, error=m.error,
-        tolerance=tolerance, duration_s=outcome.duration_s, notes=m.notes,
-    )
-    if m.skip is not None:
-        cell.reasons = [m.skip]
-        return cell
-    if predicts and _measured_parity(cell.error, outcome.arrays):
-        cell.parity = _parity(outcome.arrays, reference, dev_runtime, tie_margin)
-        cell.contract = contract.check(model, outcome.arrays, reference.outputs)
-        cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, reference_rollout, rollout_plan)
-    cell.verdict, cell.reasons = decide(cell if parity_judged else _parity_shown_only(cell), tolerance, min_agreement)
-    cell.verdict, cell.reasons = rollouts.with_behaviour(cell.verdict, cell.reasons, cell.rollout, return_tolerance)
-    return cell
-
-
-def _parity_shown_only(cell: Cell) -> Cell:
-    """The cell as the verdict sees it when its parity is shown, not judged: no drift, no flips."""
-    shown = [p.model_copy(update={"max_abs": 0.0, "flips": 0}) for p in cell.parity]
-    return cell.model_copy(update={"parity": shown})
-
-
-def _unfinished(measurement: Measurement, duration_s: float) -> Measurement:
-    """A worker that left its measurements but never finished (killed, timed out, crashed hard)
-    failed in the stage it had entered; what it measured before that is kept."""
-    if measurement.stopped_itself or measurement.stage in (START, DONE):
-        return measurement
-    stage = measurement.stage
-    message = f"the worker stopped during {stage} after {duration_s:.1f} s (killed on timeout or out of memory, or crashed)"
-    return measurement.model_copy(update={"error": CellError(stage=stage, message=message)})
-
-
-def _measured_parity(error: CellError | None, arrays: dict) -> bool:
-    """Parity and the contract stand when the cell got past its parity run, whatever failed later."""
-    return error is None or (error.stage in STAGES_AFTER_PARITY and any(k.startswith("outputs/") for k in arrays))
-
-
-def _parity(arrays, reference: Reference, dev_runtime, tie_margin: float):
-    return [
-        metrics.parity(
-            name, arrays[f"outputs/{name}"], expected,
-            _same_shape(dev_runtime.get(name) if dev_runtime else None, expected),
-            reference.margins.get(name), tie_margin,
-        )
-        for name, expected in reference.outputs.items()
-        if f"outputs/{name}" in arrays and arrays[f"outputs/{name}"].shape == expected.shape
-    ]
-
-
-def _same_shape(array: np.ndarray | None, expected: np.ndarray) -> np.ndarray | None:
-    return array if array is not None and array.shape == expected.shape else None
 
 
 def skipped(*, host: str, target: str, variant: str, reason: str, runtime_version: str = "") -> Cell:

@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from . import __version__, options
 from . import config as run_config_file
 from .errors import InputError, Terminated, raise_terminated
-from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN
+from .rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
@@ -78,6 +78,11 @@ LATENCY_THRESHOLD_OPTION = click.option(
 )
 DRIFT_FACTOR_OPTION = click.option(
     "--drift-factor", default=10.0, show_default=True, help="Drift growth factor that counts as a regression."
+)
+ALLOW_DIFFERENT_INPUTS_OPTION = click.option(
+    "--allow-different-inputs", is_flag=True,
+    help="Compare or merge results measured on different observations, episodes or judging settings (refused by "
+         "default); the difference is printed in every regression line."
 )
 
 
@@ -150,10 +155,10 @@ def _tolerances(specs: list[str]):
     import targets as registry
     from targets.base import VARIANTS
 
-    from .verdict import Tolerances
+    from .rules import Tolerances
 
     tolerances = Tolerances.parse(specs, click.get_current_context().meta.get("config_tolerances", {}))
-    for key, value in tolerances.overrides.items():
+    for key, value in [*tolerances.overrides.items(), *tolerances.rtol_overrides.items()]:
         where = f"tolerance {key!r}"
         options.tolerance_value(value, where)
         options.tolerance_key(key, list(registry.REGISTRY), VARIANTS, where)
@@ -211,7 +216,8 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--iters", default=options.DEFAULT_ITERS, show_default=True, help="Timed calls per batch size.")
 @click.option("--threads", default=options.DEFAULT_THREADS, show_default=True, help="Intra-op threads given to each runtime.")
 @click.option("--tolerance", multiple=True,
-              help="TARGET:VARIANT=VALUE max-abs drift allowed (repeatable; '*' wildcards; also a [tolerance] table).")
+              help="TARGET:VARIANT=ATOL[,rtol=RTOL]: |y - y_ref| <= ATOL + RTOL*|y_ref| per element (repeatable; '*' "
+                   "wildcards; atol also from a [tolerance] table). Defaults: fp32 1e-4/1e-5, fp16 2e-2/1e-3, int8 0.25/1e-2.")
 @click.option("--tie-margin", default=DEFAULT_TIE_MARGIN, show_default=True,
               help="Discrete actions: a flip counts only where the reference's top-1 minus top-2 logit is above this.")
 @click.option("--min-agreement", default=DEFAULT_MIN_AGREEMENT, show_default=True,
@@ -232,7 +238,8 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--clip-actions/--no-clip-actions", default=None,
               help="Clip continuous actions to the action space before stepping (reported per cell).  [default: no]")
 @click.option("--return-tolerance", default=None,
-              help="Largest mean-return distance from the reference: 0.05 or 5% (relative, default 0.05) or abs:10.")
+              help="How much worse the paired mean return may be than the reference's: 5% or 0.05 (a fraction of "
+                   "|reference mean return|, at most 1; default 5%) or abs:10 (return units).")
 @click.option("--trajectory", type=click.Path(path_type=Path),
               help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it.")
 @click.option("--initial-state", type=click.Path(path_type=Path),
@@ -256,12 +263,13 @@ BROWSER_PATH_OPTION = click.option(
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
+@ALLOW_DIFFERENT_INPUTS_OPTION
 @BROWSER_ENDPOINT_OPTION
 @BROWSER_PATH_OPTION
 def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
         return_tolerance, trajectory, initial_state, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer, as_json,
-        fail_on, baseline, latency_threshold, drift_factor):
+        fail_on, baseline, latency_threshold, drift_factor, allow_different_inputs):
     """Run the matrix on MODEL and write the report."""
     from . import candidates as candidate_models
     from . import decide
@@ -315,7 +323,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
             raise InputError(f"cannot write {error.filename or settings.out}: {error.strerror or error}") from None
         results.settings["decision"] = {"budgets": list(budget_specs), "prefer": prefer}
         results.decision = decide.decide_all(results, budgets, prefer)
-        _finish(results, settings.out, fail_on, baseline_results, thresholds, required, as_json)
+        _finish(results, settings.out, fail_on, baseline_results, thresholds, required, as_json, allow_different_inputs)
 
 
 def _settings_grid(specs: list[str], target_names: list[str]):
@@ -353,9 +361,10 @@ def _thresholds(drift_factor: float, latency_threshold: float):
 def _rollout_settings(info, seed: int, given: dict):
     """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
     from . import rollouts
+    from .rules import DEFAULT_RETURN_TOLERANCE, ReturnTolerance
 
     chosen = {key: value for key, value in given.items() if value is not None}
-    return_tolerance = rollouts.ReturnTolerance.parse(str(chosen.get("return_tolerance", rollouts.DEFAULT_RETURN_TOLERANCE)))
+    return_tolerance = ReturnTolerance.parse(str(chosen.get("return_tolerance", DEFAULT_RETURN_TOLERANCE)))
     env, trajectory = chosen.get("env"), chosen.get("trajectory")
     if env and trajectory:
         raise InputError("--env and --trajectory exclude each other: closed loop with an env, or open loop along a recording")
@@ -384,7 +393,8 @@ def _rollout_settings(info, seed: int, given: dict):
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
-def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
+@ALLOW_DIFFERENT_INPUTS_OPTION
+def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor, allow_different_inputs):
     """Merge SHARDS (results.json files or report folders, one per host) into one report."""
     from . import results as schema
     from .merge import merge as merge_shards
@@ -394,10 +404,10 @@ def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
 
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
     thresholds = _thresholds(drift_factor, latency_threshold)
-    merged = merge_shards(list(shards))
+    merged = merge_shards(list(shards), allow_different_inputs)
     asked = merged.settings.get("decision", {})  # the first shard's budgets decide over every host's cells
     merged.decision = decide_all(merged, parse_budgets(list(asked.get("budgets", []))), asked.get("prefer", "latency"))
-    _finish(merged, options.writable_dir(out), fail_on, baseline_results, thresholds)
+    _finish(merged, options.writable_dir(out), fail_on, baseline_results, thresholds, allow_different_inputs=allow_different_inputs)
 
 
 @app.command()
@@ -406,14 +416,15 @@ def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
 @LATENCY_THRESHOLD_OPTION
 @DRIFT_FACTOR_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the regressions as a JSON list on stdout.")
-def compare(baseline, current, latency_threshold, drift_factor, as_json):
+@ALLOW_DIFFERENT_INPUTS_OPTION
+def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_different_inputs):
     """Regressions of CURRENT against BASELINE, per cell (exit 1 if any)."""
     from . import results as schema
     from .compare import compare as compare_results
     from .merge import shard_path as merge_shard_path
 
     before, after = schema.load(merge_shard_path(baseline)), schema.load(merge_shard_path(current))
-    found = compare_results(before, after, _thresholds(drift_factor, latency_threshold))
+    found = compare_results(before, after, _thresholds(drift_factor, latency_threshold), allow_different_inputs)
     if as_json:
         _print_json([regression.model_dump(mode="json") for regression in found])
     else:
@@ -423,7 +434,8 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json):
     sys.exit(1 if found else 0)
 
 
-def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = (), as_json: bool = False) -> None:
+def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = (), as_json: bool = False,
+            allow_different_inputs: bool = False) -> None:
     """Compare with the baseline, write the report, print the tally and exit with the verdict."""
     from . import results as schema
     from .compare import compare as compare_results
@@ -431,7 +443,11 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
     from .report import write_all
 
     if baseline is not None:
-        results.regressions = compare_results(baseline, results, thresholds)
+        try:
+            results.regressions = compare_results(baseline, results, thresholds, allow_different_inputs)
+        except InputError:  # refused (different inputs): the run's own report is still written
+            write_all(results, out)
+            raise
     results.required_not_run = [name for name in required
                                 if all(c.verdict == "SKIP" for c in results.cells if c.target == name)]
     try:

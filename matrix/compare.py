@@ -9,6 +9,9 @@ Cells are matched by (host, target, variant, candidate, settings). A regression 
   (cells on emulated adapters are not compared);
 - fallback: nodes that now fall back and did not before.
 Cells only in one of the two files are not regressions (target subsets differ).
+Two results measured on different inputs (observation set, environment, episodes and
+seeds) or judged with different settings are refused, naming the difference; with
+--allow-different-inputs the difference is printed in every regression line.
 When the runtime's version differs between the two (a nightly after an upgrade), each of that
 cell's regressions names it: "ort-web-wasm 1.22.0 -> 1.30.0: batch 1: p50 ...".
 """
@@ -30,8 +33,11 @@ class Thresholds:
     latency_threshold: float = 0.25
 
 
-def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = Thresholds()) -> list[Regression]:
+def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = Thresholds(),
+            allow_different_inputs: bool = False) -> list[Regression]:
     _same_model(baseline, current)
+    differences = checked_inputs(baseline, current, allow_different_inputs, "the baseline", "the current run")
+    caveat = f" (inputs differ: {'; '.join(differences)})" if differences else ""
     before = {cell.key: cell for cell in baseline.cells}
     found = []
     for cell in current.cells:
@@ -39,7 +45,8 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
         if old is not None:
             change = version_change(cell.target, old.runtime_version, cell.runtime_version)
             found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind,
-                                 detail=f"{change}: {detail}" if change else detail, configuration=cell.configuration)
+                                 detail=(f"{change}: {detail}" if change else detail) + caveat,
+                                 configuration=cell.configuration)
                       for kind, detail in _changes(old, cell, thresholds)]
     return found
 
@@ -52,6 +59,47 @@ def _same_model(baseline: RunResults, current: RunResults) -> None:
             f"the baseline measured {baseline.model.get('name')!r} ({str(old)[:12]}), the current run "
             f"{current.model.get('name')!r} ({str(new)[:12]}): compare runs of the same model"
         )
+
+
+# What two results must share for their cells to be compared: the inputs and how cells were judged.
+# A key absent from either file (written before it was recorded) cannot be told apart, so it is not a difference.
+COMPARED_MODEL_KEYS = {"observations_sha256": "observations (sha256)", "observation_kind": "observation source"}
+COMPARED_SETTINGS = ("tolerances", "rtol", "tie_margin", "min_agreement", "threads")
+COMPARED_ROLLOUT = ("mode", "env", "env_kwargs", "episodes", "seeds", "trajectory", "clip_actions", "initial_state",
+                    "return_tolerance")
+
+
+def input_differences(first: RunResults, second: RunResults) -> list[str]:
+    """What differs between the inputs and judging settings of two results, in words ([] when nothing does)."""
+    found = [_difference(name, first.model.get(key), second.model.get(key)) for key, name in COMPARED_MODEL_KEYS.items()]
+    found += [_difference(key, first.settings.get(key), second.settings.get(key)) for key in COMPARED_SETTINGS]
+    rollouts = first.settings.get("rollout"), second.settings.get("rollout")
+    if bool(rollouts[0]) != bool(rollouts[1]):
+        found.append(f"rollouts: {_shown(rollouts[0])} vs {_shown(rollouts[1])}")
+    elif all(rollouts):
+        found += [_difference(key, rollouts[0].get(key), rollouts[1].get(key)) for key in COMPARED_ROLLOUT]
+    return [line for line in found if line]
+
+
+def checked_inputs(first: RunResults, second: RunResults, allowed: bool, first_name: str, second_name: str) -> list[str]:
+    """The input differences, refused (exit 2 naming the first) unless --allow-different-inputs."""
+    differences = input_differences(first, second)
+    if differences and not allowed:
+        raise InputError(f"{first_name} and {second_name} were measured on different inputs: {differences[0]}"
+                         + (f" (and {len(differences) - 1} more)" if len(differences) > 1 else "")
+                         + "; rerun one of them alike, or pass --allow-different-inputs")
+    return differences
+
+
+def _difference(name: str, first, second) -> str:
+    if first is None or second is None or first == second:
+        return ""
+    return f"{name} {_shown(first)} vs {_shown(second)}"
+
+
+def _shown(value) -> str:
+    text = str(value) if value else "none"
+    return f"{text[:12]}…" if isinstance(value, str) and len(value) == 64 else text[:120]  # a sha256: its head
 
 
 def _changes(old: Cell, new: Cell, thresholds: Thresholds):
@@ -68,10 +116,16 @@ def _drift(old: Cell, new: Cell, factor: float):
     if old.max_drift is None or new.max_drift is None:
         return
     tolerance = new.tolerance or float("inf")
-    if new.max_drift > tolerance >= old.max_drift:
+    if _beyond_tolerance(new) and not _beyond_tolerance(old):
         yield "drift", f"drift {old.max_drift:.2e} -> {new.max_drift:.2e} crossed tolerance {tolerance:g}"
     elif new.max_drift > max(old.max_drift * factor, DRIFT_NOISE_FLOOR):
         yield "drift", f"drift {old.max_drift:.2e} -> {new.max_drift:.2e} (x{new.max_drift / max(old.max_drift, 1e-30):.0f})"
+
+
+def _beyond_tolerance(cell: Cell) -> bool:
+    """atol + rtol·|ref| where the cell recorded its share of it; atol alone in results written before."""
+    used = [p.tolerance_used for p in cell.parity if p.kind == "continuous" and p.tolerance_used is not None]
+    return max(used) > 1 if used else cell.max_drift > (cell.tolerance or float("inf"))
 
 
 def _latency(old: Cell, new: Cell, threshold: float):

@@ -23,6 +23,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+from . import rules
 from .errors import InputError
 from .results import Cell, Decision, DecisionChoice, FixAttempt, RunResults, settings_label
 
@@ -118,8 +119,8 @@ def decide_target(host: str, target: str, cells: list[Cell], budgets: list[Budge
 
 def _quality_bar(behaviour: bool) -> str:
     if behaviour:
-        return ("the return tolerance against the first model's float64 reference (a candidate's single-step drift "
-                "is shown, not judged) and the action contract")
+        return ("the paired return difference against the first model's float64 reference within the return tolerance "
+                "(single-step drift is shown, not judged) and the action contract")
     return "the drift tolerance against the first model's float64 reference and the action contract (behaviour not measured: no --env)"
 
 
@@ -134,7 +135,7 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
         flips=sum(p.flips or 0 for p in discrete) if discrete else None,
         return_delta=cell.rollout.return_delta if cell.rollout else None, emulated=bool(cell.backend and cell.backend.emulated),
     )
-    choice.misses = _quality_misses(cell) + [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
+    choice.misses = rules.quality_misses(cell) + [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
     return choice
 
 
@@ -155,22 +156,6 @@ def _flag_larger_than_fp32(choices: list[DecisionChoice]) -> None:
         base = fp32.get((choice.candidate, settings_label(choice.settings)))
         if choice.variant != "fp32" and choice.size_bytes and base and choice.size_bytes > base:
             choice.flags.append(f"{choice.variant} file {choice.size_bytes / base:.2g}x the size of its fp32")
-
-
-def _quality_misses(cell: Cell) -> list[str]:
-    if cell.verdict not in ("PASS", "WARN"):
-        return [f"quality: {cell.verdict}" + (f" ({cell.reasons[0]})" if cell.reasons else "")]
-    if any(check.ok is False for check in cell.contract):
-        return ["quality: the action contract is broken"]
-    if unquantized_int8(cell):
-        return ["int8 in name only: nothing quantized"]
-    return []
-
-
-def unquantized_int8(cell: Cell) -> bool:
-    """An "int8" artifact with nothing quantized is never recommended as int8."""
-    counted = cell.artifact.quantization if cell.artifact else None
-    return cell.variant == "int8" and counted is not None and not (counted.get("quantized_ops") or counted.get("quantized_weights"))
 
 
 def _measured(choice: DecisionChoice, metric: str) -> float | None:

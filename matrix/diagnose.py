@@ -36,7 +36,7 @@ from . import model as model_loader
 from .model import ModelInfo
 from .protocol import CellInputs
 from .preparations import constants
-from .verdict import WARN_FRACTION
+from .rules import WARN_FRACTION
 from .results import Cell, Diagnosis, NodeDrift
 
 DIAGNOSE_OBSERVATIONS = 32

@@ -1,6 +1,7 @@
 """Shards from several hosts -> one RunResults, the host a column of every table.
 
-Shards must describe the same model (sha256) in the same schema version. One
+Shards must describe the same model (sha256) in the same schema version, measured on
+the same inputs and judged alike (compare.input_differences; --allow-different-inputs). One
 host may have several shards (one CI job per target group on identical runners)
 as long as they hold disjoint cells: a cell in two shards is refused, so no cell
 is silently overwritten.
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import results as schema
+from .compare import checked_inputs
 from .errors import InputError
 from .results import RunResults
 
@@ -21,7 +23,7 @@ def shard_path(path: Path) -> Path:
     return path / "results.json" if path.is_dir() else path
 
 
-def merge(paths: list[Path]) -> RunResults:
+def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults:
     if not paths:
         raise InputError("merge needs at least one shard (a results.json or its report folder)")
     shards = [(shard_path(p), schema.load(shard_path(p))) for p in paths]
@@ -36,6 +38,7 @@ def merge(paths: list[Path]) -> RunResults:
                 f"{path} is a run of {shard.model['name']} ({shard.model['sha256'][:12]}), "
                 f"{first_path} of {merged.model['name']} ({merged.model['sha256'][:12]}): shards must share one model"
             )
+        checked_inputs(merged, shard, allow_different_inputs, str(first_path), str(path))
         for cell in shard.cells:
             if cell.key in cells:
                 raise InputError(

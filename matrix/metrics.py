@@ -6,10 +6,13 @@ Definitions (stated in the report too):
   the same sign) is no error; any other NaN counts as infinitely wrong;
 - max_rel = max |y - y_ref| / max(|y_ref|, REL_FLOOR): the floor keeps outputs near
   zero from turning rounding noise into huge relative errors;
-- discrete outputs: agreement = share of equal actions; a disagreement counts as a
-  flip only when the reference's top-1 minus top-2 logit exceeds the tie margin
-  (`--tie-margin`, its own threshold, not the drift tolerance); otherwise it is a
-  near tie, reported but not counted.
+- tolerance_used = max |y - y_ref| / (atol + rtol * |y_ref|): above 1 the output is
+  beyond its tolerance (numpy's allclose rule);
+- discrete outputs: a row is a near tie when the reference's top-1 minus top-2 logit
+  is at most the tie margin (`--tie-margin`, its own threshold, not the drift
+  tolerance); near ties are left out of agreement entirely (numerator and
+  denominator): agreement = 1 - flips / judged rows, a flip being a disagreement
+  on a row that is not a near tie. Disagreements on near ties are reported.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .results import LatencyStats, OutputParity
+from .rules import Tolerance, share
 
 REL_FLOOR = 1e-3
 
@@ -32,7 +36,7 @@ def latency_stats(batch: int, samples_ns: list[int]) -> LatencyStats:
 
 def parity(
     name: str, actual: np.ndarray, reference: np.ndarray, dev_runtime: np.ndarray | None,
-    margins: np.ndarray | None, tie_margin: float,
+    margins: np.ndarray | None, tie_margin: float, tolerance: Tolerance | None = None,
 ) -> OutputParity:
     diff = abs_error(actual, reference).ravel()
     with np.errstate(invalid="ignore"):  # inf / inf where an infinity is wrong: NaN, counted as infinite
@@ -48,14 +52,21 @@ def parity(
         vs_dev_runtime_max_abs=None if dev_runtime is None else _finite_max(abs_error(actual, dev_runtime)),
     )
     if result.kind == "discrete":
-        differs = (actual != reference).ravel()
-        decisive = np.ones_like(differs)
-        if margins is not None and margins.size == differs.size:  # one margin per decision
-            decisive = margins.ravel() > tie_margin
-        result.agreement = float(1.0 - differs.mean()) if differs.size else 1.0
-        result.flips = int((differs & decisive).sum())
-        result.near_ties = int((differs & ~decisive).sum())
+        _agreement(result, (actual != reference).ravel(), margins, tie_margin)
+    elif tolerance is not None:
+        allowed = tolerance.atol + tolerance.rtol * np.abs(reference.astype(np.float64)).ravel()
+        result.tolerance_used = _finite_max(share(diff, allowed)) if diff.size else 0.0
     return result
+
+
+def _agreement(result: OutputParity, differs: np.ndarray, margins: np.ndarray | None, tie_margin: float) -> None:
+    decisive = np.ones_like(differs)
+    if margins is not None and margins.size == differs.size:  # one margin per decision
+        decisive = margins.ravel() > tie_margin
+    result.flips = int((differs & decisive).sum())
+    result.near_ties = int((differs & ~decisive).sum())
+    result.judged_rows = int(decisive.sum())
+    result.agreement = 1.0 - result.flips / result.judged_rows if result.judged_rows else 1.0
 
 
 def abs_error(actual: np.ndarray, reference: np.ndarray) -> np.ndarray:

@@ -32,17 +32,18 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, grid, guarded, observations, reference, reference_job, rollouts, variants
+from . import __version__, assist, cells, grid, guarded, observations, reference, reference_job, rollouts, sources, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
 from . import options
 from .options import default_memory_limit
+from .judge import Evidence, Judge
 from .protocol import SERVICE, STAGES, CellInputs, CellSpec
 from .reference import Reference
 from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, settings_label, upgrade_v1_cell
 from .runtime_versions import base_name
-from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
+from .rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, ReturnTolerance, Tolerances
 
 
 @dataclass
@@ -66,11 +67,19 @@ class RunConfig:
     memory_limit: int = field(default_factory=default_memory_limit)  # bytes of private memory per worker (RLIMIT_DATA)
     resume: bool = False  # keep the finished cells of the run recorded in `out`
     rollout: rollouts.RolloutPlan | None = None  # --env / --trajectory: behaviour in the loop
-    return_tolerance: rollouts.ReturnTolerance = field(default_factory=rollouts.ReturnTolerance)
+    return_tolerance: ReturnTolerance = field(default_factory=ReturnTolerance)
     diagnose: bool = False  # first divergent node of drifting cells (matrix/diagnose.py)
     assist: bool = False  # graph preparations tried on failing cells (matrix/preparations.py)
     candidates: list[ModelInfo] = field(default_factory=list)  # --candidate: same interface, judged against `model`
     settings_grid: grid.Grid = field(default_factory=lambda: grid.Grid({}))  # --settings: runtime knobs per target
+
+    @property
+    def observation_source(self) -> sources.ObservationSource:
+        return sources.choose(self.observations, self.rollout, self.model, self.seed)
+
+    def judge(self) -> Judge:
+        """The run's one Judge: every cell, fix attempt, candidate and release is judged by it."""
+        return Judge(self.tolerances, self.tie_margin, self.min_agreement, self.return_tolerance, self.observation_source)
 
     @property
     def limits(self) -> guarded.Limits:
@@ -130,20 +139,23 @@ def run(config: RunConfig, console: Console) -> RunResults:
     identity = run_identity(config)
     run_id, finished = resume_state(config.out, identity) if config.resume else (uuid.uuid4().hex[:12], {})
     (config.out / RUN_FILE).write_text(json.dumps({"run_id": run_id, **identity}, indent=2))
-    feeds = _observation_set(config)
+    judge = config.judge()  # once: every cell, fix attempt, candidate and release is judged by it
+    source = judge.observations
     obs_path = config.out / "observations.npz"
-    observations.save(feeds, obs_path)
     whole = observations.whole_inputs(model)
     batched = [spec for spec in model.inputs if spec.name not in whole]
     symbolic = bool(batched) and all(spec.batch_is_symbolic for spec in batched)
     chunk = 0 if symbolic else observations.batch_multiple(model)
+    if source.kind != sources.VISITED:  # visited states are sampled in the reference job, after its rollout
+        observations.save(_observation_set(config, source), obs_path)
 
-    console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds, whole)} observations")
     _announce_reference_rollout(config, console)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
         made = pool.submit(_all_variants, config)
-        ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, console)
+        ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, source, console)
         (onnx_variants, variant_errors), candidate_variants = made.result()
+    feeds = observations.read(obs_path)
+    console.print(f"[bold]observations[/]: {escape(source.describe(observations.count(feeds, whole)))}", highlight=False)
     reference.save(ref, config.out / "reference.npz")
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
@@ -155,10 +167,11 @@ def run(config: RunConfig, console: Console) -> RunResults:
         rollout=config.rollout.as_dict() if config.rollout else None,
     )
     inputs_by_model = {"": template, **_candidate_inputs(template, candidate_variants)}
-    results = _empty_results(config, feeds, template)
+    results = _empty_results(config, feeds, template, judge)
     results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.variants}
     if config.rollout:
-        results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe()}
+        results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe(),
+                                       "return_rule": "paired per-seed return differences, Student's t interval of the mean"}
     results.settings["run_id"] = run_id
     configurations = _configurations(config)
     results.grid = _grid_record(config, len(configurations))
@@ -171,7 +184,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
     try:
         with _progress(console) as progress:
             workers = TargetWorkers(config, configurations)
-            runner = CellRunner(config, results.hosts[0].label, ref, dev_runtime, ref_rollout, services, progress)
+            evidence = Evidence(config.model, ref, dev_runtime, ref_rollout, config.rollout)
+            runner = CellRunner(config, results.hosts[0].label, judge, evidence, services, progress)
             try:
                 for target_name, candidate, variant, knobs in configurations:
                     cell = finished.get((target_name, variant, candidate, settings_label(knobs)))
@@ -186,7 +200,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
                     results.cells.append(cell)
             finally:
                 workers.stop()
-        context = assist.AssistContext(config.model, template, ref, dev_runtime, config.out, config.limits, services.env_for)
+        context = assist.AssistContext(config.model, template, judge, Evidence(config.model, ref, dev_runtime), config.out,
+                                       config.limits, services.env_for)
         assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
         results.interrupted = Interruption(after_cells=len(results.cells),
@@ -270,6 +285,8 @@ def run_identity(config: RunConfig) -> dict:
             source = {"observations_sha256": hashlib.sha256(Path(config.observations).read_bytes()).hexdigest()}
         except OSError:
             raise InputError(f"{config.observations}: no such observation file") from None
+    elif config.observation_source.kind != sources.SYNTHETIC:  # the rollout or trajectory the states come from
+        source["observations_from"] = config.rollout.describe()
     return {
         "model_sha256": config.model.sha256,
         "settings": {
@@ -365,18 +382,22 @@ def _variants_of(model: ModelInfo, config: RunConfig, slot: str) -> tuple[dict[s
     return variants.produce_guarded(model, config.variants, config.out / "variants" / slot, config.limits)
 
 
-def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, console):
-    """The reference, the development runtime's outputs and the reference's rollout in a guarded process (see matrix.reference_job)."""
+def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, source: sources.ObservationSource, console):
+    """The reference, the development runtime's outputs and the reference's rollout in a guarded process (see
+    matrix.reference_job); with visited states as the source, the job samples them into `obs_path` first."""
     folder = config.out / "reference"
     folder.mkdir(exist_ok=True)
     for stale in ("reference.npz", "dev_runtime.npz", "rollout.npz", "reference.json"):
         (folder / stale).unlink(missing_ok=True)
     spec = {"model": str(config.model.path.resolve()), "observations": str(obs_path.resolve()), "chunk": chunk,
-            "rollout": config.rollout.as_dict() if config.rollout else None}
+            "rollout": config.rollout.as_dict() if config.rollout else None,
+            "visited_states": {"count": config.n_obs, "multiple": chunk or 1} if source.kind == sources.VISITED else None}
     (folder / "reference_spec.json").write_text(json.dumps(spec))
     ending = cells.run_guarded([sys.executable, "-m", "matrix.reference_job", str(folder)], folder / "reference.log",
                                dict(os.environ), config.timeout_s, config.memory_limit, lambda stage: None)
     report = cells.read_json(folder / "reference.json")
+    if "rollout_error" in report and source.kind == sources.VISITED:  # no rollout: no visited states to judge on
+        raise InputError(report["rollout_error"])
     if "error" in report or not (folder / "reference.npz").exists():
         reason = cells.name_out_of_memory(report["error"], config.memory_limit) if "error" in report else ending.describe()
         raise InputError(f"the float64 reference of {config.model.path.name} could not be computed: {reason}")
@@ -399,25 +420,30 @@ def _reference_rollout(config: RunConfig, folder: Path, report: dict, ending) ->
     return rollouts.reference_from(report["rollout"], arrays)
 
 
-def _observation_set(config: RunConfig) -> observations.Feeds:
-    if config.observations:
+def _observation_set(config: RunConfig, source: sources.ObservationSource) -> observations.Feeds:
+    """The set the core makes itself: recorded, sampled from a trajectory, or seeded (visited states come from the reference job)."""
+    if source.kind == sources.RECORDED:
         return observations.load(config.observations, config.model, config.memory_limit)
-    return observations.seeded(config.model, config.n_obs, config.seed)
+    if source.kind == sources.TRAJECTORY:
+        recorded = rollouts.load_trajectory(Path(config.rollout.trajectory), config.rollout)
+        return sources.visited_feeds([recorded], config.rollout, config.n_obs, observations.batch_multiple(config.model))
+    seeded = observations.seeded(config.model, config.n_obs, config.seed)
+    return sources.inside_space(seeded, config.rollout, config.seed) if source.kind == sources.SPACE else seeded
 
 
-def _empty_results(config: RunConfig, feeds, template: CellInputs) -> RunResults:
-    source = str(config.observations or f"seeded (seed {config.seed})")
+def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge) -> RunResults:
+    size, source = observations.count(feeds, template.whole_inputs), judge.observations
     return RunResults(
         tool_version=__version__,
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        model={**config.model.summary(), "observations": observations.count(feeds, template.whole_inputs),
-               "observation_source": source, "inputs_fed_whole": template.whole_inputs},
+        model={**config.model.summary(), "observations": size, "observation_source": source.describe(size),
+               "observation_kind": source.kind, "observations_sha256": sources.feeds_sha256(feeds),
+               "inputs_fed_whole": template.whole_inputs},
         hosts=[host_info(config.host_label)],
         settings={
             "batch_sizes": template.batch_sizes, "warmup": config.warmup, "iters": config.iters, "threads": config.threads,
             "targets": config.targets, "variants": config.variants, "timeout_s": config.timeout_s,
-            "tolerances": config.tolerances.overrides,
-            "tie_margin": config.tie_margin, "min_agreement": config.min_agreement,
+            **judge.settings(),
         },
         lints=[LintResult(**vars(item)) for item in lint(config.model)],
         cells=[],
@@ -437,10 +463,9 @@ class CellRunner:
     """Runs and judges one cell at a time with what every cell of the run shares: the run's
     config, host, reference (and its rollout), the development runtime's outputs, services, progress."""
 
-    def __init__(self, config: RunConfig, host: str, ref: Reference, dev_runtime: dict | None,
-                 ref_rollout: rollouts.ReferenceRollout | None, services: Services, progress: Progress):
-        self.config, self.host, self.ref, self.dev_runtime = config, host, ref, dev_runtime
-        self.ref_rollout, self.services, self.progress = ref_rollout, services, progress
+    def __init__(self, config: RunConfig, host: str, judge: Judge, evidence: Evidence, services: Services, progress: Progress):
+        self.config, self.host, self.judge, self.evidence = config, host, judge, evidence
+        self.services, self.progress = services, progress
 
     def run(self, target: Target, spec: CellSpec, worker: cells.Worker | None = None) -> Cell:
         label = escape(_cell_label(target.name, spec.variant, spec.candidate, spec.settings))
@@ -474,19 +499,10 @@ class CellRunner:
         return cells.execute(cell_dir, spec, env, self.config.timeout_s, on_stage, self.config.memory_limit, worker)
 
     def _judge(self, target: Target, spec: CellSpec, outcome: cells.CellOutcome) -> Cell:
-        config = self.config
-        # A student differs from its teacher step by step: with rollouts, the return tolerance is its bar.
-        judged_by_behaviour = bool(spec.candidate and config.rollout)
-        cell = cells.judge(
-            outcome, host=self.host, target=target.name, variant=spec.variant, predicts=target.predicts,
-            model=config.model, reference=self.ref, dev_runtime=self.dev_runtime,
-            tolerance=config.tolerances.get(base_name(target.name), spec.variant), tie_margin=config.tie_margin,
-            min_agreement=config.min_agreement, reference_rollout=self.ref_rollout, rollout_plan=config.rollout,
-            return_tolerance=config.return_tolerance, parity_judged=not judged_by_behaviour,
-        )
-        if judged_by_behaviour:
-            cell.notes.append(f"candidate: drift against {config.model.path.name}'s reference is shown, not judged; "
-                              "its return against that reference decides")
+        cell = self.judge.cell(outcome, self.evidence, host=self.host, target=target.name, variant=spec.variant,
+                               predicts=target.predicts, tolerance_of=base_name(target.name))
+        if spec.candidate:
+            cell.notes.append(f"candidate: judged against {self.config.model.path.name}'s float64 reference")
         return cell
 
 

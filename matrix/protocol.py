@@ -3,7 +3,7 @@
 One module for both sides of the seam: the spec (spec.json), the stages a
 worker reports (one JSON line each on stdout), the files of a cell folder, and
 the `Measurement` the worker writes (measurement.json) and the judge validates.
-The worker only measures; verdicts are the core's (cells.judge).
+The worker only measures; verdicts are the core's (the run's Judge, matrix/judge.py).
 """
 
 from __future__ import annotations

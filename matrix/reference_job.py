@@ -6,7 +6,9 @@ They evaluate the user's model, so they get the same protection as a cell
 iterations or one that allocates a gigabyte per call ends this process, not
 the run's. Reads DIR/reference_spec.json, writes DIR/reference.npz,
 DIR/dev_runtime.npz (when ORT could run it), DIR/rollout.npz (with --env or
---trajectory: the reference's episodes) and DIR/reference.json.
+--trajectory: the reference's episodes) and DIR/reference.json. When the
+observation set is the states the reference visits (matrix/sources.py), the
+rollout runs first and the sampled set is written where the spec says.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import model as model_loader
-from . import observations, reference, rollouts
+from . import observations, reference, rollouts, sources
 from .errors import InputError
 from .protocol import stage_message
 
@@ -31,8 +33,18 @@ def stage(name: str) -> None:
 def main(folder: Path) -> None:
     spec = json.loads((folder / "reference_spec.json").read_text())
     info = model_loader.load(Path(spec["model"]))
-    feeds = observations.read(Path(spec["observations"]))
+    plan = rollouts.RolloutPlan.from_dict(spec["rollout"]) if spec.get("rollout") else None
     report: dict = {}
+    if spec.get("visited_states"):  # the observation set is sampled from this rollout: it runs first
+        stage("rollout")
+        episodes = _rollout(info, plan, folder, report)
+        if episodes is None:
+            (folder / "reference.json").write_text(json.dumps(report))
+            return
+        wanted = spec["visited_states"]
+        observations.save(sources.visited_feeds([e.observations for e in episodes], plan, wanted["count"], wanted["multiple"]),
+                          Path(spec["observations"]))
+    feeds = observations.read(Path(spec["observations"]))
     stage("reference")
     try:
         ref = reference.compute(info, feeds, spec["chunk"])
@@ -46,21 +58,23 @@ def main(folder: Path) -> None:
             save(folder / "dev_runtime.npz", _prefixed("outputs", reference.dev_runtime(info, feeds, spec["chunk"])))
         except Exception as error:  # the matrix still runs; that column stays empty
             report["dev_runtime_error"] = _one_line(error)
-        if spec.get("rollout"):
+        if plan is not None and "rollout" not in report:
             stage("rollout")
-            _rollout(info, rollouts.RolloutPlan.from_dict(spec["rollout"]), folder, report)
+            _rollout(info, plan, folder, report)
     (folder / "reference.json").write_text(json.dumps(report))
 
 
-def _rollout(info, plan, folder: Path, report: dict) -> None:
-    """The float64 policy drives the cells' episodes here too, under the same guard as the reference."""
+def _rollout(info, plan, folder: Path, report: dict) -> list[rollouts.Episode] | None:
+    """The float64 policy drives the cells' episodes here too, under the same guard as the reference;
+    its episodes (None when it could not drive the environment; [] open loop)."""
     try:
         measured, arrays = rollouts.reference_drive(info, plan)
     except InputError as error:
         report["rollout_error"] = str(error)
-        return
+        return None
     save(folder / "rollout.npz", arrays)
     report["rollout"] = measured
+    return [] if plan.open_loop else rollouts.episodes_from(arrays, measured)
 
 
 def save(path: Path, arrays: dict) -> None:

@@ -25,7 +25,7 @@ from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, select_a
 from . import charts
 from .paths import cache_dir
 from .results import VERDICTS, Cell, LatencyStats, RunResults
-from .verdict import DEFAULT_TOLERANCE
+from .rules import DEFAULT_RTOL, DEFAULT_TOLERANCE
 
 from . import assist_report, decide, report_behaviour, report_decision, runtime_versions
 
@@ -265,7 +265,7 @@ def render_html(results: RunResults) -> str:
         drift_svg=drift_chart(results), latency_svg=latency_chart(results),
         placement=_placement_matrix(results), decision=report_decision.context(results),
         contract_names=list(dict.fromkeys(check.name for c in results.cells for check in c.contract)),
-        multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, regressions=results.regressions,
+        multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, default_rtol=DEFAULT_RTOL, regressions=results.regressions,
         runtimes=sorted({(c.host, c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
         anchors=cell_anchors(results),
         fallbacks={c.key: sum(row.fallback for row in c.placement) for c in results.cells},
@@ -294,6 +294,8 @@ def _csp_hash(script: str) -> str:
 def summary_markdown(results: RunResults) -> str:
     model = results.model
     lines = [f"## policy-matrix: {_md_code(model['name'])}", "", f"sha256 `{model['sha256'][:16]}…` · {_md(results.created)}", ""]
+    if "observation_source" in model:
+        lines += [f"observations: {_md(str(model['observation_source']))}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
     if results.interrupted:

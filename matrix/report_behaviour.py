@@ -101,9 +101,10 @@ def summary_lines(results: RunResults) -> list[str]:
 
     env = _md(cells[0].rollout.env)
     lines = [f"### Behaviour ({env}, reference mean return {cells[0].rollout.reference_mean_return:.4g})", "",
-             "| host | target | variant | mean return | Δ rel | diverged at step |", "|---|---|---|---|---|---|"]
+             "| host | target | variant | mean return | Δ rel | Δ 95% CI (paired) | diverged at step |", "|---|---|---|---|---|---|---|"]
     for cell in cells:
         r = cell.rollout
+        interval = f"[{r.return_delta_low:+.4g}, {r.return_delta_high:+.4g}]" if r.return_delta_low is not None else "–"
         lines.append(f"| {cell.host} | {cell.target} | {cell.variant} | {r.mean_return:.4g} | {r.return_delta_rel:+.2%} "
-                     f"| {divergence_summary(cell)} |")
+                     f"| {interval} | {divergence_summary(cell)} |")
     return lines + [""]

@@ -49,6 +49,9 @@ class OutputParity(Record):
     agreement: float | None = None  # discrete: share of actions equal to the reference
     flips: int | None = None  # discrete: disagreements where the reference margin exceeds the tie margin
     near_ties: int | None = None  # discrete: disagreements on near-tied logits (not counted)
+    judged_rows: int | None = None  # discrete: rows whose reference margin is above the tie margin (agreement's denominator)
+    # continuous: the worst element's |y - y_ref| as a share of atol + rtol * |y_ref| (above 1: beyond the tolerance)
+    tolerance_used: float | None = None
 
 
 class ContractCheck(Record):
@@ -99,6 +102,10 @@ class Rollout(Record):
     reference_std_return: float | None = None
     return_delta: float | None = None  # mean return minus the reference's
     return_delta_rel: float | None = None  # divided by max(|reference mean return|, 1)
+    # the paired per-seed return differences' t interval of the mean (matrix/stats.py), at `confidence`
+    return_delta_low: float | None = None
+    return_delta_high: float | None = None
+    confidence: float | None = None
     length_delta: float | None = None  # mean episode length minus the reference's
     action_agreement: float | None = None
     divergence_epsilon: float | None = None
@@ -164,7 +171,8 @@ class Cell(Record):
     contract: list[ContractCheck] = Field(default_factory=list)
     backend: Backend | None = None
     error: CellError | None = None
-    tolerance: float | None = None
+    tolerance: float | None = None  # atol: the absolute part of the drift tolerance
+    rtol: float | None = None  # the relative part: |y - y_ref| <= tolerance + rtol * |y_ref|
     duration_s: float = 0.0
     notes: list[str] = Field(default_factory=list)  # how it was measured (e.g. a time-boxed latency)
     rollout: Rollout | None = None

@@ -32,10 +32,11 @@ from typing import Callable
 
 import numpy as np
 
-from . import graph_facts
+from . import graph_facts, stats
 from .errors import InputError
 from .model import ModelInfo, TensorSpec
 from .observations import Feeds
+from .rules import RETURN_FLOOR
 
 Step = Callable[[Feeds], Feeds]
 
@@ -44,10 +45,6 @@ Step = Callable[[Feeds], Feeds]
 DIVERGENCE_EPSILON = 1e-3
 # Continuous actions "agree" when no element differs by more than this.
 ACTION_EPSILON = 1e-3
-# Relative return deltas divide by max(|reference mean return|, this): returns near 0 stay meaningful.
-RETURN_FLOOR = 1.0
-DEFAULT_RETURN_TOLERANCE = 0.05
-WARN_FRACTION = 0.5
 
 
 @dataclass
@@ -443,38 +440,11 @@ def step_drift(actions: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 
 def relative_delta(value: float, reference: float) -> float:
+    """Divided by max(|reference|, RETURN_FLOOR): returns near 0 stay meaningful."""
     return (value - reference) / max(abs(reference), RETURN_FLOOR)
 
 
-@dataclass
-class ReturnTolerance:
-    """How far a cell's mean return may be from the reference's: relative (default) or absolute."""
-
-    value: float = DEFAULT_RETURN_TOLERANCE
-    relative: bool = True
-
-    @classmethod
-    def parse(cls, text: str) -> "ReturnTolerance":
-        """`0.05` or `5%` (relative to |reference mean return|), `abs:10` (in return units)."""
-        body = text.strip()
-        relative = not body.startswith("abs:")
-        body = body.removeprefix("abs:")
-        scale = 100.0 if body.endswith("%") else 1.0
-        try:
-            value = float(body.removesuffix("%")) / scale
-        except ValueError:
-            raise InputError(f"--return-tolerance {text!r}: expected e.g. 0.05, 5% or abs:10") from None
-        if not math.isfinite(value) or value < 0:
-            raise InputError(f"--return-tolerance {text!r}: must be a non-negative number")
-        return cls(value, relative)
-
-    def describe(self) -> str:
-        if self.relative:
-            return f"{self.value:.3g} of |reference mean return| (floor {RETURN_FLOOR:g})"
-        return f"{self.value:g} return units"
-
-
-# --- the core's half: the record and the verdict rule ------------------------------------------
+# --- the core's half: the record (matrix/rules.behaviour judges it) -------------------------------
 
 def summarise(measured: dict | None, arrays: dict[str, np.ndarray], reference: ReferenceRollout | None, plan: RolloutPlan | None):
     """The cell's Rollout record, from what its worker drove and what the reference drove."""
@@ -492,12 +462,15 @@ def summarise(measured: dict | None, arrays: dict[str, np.ndarray], reference: R
     returns = np.array([o.episode_return for o in outcomes])
     reference_returns = np.array([o.reference_return for o in outcomes])
     agreements = [o.action_agreement for o in outcomes if o.action_agreement is not None]
+    interval = stats.paired_interval(returns, reference_returns)
     return Rollout(
         mode="closed-loop", env=plan.env, episodes=outcomes,
         mean_return=float(returns.mean()), std_return=float(returns.std()),
         reference_mean_return=float(reference_returns.mean()), reference_std_return=float(reference_returns.std()),
         return_delta=float(returns.mean() - reference_returns.mean()),
         return_delta_rel=relative_delta(float(returns.mean()), float(reference_returns.mean())),
+        return_delta_low=_finite_or_none(interval.low), return_delta_high=_finite_or_none(interval.high),
+        confidence=interval.confidence,
         length_delta=float(np.mean([o.length - o.reference_length for o in outcomes])),
         action_agreement=float(np.mean(agreements)) if agreements else None,
         divergence_epsilon=DIVERGENCE_EPSILON, clip_actions=plan.clip_actions,
@@ -517,28 +490,6 @@ def _outcome(cell: Episode, reference: Episode):
     )
 
 
-def behaviour_findings(rollout, tolerance: ReturnTolerance) -> tuple[list[str], list[str]]:
-    """(failures, warnings) of the behaviour rule: the mean return's distance from the reference's."""
-    if rollout is None or rollout.mode != "closed-loop":
-        return [], []
-    delta = abs(rollout.return_delta_rel if tolerance.relative else rollout.return_delta)
-    shown = f"{rollout.return_delta_rel:+.2%}" if tolerance.relative else f"{rollout.return_delta:+.4g}"
-    what = (f"mean return {rollout.mean_return:.4g} vs reference {rollout.reference_mean_return:.4g} "
-            f"({shown}, tolerance {tolerance.describe()})")
-    if delta > tolerance.value:
-        return [f"behaviour: {what}"], []
-    if delta > tolerance.value * WARN_FRACTION:
-        return [], [f"behaviour: {what}, above half the tolerance"]
-    return [], []
-
-
-def with_behaviour(verdict: str, reasons: list[str], rollout, tolerance: ReturnTolerance | None) -> tuple[str, list[str]]:
-    """The cell's verdict with the behaviour rule beside drift: a FAIL outranks a WARN outranks a PASS."""
-    if tolerance is None or verdict == "SKIP":
-        return verdict, reasons
-    failures, warnings = behaviour_findings(rollout, tolerance)
-    if failures:
-        return "FAIL", failures + reasons
-    if warnings and verdict == "PASS":
-        return "WARN", warnings
-    return verdict, reasons + warnings
+def _finite_or_none(value: float) -> float | None:
+    """One episode has no interval: None in the record rather than an infinity."""
+    return value if math.isfinite(value) else None

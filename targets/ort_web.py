@@ -228,10 +228,12 @@ class OrtWebWebgpu(OrtWebTarget):
             if fell_back:
                 detail += f"; no WebGPU kernel for {len(fell_back)} node(s), run on CPU"
             return BackendInfo(self.backend, self.backend, emulated=emulated, detail=detail)
-        if rows and all(row.where != NOT_LOGGED for row in rows):  # every node on the CPU EP: it really ran on wasm
+        if rows and all(row.where != NOT_LOGGED for row in rows):
+            # The adapter and the EP were there; ORT placed every node elsewhere. That is a total fallback
+            # (the placement rows say so, judged like any runtime's by matrix/rules.backend), not a missing backend.
             where = sorted({row.where for row in rows})
-            return BackendInfo(self.backend, "wasm", emulated=emulated,
-                               detail=f"ORT placed no node on {self.ort_ep}; all ran on {', '.join(where)}")
+            return BackendInfo(self.backend, self.backend, emulated=emulated,
+                               detail=f"adapter {adapter}; ORT placed no node on {self.ort_ep}; all ran on {', '.join(where)}")
         return BackendInfo(self.backend, "unknown", emulated=emulated, detail="ORT logged no node placement")
 
     def variant_note(self, probe: dict, variant: str) -> str:

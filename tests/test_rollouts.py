@@ -78,35 +78,6 @@ def test_action_agreement_counts_common_steps():
     assert rollouts.action_agreement(reference + 5e-3, reference, discrete=False) == 0.0
 
 
-@pytest.mark.parametrize("text, value, relative", [("0.05", 0.05, True), ("5%", 0.05, True), ("abs:10", 10.0, False)])
-def test_return_tolerance_parses(text, value, relative):
-    parsed = rollouts.ReturnTolerance.parse(text)
-    assert parsed.value == pytest.approx(value) and parsed.relative is relative
-
-
-@pytest.mark.parametrize("text", ["five", "-1", "abs:", "nan"])
-def test_return_tolerance_refuses_nonsense(text):
-    with pytest.raises(InputError):
-        rollouts.ReturnTolerance.parse(text)
-
-
-def _record(mean: float, reference: float) -> Rollout:
-    return Rollout(mode="closed-loop", mean_return=mean, reference_mean_return=reference,
-                   return_delta=mean - reference, return_delta_rel=rollouts.relative_delta(mean, reference))
-
-
-def test_behaviour_rule_fails_warns_and_keeps_drift_reasons():
-    relative = rollouts.ReturnTolerance(0.05)
-    verdict, reasons = rollouts.with_behaviour("PASS", [], _record(400.0, 500.0), relative)
-    assert verdict == "FAIL" and "-20.00%" in reasons[0]
-    assert rollouts.with_behaviour("PASS", [], _record(485.0, 500.0), relative)[0] == "WARN"
-    assert rollouts.with_behaviour("PASS", [], _record(499.0, 500.0), relative) == ("PASS", [])
-    verdict, reasons = rollouts.with_behaviour("WARN", ["action: drift"], _record(400.0, 500.0), relative)
-    assert verdict == "FAIL" and reasons[1] == "action: drift"
-    assert rollouts.with_behaviour("PASS", [], _record(498.0, 500.0), rollouts.ReturnTolerance(1.0, relative=False))[0] == "FAIL"
-    assert rollouts.with_behaviour("SKIP", ["no runtime"], None, relative) == ("SKIP", ["no runtime"])
-
-
 def test_plan_finds_the_recurrent_state_pair(policy_dir):
     the_plan = plan(policy_dir / "recurrent.onnx", "CartPole-v1")
     assert the_plan.obs_input == "obs" and the_plan.action_output == "action"
@@ -245,13 +216,15 @@ def test_two_runs_drive_the_same_episodes(policy_dir, tmp_path):
     assert [(e["episode_return"], e["length"]) for e in first] == [(e["episode_return"], e["length"]) for e in second]
 
 
-def test_return_tolerance_turns_a_behaviour_change_into_a_fail(policy_dir, tmp_path):
-    """Pendulum's int8 variant drifts, and its returns move: an absolute tolerance of 0 return units fails it."""
+def test_a_better_return_never_warns_even_at_a_zero_return_tolerance(policy_dir, tmp_path):
+    """Pendulum's int8 variant drifts on every step and, over seeds 0 and 1, returns slightly more than the float64
+    reference (+0.006, measured): with a tolerance of 0 return units the better return is still no finding."""
     data = _run(policy_dir / "pendulum.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32,int8",
                 "--env", "Pendulum-v1", "--episodes", "2", "--return-tolerance", "abs:0")
     cells = {c["variant"]: c for c in data["cells"]}
-    assert cells["int8"]["verdict"] == "FAIL" and cells["int8"]["reasons"][0].startswith("behaviour: mean return")
-    assert cells["int8"]["rollout"]["return_delta"] != 0.0
+    int8 = cells["int8"]
+    assert int8["rollout"]["return_delta"] > 0.0 and int8["parity"][0]["max_abs"] > 1e-2
+    assert int8["verdict"] == "PASS" and not any(reason.startswith("behaviour") for reason in int8["reasons"]), int8["reasons"]
 
 
 def test_tflite_in_the_loop(policy_dir, tmp_path):

@@ -13,7 +13,8 @@ import targets
 from matrix import cells, model, observations, reference, variants
 from matrix.examples import path as example
 from matrix.orchestrate import Services
-from matrix.verdict import DEFAULT_TOLERANCE
+from matrix.judge import Evidence, Judge
+from matrix.rules import DEFAULT_TOLERANCE
 
 pytestmark = [pytest.mark.browser, pytest.mark.tflite_env, pytest.mark.coreml_env]
 
@@ -68,9 +69,8 @@ def run_cell(prepared, services, target, name, variant):
         batch_sizes=[1, 8], warmup=2, iters=10,
     )
     outcome = cells.execute(ready["folder"] / f"{target.name}-{variant}", spec, services.env_for(target), 600, lambda _: None)
-    return cells.judge(outcome, host="test", target=target.name, variant=variant, predicts=target.predicts,
-                       model=ready["info"], reference=ready["ref"], dev_runtime=ready["base"],
-                       tolerance=DEFAULT_TOLERANCE[variant])
+    evidence = Evidence(ready["info"], ready["ref"], ready["base"])
+    return Judge().cell(outcome, evidence, host="test", target=target.name, variant=variant, predicts=target.predicts)
 
 
 def _skip_if_unavailable(target, variant):

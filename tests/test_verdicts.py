@@ -18,7 +18,7 @@ import policies
 from matrix import cells, metrics, model, observations, reference, variants
 from matrix.lint import lint
 from matrix.results import ArtifactInfo, Cell, OutputParity
-from matrix.verdict import decide
+from matrix.rules import Context, Tolerance, verdict
 from targets.base import Artifact
 from targets.ort_cpu import OrtSession
 
@@ -106,7 +106,7 @@ def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_reco
                 artifact=ArtifactInfo(size_bytes=1000, conversion_s=0))
     int8 = Cell(host="h", target="t", variant="int8", verdict="PASS", latency=stats, parity=parity,
                 artifact=ArtifactInfo(size_bytes=1000, conversion_s=0, quantization=counted))
-    verdict, reasons = decide(int8, 0.25)
+    verdict, reasons = verdict(int8, Context(Tolerance(0.25)))
     assert verdict == "WARN" and "nothing quantized" in reasons[0]
     int8.verdict = verdict
     results = RunResults(tool_version="t", created="now", model={}, hosts=[], settings={}, lints=[], cells=[int8, fp32])
@@ -258,7 +258,7 @@ def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path)
 def test_a_conversion_only_cell_is_converted_not_passed():
     cell = Cell(host="h", target="coreml", variant="fp32", verdict="SKIP", predicts=False,
                 artifact=ArtifactInfo(size_bytes=10, conversion_s=1))
-    assert decide(cell, 1e-4)[0] == "CONVERTED"
+    assert verdict(cell, Context())[0] == "CONVERTED"
 
 
 # --- tflite: each variant on its own artifact, int8 counted ------------------------------------
@@ -320,5 +320,5 @@ def test_webgpu_backend_check_reads_the_placement_rows():
     info = target.verify_backend(probe, [], True, on_gpu)
     assert info.actual == "webgpu" and "no WebGPU kernel for 1 node(s)" in info.detail
     on_cpu = [PlacementRow("conv", "Conv", "CPUExecutionProvider", True)]
-    assert target.verify_backend(probe, [], True, on_cpu).actual == "wasm"
+    assert target.verify_backend(probe, [], True, on_cpu).actual == "webgpu"  # a total fallback: the rows say so
     assert target.verify_backend(probe, [], True, []).actual == "unknown"

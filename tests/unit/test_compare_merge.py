@@ -191,3 +191,64 @@ def test_a_results_file_of_another_schema_version_is_an_input_error(tmp_path):
     path.write_text(SHARD.read_text().replace('"schema_version": 1', '"schema_version": 99', 1))
     with pytest.raises(InputError, match="schema version 99"):
         schema.load(path)
+
+
+# --- results measured on different inputs are not compared ------------------------------------------
+
+def _on(results: schema.RunResults, kind: str, sha: str) -> schema.RunResults:
+    changed = results.model_copy(deep=True)
+    changed.model.update(observation_kind=kind, observations_sha256=sha)
+    return changed
+
+
+def test_compare_refuses_recorded_against_synthetic_observations_naming_them(shard):
+    recorded, synthetic = _on(shard, "recorded", "a" * 64), _on(shard, "synthetic", "b" * 64)
+    with pytest.raises(InputError, match=r"different inputs: observations \(sha256\) aaaaaaaaaaaa… vs bbbbbbbbbbbb… \(and 1 more\)"):
+        compare(recorded, synthetic)
+    worse = synthetic.model_copy(deep=True)
+    _cell(worse).verdict, _cell(worse).reasons = "FAIL", ["injected"]
+    (line,) = compare(recorded, worse, allow_different_inputs=True)
+    assert line.kind == "verdict" and "(inputs differ: observations (sha256)" in line.detail and "observation source recorded vs synthetic" in line.detail
+
+
+def test_compare_refuses_other_episodes_and_judging_settings_but_not_an_older_file_without_them(shard):
+    env = shard.model_copy(deep=True)
+    env.settings["rollout"] = {"mode": "closed-loop", "env": "Pendulum-v1", "episodes": 10, "seeds": "0..9"}
+    fewer = env.model_copy(deep=True)
+    fewer.settings["rollout"] = {**env.settings["rollout"], "episodes": 3, "seeds": "0..2"}
+    with pytest.raises(InputError, match="episodes 10 vs 3"):
+        compare(env, fewer)
+    with pytest.raises(InputError, match="rollouts: none vs"):
+        compare(shard, env)
+    looser = shard.model_copy(deep=True)
+    looser.settings["tie_margin"] = 0.5
+    with pytest.raises(InputError, match="tie_margin 0.001 vs 0.5"):
+        compare(shard, looser)
+    assert compare(shard, _on(shard, "synthetic", "b" * 64)) == []  # the fixture predates the hash: nothing to tell apart
+
+
+def test_merge_refuses_shards_on_different_observations(shard, tmp_path):
+    first, second = _on(shard, "visited", "a" * 64), _on(shard, "visited", "c" * 64)
+    second.hosts[0].label, _cell(second).host, _cell(second, "fp16").host = "other", "other", "other"
+    paths = []
+    for name, results in (("a.json", first), ("b.json", second)):
+        results.save(tmp_path / name)
+        paths.append(tmp_path / name)
+    with pytest.raises(InputError, match=r"a.json and .*b.json were measured on different inputs: observations \(sha256\)"):
+        merge(paths)
+    assert len(merge(paths, allow_different_inputs=True).hosts) == 2
+
+
+def test_the_compare_command_exits_2_with_one_line(shard, tmp_path, capsys, monkeypatch):
+    from matrix import cli
+
+    _on(shard, "recorded", "a" * 64).save(tmp_path / "recorded.json")
+    _on(shard, "synthetic", "b" * 64).save(tmp_path / "synthetic.json")
+    monkeypatch.setattr("sys.argv", ["policy-matrix", "compare", "--baseline", str(tmp_path / "recorded.json"),
+                                     "--current", str(tmp_path / "synthetic.json")])
+    monkeypatch.setattr("signal.signal", lambda *args: None)  # main's SIGTERM handler is not this test process's
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("policy-matrix: error:") and "observations (sha256)" in error[0]

@@ -10,6 +10,7 @@ import pytest
 
 from matrix import config, options, rollouts
 from matrix.errors import InputError
+from matrix.rules import ReturnTolerance
 from matrix.selection import select_targets
 
 KNOWN = ["ort-cpu", "ort-node", "ort-web-wasm", "ort-web-webgl", "ort-web-webgpu", "tflite"]
@@ -144,16 +145,23 @@ def test_unreadable_toml_is_one_input_error(tmp_path):
 
 # --- rollout settings and comparisons --------------------------------------------------------------
 
-@pytest.mark.parametrize("text, value, relative", [("0.05", 0.05, True), ("5%", 0.05, True), (" abs:10 ", 10.0, False), ("0", 0.0, True)])
+@pytest.mark.parametrize("text, value, relative", [("0.05", 0.05, True), ("5%", 0.05, True), (" abs:10 ", 10.0, False),
+                                                    ("0", 0.0, True), ("1", 1.0, True), ("250%", 2.5, True)])
 def test_return_tolerances(text, value, relative):
-    tolerance = rollouts.ReturnTolerance.parse(text)
+    tolerance = ReturnTolerance.parse(text)
     assert tolerance.value == pytest.approx(value) and tolerance.relative is relative
 
 
 @pytest.mark.parametrize("text", ["five", "-1", "abs:", "nan", "inf", "abs:-2%"])
 def test_bad_return_tolerances(text):
     with pytest.raises(InputError, match="--return-tolerance"):
-        rollouts.ReturnTolerance.parse(text)
+        ReturnTolerance.parse(text)
+
+
+def test_a_bare_return_tolerance_above_one_is_refused_with_both_meanings():
+    """`--return-tolerance 5` used to mean 500 %: now it is bad input that says how to write either meaning."""
+    with pytest.raises(InputError, match=r"at most 1\); write 5% for a percentage or abs:5 in return units"):
+        ReturnTolerance.parse("5")
 
 
 def test_divergence_is_the_first_step_beyond_epsilon_or_where_an_episode_ended():
@@ -178,17 +186,3 @@ def test_action_agreement_and_step_drift():
 def test_relative_return_delta_has_a_floor():
     assert rollouts.relative_delta(-330.0, -300.0) == pytest.approx(-0.1)
     assert rollouts.relative_delta(0.5, 0.0) == 0.5  # |reference| below the floor of 1
-
-
-def test_behaviour_joins_the_verdict_worst_first():
-    from matrix.results import Rollout
-
-    tolerance = rollouts.ReturnTolerance(0.05)
-    far = Rollout(mode="closed-loop", mean_return=-330, reference_mean_return=-300, return_delta=-30, return_delta_rel=-0.1)
-    verdict, reasons = rollouts.with_behaviour("PASS", [], far, tolerance)
-    assert verdict == "FAIL" and reasons[0].startswith("behaviour: mean return -330 vs reference -300 (-10.00%")
-    near = far.model_copy(update={"return_delta_rel": -0.03, "return_delta": -9})
-    assert rollouts.with_behaviour("PASS", [], near, tolerance)[0] == "WARN"
-    assert rollouts.with_behaviour("FAIL", ["drift"], near, tolerance)[0] == "FAIL"
-    assert rollouts.with_behaviour("PASS", [], near, None) == ("PASS", [])
-    assert rollouts.with_behaviour("PASS", [], near, rollouts.ReturnTolerance(20, relative=False)) == ("PASS", [])

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from matrix import cells, options
+from matrix import judge as judge_module
+from matrix.judge import Evidence, Judge
 from matrix.protocol import MEASUREMENT_FILE, STAGES, CellInputs, CellSpec, Measurement
 from matrix.reference import Reference
 from matrix.results import ArtifactInfo, Backend, CellError, LatencyStats, Placement
@@ -68,11 +70,10 @@ def test_a_worker_killed_mid_stage_keeps_what_it_measured(tmp_path):
 
 
 def test_the_judge_reads_a_skip_and_an_unfinished_worker_from_the_measurement():
-    judge = dict(host="h", target="t", variant="fp32", predicts=True, model=None, reference=Reference({}, {}),
-                 dev_runtime=None, tolerance=1e-4)
-    skipped = cells.judge(cells.CellOutcome(Measurement(stage="prepare", skip="needs macOS"), {}, 0.1), **judge)
+    evidence, cell = Evidence(model=None, reference=Reference({}, {})), dict(host="h", target="t", variant="fp32", predicts=True)
+    skipped = Judge().cell(cells.CellOutcome(Measurement(stage="prepare", skip="needs macOS"), {}, 0.1), evidence, **cell)
     assert (skipped.verdict, skipped.reasons) == ("SKIP", ["needs macOS"])
-    stopped = cells.judge(cells.CellOutcome(Measurement(stage="open", runtime_version="9"), {}, 2.0), **judge)
+    stopped = Judge().cell(cells.CellOutcome(Measurement(stage="open", runtime_version="9"), {}, 2.0), evidence, **cell)
     assert stopped.verdict == "FAIL" and stopped.runtime_version == "9"
     assert stopped.reasons == ["open: the worker stopped during open after 2.0 s (killed on timeout or out of memory, or crashed)"]
 
@@ -88,9 +89,9 @@ def test_the_default_variants_are_every_variant_the_targets_know():
 
 
 def test_a_late_stage_failure_keeps_parity_only_with_outputs():
-    assert cells._measured_parity(CellError(stage="latency", message="x"), {"outputs/a": np.zeros(1)})
-    assert not cells._measured_parity(CellError(stage="latency", message="x"), {})
-    assert not cells._measured_parity(CellError(stage="parity", message="x"), {"outputs/a": np.zeros(1)})
+    assert judge_module._measured_parity(CellError(stage="latency", message="x"), {"outputs/a": np.zeros(1)})
+    assert not judge_module._measured_parity(CellError(stage="latency", message="x"), {})
+    assert not judge_module._measured_parity(CellError(stage="parity", message="x"), {"outputs/a": np.zeros(1)})
 
 
 def test_numpy_scalars_from_an_environment_are_written_as_numbers(tmp_path):

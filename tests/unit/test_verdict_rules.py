@@ -8,7 +8,12 @@ import pytest
 
 from matrix.errors import InputError
 from matrix.results import ArtifactInfo, Backend, Cell, CellError, ContractCheck, OutputParity, Placement
-from matrix.verdict import DEFAULT_TOLERANCE, Tolerances, decide
+from matrix.rules import DEFAULT_RTOL, DEFAULT_TOLERANCE, Context, Tolerance, Tolerances, verdict
+
+
+def decide(cell: Cell, atol: float, min_agreement: float = 0.99) -> tuple[str, list[str]]:
+    """The verdict under an absolute tolerance alone (rtol 0), as these rules were first stated."""
+    return verdict(cell, Context(tolerance=Tolerance(atol), min_agreement=min_agreement))
 
 
 def _cell(**fields) -> Cell:
@@ -28,30 +33,31 @@ def _discrete(agreement: float, flips: int, near_ties: int = 0) -> OutputParity:
 
 def test_defaults_depend_on_the_precision_and_unknown_precisions_get_fp32s():
     tolerances = Tolerances()
-    assert [tolerances.get("ort-cpu", v) for v in ("fp32", "fp16", "int8")] == [1e-4, 2e-2, 2.5e-1]
-    assert tolerances.get("ort-cpu", "bf16") == DEFAULT_TOLERANCE["fp32"]
+    assert [tolerances.get("ort-cpu", v) for v in ("fp32", "fp16", "int8")] == [
+        Tolerance(1e-4, 1e-5), Tolerance(2e-2, 1e-3), Tolerance(2.5e-1, 1e-2)]
+    assert tolerances.get("ort-cpu", "bf16") == Tolerance(DEFAULT_TOLERANCE["fp32"], DEFAULT_RTOL["fp32"])
 
 
 def test_lookup_order_is_exact_then_target_wildcard_then_variant_wildcard_then_default():
     tolerances = Tolerances.parse(["ort-cpu:int8=0.3", "ort-cpu:*=0.01", "*:int8=0.5", "*:fp16=0.05"])
-    assert tolerances.get("ort-cpu", "int8") == 0.3  # exact key beats both wildcards
-    assert tolerances.get("ort-cpu", "fp16") == 0.01  # target:* beats *:variant
-    assert tolerances.get("tflite", "int8") == 0.5
-    assert tolerances.get("tflite", "fp16") == 0.05
-    assert tolerances.get("tflite", "fp32") == DEFAULT_TOLERANCE["fp32"]
+    assert tolerances.get("ort-cpu", "int8").atol == 0.3  # exact key beats both wildcards
+    assert tolerances.get("ort-cpu", "fp16").atol == 0.01  # target:* beats *:variant
+    assert tolerances.get("tflite", "int8").atol == 0.5
+    assert tolerances.get("tflite", "fp16").atol == 0.05
+    assert tolerances.get("tflite", "fp32").atol == DEFAULT_TOLERANCE["fp32"]
 
 
 def test_bare_keys_mean_a_precision_or_a_target():
     tolerances = Tolerances.parse(["fp16=0.07", "tflite=1e-3"])
     assert tolerances.overrides == {"*:fp16": 0.07, "tflite:*": 1e-3}
-    assert tolerances.get("ort-node", "fp16") == 0.07
-    assert tolerances.get("tflite", "fp32") == 1e-3
+    assert tolerances.get("ort-node", "fp16").atol == 0.07
+    assert tolerances.get("tflite", "fp32").atol == 1e-3
 
 
 def test_command_line_overrides_the_config_file_for_the_same_key():
     tolerances = Tolerances.parse(["ort-cpu:int8=0.3"], base={"ort-cpu:int8": 0.9, "fp16": 0.04})
-    assert tolerances.get("ort-cpu", "int8") == 0.3
-    assert tolerances.get("ort-cpu", "fp16") == 0.04
+    assert tolerances.get("ort-cpu", "int8").atol == 0.3
+    assert tolerances.get("ort-cpu", "fp16").atol == 0.04
 
 
 @pytest.mark.parametrize("spec", ["ort-cpu:int8", "ort-cpu:int8=x", "=", "fp16=", "fp16=1e-3=2"])
@@ -67,7 +73,7 @@ def test_drift_below_half_the_tolerance_passes_between_half_and_full_warns_above
     verdict, reasons = decide(_cell(parity=[_drift(6e-5)]), 1e-4)
     assert verdict == "WARN" and "above half the tolerance" in reasons[0]
     verdict, reasons = decide(_cell(parity=[_drift(2e-4)]), 1e-4)
-    assert verdict == "FAIL" and reasons == ["action: drift 0.0002 above tolerance 0.0001"]
+    assert verdict == "FAIL" and reasons == ["action: drift 0.0002 (max rel 0.0002) above tolerance atol 0.0001"]
 
 
 def test_infinite_drift_fails_and_an_infinite_tolerance_never_fails_on_drift():
@@ -96,14 +102,14 @@ def test_a_broken_contract_fails_and_a_not_applicable_check_does_not():
 def test_a_session_on_another_backend_fails_whatever_the_drift():
     backend = Backend(requested="webgpu", actual="wasm", detail="ORT placed no node on JsExecutionProvider")
     verdict, reasons = decide(_cell(parity=[_drift(0)], backend=backend), 1e-4)
-    assert verdict == "FAIL" and reasons[0].startswith("requested webgpu but ran on wasm.")
+    assert verdict == "FAIL" and reasons[0].startswith("requested webgpu but ran on wasm: the requested backend is not there.")
 
 
 def test_fallback_nodes_warn_and_name_where_they_ran():
     placement = [Placement(node="a", op_type="Round", where="CPUExecutionProvider", fallback=True),
                  Placement(node="b", op_type="Gemm", where="JsExecutionProvider", fallback=False),
                  Placement(node="c", op_type="Sign", where="CPUExecutionProvider", fallback=True)]
-    assert decide(_cell(parity=[_drift(0)], placement=placement), 1e-4) == ("WARN", ["2 nodes fell back to CPUExecutionProvider"])
+    assert decide(_cell(parity=[_drift(0)], placement=placement), 1e-4) == ("WARN", ["2 nodes of 3 fell back to CPUExecutionProvider"])
 
 
 def test_an_error_before_parity_fails_with_the_stage_and_message_alone():
@@ -135,7 +141,8 @@ def test_int8_with_nothing_quantized_warns_and_a_counted_int8_does_not():
 
 
 def test_failures_come_before_warnings_in_the_reasons():
-    placement = [Placement(node="a", op_type="Round", where="CPU", fallback=True)]
+    placement = [Placement(node="a", op_type="Round", where="CPU", fallback=True),
+                 Placement(node="b", op_type="Gemm", where="GPU", fallback=False)]
     verdict, reasons = decide(_cell(parity=[_drift(1.0), _drift(6e-5, "value")], placement=placement), 1e-4)
-    assert verdict == "FAIL"
-    assert reasons[0].startswith("action: drift") and "value: drift" in reasons[1] and "fell back" in reasons[2]
+    assert verdict == "FAIL"  # then warnings in the registry's order: the backend rule before drift
+    assert reasons[0].startswith("action: drift") and "fell back" in reasons[1] and "value: drift" in reasons[2]

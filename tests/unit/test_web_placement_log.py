@@ -73,12 +73,13 @@ def test_webgpu_backend_is_read_from_the_rows(policy, actual, fallback):
     assert ("no WebGPU kernel for 1 node(s)" in info.detail) == bool(fallback)
 
 
-def test_a_webgpu_session_whose_every_node_ran_on_the_cpu_ep_ran_on_wasm():
+def test_a_webgpu_session_whose_every_node_ran_on_the_cpu_ep_is_a_total_fallback_not_a_missing_backend():
+    """The adapter and the EP were there: the placement rows carry the fallback (judged by matrix/rules.backend)."""
     log, nodes = recorded("ort-web-webgpu", "softsign_only")
     rows = [PlacementRow(name, op, CPU, True) for op, name in nodes]
     info = REGISTRY["ort-web-webgpu"].verify_backend(PROBE, log, True, rows)
-    assert (info.requested, info.actual) == ("webgpu", "wasm")
-    assert info.detail == f"ORT placed no node on {JS}; all ran on {CPU}"
+    assert (info.requested, info.actual) == ("webgpu", "webgpu")
+    assert info.detail.endswith(f"ORT placed no node on {JS}; all ran on {CPU}")
 
 
 def test_no_placement_logged_is_unknown_not_assumed():
