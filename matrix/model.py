@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 from onnx.external_data_helper import uses_external_data
 
+from . import batch_axes, graph_facts
 from .errors import InputError
 
 # Operator domains some target implements; anything else is a custom op no runtime here has.
@@ -32,10 +33,6 @@ class TensorSpec:
     dtype: str  # numpy dtype name
     shape: list  # ints for fixed dims, strings for symbolic ones, None for unknown
 
-    @property
-    def batch_is_symbolic(self) -> bool:
-        return bool(self.shape) and not isinstance(self.shape[0], int)
-
 
 @dataclass
 class ModelInfo:
@@ -48,6 +45,8 @@ class ModelInfo:
     ir_version: int
     producer: str
     metadata: dict[str, str]
+    state_pairs: list[graph_facts.StatePair] = field(default_factory=list)  # found once, at load
+    batch_axes: dict[str, int] = field(default_factory=dict)  # batch_axes.infer: inputs absent are fed whole
 
     @property
     def nodes(self) -> list[onnx.NodeProto]:
@@ -66,10 +65,12 @@ class ModelInfo:
             "op_types": sorted({node.op_type for node in self.proto.graph.node}),
             "node_names": [node.name for node in self.proto.graph.node],
             "metadata": self.metadata,
+            "batch_axes": self.batch_axes,
         }
 
 
-def load(path: Path) -> ModelInfo:
+def load(path: Path, given_batch_axes: dict[str, int] | None = None) -> ModelInfo:
+    """The checked model; `given_batch_axes` is the user's --batch-axis (the rest is inferred)."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
@@ -84,7 +85,7 @@ def load(path: Path) -> ModelInfo:
         raise InputError(f"{path}: not a valid ONNX model: {_first_line(error)}") from None
     proto = onnx.shape_inference.infer_shapes(proto)
     _check_interface(proto)
-    return ModelInfo(
+    info = ModelInfo(
         path=path,
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
         proto=proto,
@@ -95,6 +96,10 @@ def load(path: Path) -> ModelInfo:
         producer=f"{proto.producer_name} {proto.producer_version}".strip(),
         metadata={prop.key: prop.value for prop in proto.metadata_props},
     )
+    batch_axes.check_given(info, given_batch_axes or {})
+    info.state_pairs = graph_facts.state_pairs(info, given_batch_axes)
+    info.batch_axes = batch_axes.infer(info, given_batch_axes)
+    return info
 
 
 def _parse(path: Path) -> onnx.ModelProto:

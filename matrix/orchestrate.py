@@ -32,7 +32,7 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, grid, guarded, observations, reference, reference_job, rollouts, variants
+from . import __version__, assist, batch_axes, cells, grid, guarded, observations, reference, reference_job, rollouts, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -71,6 +71,7 @@ class RunConfig:
     assist: bool = False  # graph preparations tried on failing cells (matrix/preparations.py)
     candidates: list[ModelInfo] = field(default_factory=list)  # --candidate: same interface, judged against `model`
     settings_grid: grid.Grid = field(default_factory=lambda: grid.Grid({}))  # --settings: runtime knobs per target
+    batch_axes_given: dict[str, int] = field(default_factory=dict)  # --batch-axis (model.batch_axes holds the result)
 
     @property
     def limits(self) -> guarded.Limits:
@@ -133,12 +134,11 @@ def run(config: RunConfig, console: Console) -> RunResults:
     feeds = _observation_set(config)
     obs_path = config.out / "observations.npz"
     observations.save(feeds, obs_path)
-    whole = observations.whole_inputs(model)
-    batched = [spec for spec in model.inputs if spec.name not in whole]
-    symbolic = bool(batched) and all(spec.batch_is_symbolic for spec in batched)
+    batched = batch_axes.batched(model)
+    symbolic = bool(batched) and all(batch_axes.is_symbolic(spec, model.batch_axes) for spec in batched)
     chunk = 0 if symbolic else observations.batch_multiple(model)
 
-    console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds, whole)} observations")
+    console.print(f"[bold]reference[/]: float64 evaluation of {observations.count(feeds, model.batch_axes)} observations")
     _announce_reference_rollout(config, console)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
         made = pool.submit(_all_variants, config)
@@ -151,7 +151,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
         observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
         batch_sizes=config.batch_sizes if symbolic else [chunk or 1], symbolic_batch=symbolic, chunk=chunk,
-        warmup=config.warmup, iters=config.iters, threads=config.threads, whole_inputs=whole,
+        warmup=config.warmup, iters=config.iters, threads=config.threads, batch_axes=model.batch_axes,
         rollout=config.rollout.as_dict() if config.rollout else None,
     )
     inputs_by_model = {"": template, **_candidate_inputs(template, candidate_variants)}
@@ -283,6 +283,8 @@ def run_identity(config: RunConfig) -> dict:
 def _grid_identity(config: RunConfig) -> dict:
     """Only the axes a run uses: a plain run resumes a run recorded before these axes existed."""
     identity = {}
+    if config.batch_axes_given:
+        identity["batch_axes"] = config.model.batch_axes
     if config.candidates:
         identity["candidates"] = [c.sha256 for c in config.candidates]
     if config.settings_grid.settings:
@@ -409,8 +411,8 @@ def _empty_results(config: RunConfig, feeds, template: CellInputs) -> RunResults
     return RunResults(
         tool_version=__version__,
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        model={**config.model.summary(), "observations": observations.count(feeds, template.whole_inputs),
-               "observation_source": source, "inputs_fed_whole": template.whole_inputs},
+        model={**config.model.summary(), "observations": observations.count(feeds, template.batch_axes),
+               "observation_source": source, "inputs_fed_whole": batch_axes.fed_whole(config.model)},
         hosts=[host_info(config.host_label)],
         settings={
             "batch_sizes": template.batch_sizes, "warmup": config.warmup, "iters": config.iters, "threads": config.threads,

@@ -62,24 +62,31 @@ def _coreml_dtype(onnx_elem_type: int):
     return None  # let coremltools infer (e.g. bool)
 
 
-def _input_types(ct, graph_inputs, example: dict, max_batch: int) -> list:
+def _input_types(ct, graph_inputs, example: dict, batch_axes: dict, max_batch: int) -> list:
+    """Each input as traced, its batch axis (any axis; none for a side input) flexible unless fixed."""
     types_ = []
     for value in graph_inputs:
         dims = value.type.tensor_type.shape.dim
-        array = example[value.name]
-        batch = dims[0].dim_value if dims and dims[0].dim_value > 0 else ct.RangeDim(1, max_batch, default=1)
-        shape = (batch, *array.shape[1:]) if array.ndim else ()
-        types_.append(ct.TensorType(name=value.name, shape=shape, dtype=_coreml_dtype(value.type.tensor_type.elem_type)))
+        shape = list(example[value.name].shape)
+        axis = batch_axes.get(value.name)
+        if axis is not None and not dims[axis].dim_value > 0:
+            shape[axis] = ct.RangeDim(1, max_batch, default=1)
+        types_.append(ct.TensorType(name=value.name, shape=tuple(shape), dtype=_coreml_dtype(value.type.tensor_type.elem_type)))
     return types_
 
 
-def _trace_example(graph_inputs, arrays: dict) -> dict:
-    """A fixed batch as declared, else 2 rows: batch 1 could let the trace specialize on size 1."""
+def _trace_example(graph_inputs, arrays: dict, batch_axes: dict) -> dict:
+    """A fixed batch as declared, else 2 rows along each input's batch axis: batch 1 could let the trace
+    specialize on size 1. Inputs without a batch axis as they are fed."""
     example = {}
     for value in graph_inputs:
         dims = value.type.tensor_type.shape.dim
-        rows = dims[0].dim_value if dims and dims[0].dim_value > 0 else 2
-        example[value.name] = arrays[value.name][:rows]
+        axis = batch_axes.get(value.name)
+        if axis is None:
+            example[value.name] = arrays[value.name]
+            continue
+        rows = dims[axis].dim_value if dims[axis].dim_value > 0 else 2
+        example[value.name] = np.ascontiguousarray(np.take(arrays[value.name], range(rows), axis=axis))
     return example
 
 
@@ -174,7 +181,7 @@ def convert(request: dict) -> dict:
     model = onnx.load(request["onnx"])
     initializers = {init.name for init in model.graph.initializer}
     graph_inputs = [value for value in model.graph.input if value.name not in initializers]
-    example = _trace_example(graph_inputs, dict(np.load(request["example"])))
+    example = _trace_example(graph_inputs, dict(np.load(request["example"])), request["batch_axes"])
     started = time.perf_counter()
     module = onnx2torch.convert(model).eval()
     traced = torch.jit.trace(module, tuple(torch.from_numpy(example[v.name]) for v in graph_inputs))
@@ -184,7 +191,7 @@ def convert(request: dict) -> dict:
     mlmodel = ct.convert(
         traced,
         convert_to="mlprogram",
-        inputs=_input_types(ct, graph_inputs, example, request["max_batch"]),
+        inputs=_input_types(ct, graph_inputs, example, request["batch_axes"], request["max_batch"]),
         outputs=outputs,
         compute_precision=precision,
         minimum_deployment_target=getattr(ct.target, DEPLOYMENT_TARGET),
