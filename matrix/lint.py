@@ -28,6 +28,7 @@ def lint(model: ModelInfo) -> list[Lint]:
     return [
         _single_obs_input(model),
         _action_output(model),
+        _tensor_outputs(model),
         _symbolic_batch(model),
         _forbidden_inputs(model),
         _random_ops(model),
@@ -51,6 +52,16 @@ def _action_output(model: ModelInfo) -> Lint:
     if "action" in names:
         return Lint("output-action", "ok", "an output named 'action'")
     return Lint("output-action", "warn", f"no output named 'action' (outputs: {names})")
+
+
+def _tensor_outputs(model: ModelInfo) -> Lint:
+    if not model.excluded_outputs:
+        return Lint("tensor-outputs", "ok", "every output is a tensor")
+    zipmaps = {out for node in model.nodes if node.op_type == "ZipMap" for out in node.output}
+    found = "; ".join(f"{name} is {kind}{' (ZipMap)' if name in zipmaps else ''}" for name, kind in model.excluded_outputs.items())
+    fix = (": skl2onnx writes a ZipMap for classifiers by default; convert with options={id(model): {'zipmap': False}} "
+           "for a [N, classes] probability tensor") if zipmaps else ""
+    return Lint("tensor-outputs", "warn", f"{found}: left out of the matrix, the tensor outputs run{fix}")
 
 
 def _symbolic_batch(model: ModelInfo) -> Lint:

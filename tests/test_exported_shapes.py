@@ -125,3 +125,35 @@ def test_lstm_actor_passes_on_the_browsers_wasm_backend(exported, tmp_path):
     cell = _cells(tmp_path)["ort-web-wasm"]
     assert cell["verdict"] == "PASS", cell["reasons"]
     assert [stats["batch"] for stats in cell["latency"]] == [1, 64]
+
+
+# --- outputs that are not tensors ---------------------------------------------------------------------
+
+def test_a_zipmap_output_is_left_out_with_the_fix_named_and_the_dense_output_runs(tmp_path):
+    path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")
+    info = model.load(path)
+    assert [spec.name for spec in info.outputs] == ["output_label"]
+    assert info.excluded_outputs == {"output_probability": "a sequence of maps"}
+    found = {item.id: (item.level, item.message) for item in lint(info)}
+    assert found["tensor-outputs"][0] == "warn" and "output_probability is a sequence of maps (ZipMap)" in found["tensor-outputs"][1]
+    assert "{'zipmap': False}" in found["tensor-outputs"][1]
+    assert run_cli("lint", path).returncode == 0
+
+
+def test_a_model_whose_only_output_is_not_a_tensor_is_bad_input(tmp_path):
+    proto = policies.zipmap_classifier()
+    del proto.graph.output[0]  # output_label
+    proto.graph.node.remove(next(node for node in proto.graph.node if node.op_type == "Identity"))
+    path = policies.save(proto, tmp_path, "only_zipmap")
+    done = run_cli("lint", path)
+    assert done.returncode == 2 and "no output of the model is a tensor" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_zipmap_classifier_runs_its_dense_output_on_ort_cpu(tmp_path):
+    path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")
+    done = run_cli("run", path, "--targets", "ort-cpu", *FAST, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    cell = _cells(tmp_path / "out")["ort-cpu"]
+    assert cell["verdict"] == "PASS", cell["reasons"]
+    assert [output["output"] for output in cell["parity"]] == ["output_label"]
