@@ -32,7 +32,7 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, assist, batch_axes, cells, grid, guarded, observations, reference, reference_job, rollouts, variants
+from . import __version__, action_range, assist, batch_axes, cells, grid, guarded, observations, reference, reference_job, rollouts, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -159,6 +159,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.variants}
     if config.rollout:
         results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe()}
+        action_range.add_to(results, config.model, config.rollout, ref_rollout)
     results.settings["run_id"] = run_id
     configurations = _configurations(config)
     results.grid = _grid_record(config, len(configurations))

@@ -81,6 +81,8 @@ class RolloutPlan:
     states: list[StatePair] = field(default_factory=list)
     trajectory: str = ""  # .npy of recorded observations, replayed open loop instead of an env
     initial_state: str = ""  # the --initial-state file's name, for the report (the values are in `states`)
+    action_low: list[float] | None = None  # a Box action space's bounds, flattened (read from the env by check())
+    action_high: list[float] | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> "RolloutPlan":
@@ -197,7 +199,9 @@ def check(plan: RolloutPlan) -> None:
                 f"--env {plan.env!r}: observations have shape {env.observation_space.shape}, "
                 f"the model's {plan.obs_input!r} expects {plan.obs_shape}"
             )
-        _action_kind(env.action_space)
+        if _action_kind(env.action_space) == "continuous":
+            plan.action_low = env.action_space.low.astype(np.float64).ravel().tolist()
+            plan.action_high = env.action_space.high.astype(np.float64).ravel().tolist()
     finally:
         env.close()
 

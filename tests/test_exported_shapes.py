@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
+from onnx import helper
 
 import policies
-from matrix import batch_axes, model, observations, rollouts
+from matrix import action_range, batch_axes, model, observations, rollouts
 from matrix.errors import InputError
 from matrix.graph_facts import StatePair
 from matrix.lint import lint
@@ -157,3 +158,50 @@ def test_a_zipmap_classifier_runs_its_dense_output_on_ort_cpu(tmp_path):
     cell = _cells(tmp_path / "out")["ort-cpu"]
     assert cell["verdict"] == "PASS", cell["reasons"]
     assert [output["output"] for output in cell["parity"]] == ["output_label"]
+
+
+# --- action range against the environment ----------------------------------------------------------
+
+def _tanh_actor(folder: Path) -> Path:
+    """SB3's SAC actor as exported: ends in Tanh ([-1, 1]); SB3 rescales to the env's bounds outside the graph."""
+    proto = policies._model(
+        [helper.make_node("Gemm", ["obs", "fc_w", "fc_b"], ["mean"]), helper.make_node("Tanh", ["mean"], ["action"])],
+        [policies._float("obs", ["batch", 3])], [policies._float("action", ["batch", 1])],
+        policies._weights(np.random.default_rng(3), "fc", 3, 1),
+    )
+    return policies.save(proto, folder, "sac_actor")
+
+
+def test_a_tanh_policy_driving_a_wider_action_space_gets_an_action_range_lint(tmp_path):
+    plan = rollouts.plan_for(model.load(_tanh_actor(tmp_path)), env="Pendulum-v1", episodes=1)
+    rollouts.check(plan)
+    assert (plan.action_low, plan.action_high) == ([-2.0], [2.0])
+    found = action_range.reach_lint(model.load(_tanh_actor(tmp_path)), plan, None)
+    assert found.level == "warn" and "reach only [-1, 1] (graph: final Tanh)" in found.message
+    assert "Pendulum-v1's action space is [-2, 2]: it covers 50% of it" in found.message
+
+    import rollout_policies
+
+    full = model.load(rollout_policies.pendulum(tmp_path / "pendulum.onnx"))  # 2 * tanh, no bound the graph states
+    reference = rollouts.reference_rollout(full, plan)
+    assert action_range.reach_lint(full, plan, reference) is None  # its actions spread, they do not pile up inside
+
+
+def test_observed_actions_that_saturate_inside_the_space_count_as_its_reach(tmp_path):
+    plan = rollouts.RolloutPlan(obs_input="obs", obs_shape=[3], obs_dtype="float32", action_output="action",
+                                env="Pendulum-v1", action_low=[-2.0], action_high=[2.0])
+    actions = np.concatenate([np.full(30, 1.0), np.linspace(-1.0, 1.0, 70)]).reshape(-1, 1)
+    saturated = rollouts.ReferenceRollout([rollouts.Episode(0, np.zeros((100, 3)), actions, np.zeros(100), 0, False)])
+    found = action_range.reach_lint(model.load(policies.save(policies.unnamed_batch_regressor(), tmp_path, "regressor")), plan, saturated)
+    assert found.level == "warn" and "reach only [-2, 1] (observed" in found.message and "covers 75%" in found.message
+
+
+@pytest.mark.slow
+def test_the_action_range_note_reaches_the_lints_and_the_behaviour_section(tmp_path):
+    done = run_cli("run", _tanh_actor(tmp_path), "--targets", "ort-cpu", "--env", "Pendulum-v1", "--episodes", "1",
+                   "--batch-sizes", "1", *FAST, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    lints = {item["id"]: item for item in results["lints"]}
+    assert lints["action-range"]["level"] == "warn" and "covers 50%" in lints["action-range"]["message"]
+    assert "Action range:</b> the policy&#39;s actions reach only [-1, 1]" in (tmp_path / "out" / "index.html").read_text()
