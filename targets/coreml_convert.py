@@ -14,6 +14,7 @@ in another interpreter.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import types
@@ -88,6 +89,24 @@ def _trace_example(graph_inputs, arrays: dict, batch_axes: dict) -> dict:
         rows = dims[axis].dim_value if dims[axis].dim_value > 0 else 2
         example[value.name] = np.ascontiguousarray(np.take(arrays[value.name], range(rows), axis=axis))
     return example
+
+
+MISSING = re.compile(r"domain='(?P<domain>[^']*)', operation_type='(?P<op>\w+)', version=(?P<version>\d+)")
+
+
+def _missing_converter(message: str) -> str:
+    """onnx2torch's 'Converter is not implemented (...)' with what its registry does have for that op:
+    its `version` is the op's schema version (LSTM at opset 17 says 14), and often there is none at all."""
+    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY
+
+    match = MISSING.search(message)
+    if match is None:
+        return message
+    op, version = match["op"], match["version"]
+    versions = sorted(d.version for d in _CONVERTER_REGISTRY if d.operation_type == op and d.domain == match["domain"])
+    if not versions:
+        return f"onnx2torch has no {op} converter at any opset ({message})"
+    return f"onnx2torch has no {op} converter for schema version {version}, only for {', '.join(map(str, versions))} ({message})"
 
 
 def mil_operations(block):
@@ -183,7 +202,10 @@ def convert(request: dict) -> dict:
     graph_inputs = [value for value in model.graph.input if value.name not in initializers]
     example = _trace_example(graph_inputs, dict(np.load(request["example"])), request["batch_axes"])
     started = time.perf_counter()
-    module = onnx2torch.convert(model).eval()
+    try:
+        module = onnx2torch.convert(model).eval()
+    except NotImplementedError as error:
+        raise NotImplementedError(_missing_converter(str(error))) from None
     traced = torch.jit.trace(module, tuple(torch.from_numpy(example[v.name]) for v in graph_inputs))
     workarounds = _workarounds_used(traced)
     precision = ct.precision.FLOAT32 if request["variant"] == "fp32" else ct.precision.FLOAT16

@@ -17,7 +17,8 @@ from conftest import run_cli
 from onnx import helper
 
 import policies
-from matrix import action_range, batch_axes, model, observations, rollouts
+import targets
+from matrix import action_range, batch_axes, messages, model, observations, rollouts
 from matrix.errors import InputError
 from matrix.graph_facts import StatePair
 from matrix.lint import lint
@@ -205,3 +206,26 @@ def test_the_action_range_note_reaches_the_lints_and_the_behaviour_section(tmp_p
     lints = {item["id"]: item for item in results["lints"]}
     assert lints["action-range"]["level"] == "warn" and "covers 50%" in lints["action-range"]["message"]
     assert "Action range:</b> the policy&#39;s actions reach only [-1, 1]" in (tmp_path / "out" / "index.html").read_text()
+
+
+# --- hints that are true -----------------------------------------------------------------------------
+
+def test_the_coreml_route_names_the_converter_onnx2torch_lacks_without_an_opset_hint():
+    """onnx2torch reports LSTM at its schema version (14 on an opset 17 model) and has no LSTM converter at all."""
+    words = ("RuntimeError: NotImplementedError: onnx2torch has no LSTM converter at any opset (Converter is not "
+             "implemented (OperationDescription(domain='', operation_type='LSTM', version=14)))")
+    line = messages.explain("coreml", words, policies.lstm_actor())
+    assert line == ("cause: onnx2torch (the CoreML route's ONNX reader) has no LSTM converter at all: no opset conversion "
+                    "makes this graph convert; node: /memory/rnn/LSTM")
+
+
+@pytest.mark.slow
+@pytest.mark.coreml_env
+def test_the_lstm_actor_fails_on_the_coreml_route_naming_the_missing_converter(exported, tmp_path):
+    from targets.base import PrepareContext
+
+    info = model.load(exported["lstm_actor"])
+    ctx = PrepareContext(onnx_variants={"fp32": info.path}, calibration=observations.seeded(info, 8, 0),
+                         batch_axes=info.batch_axes, workdir=tmp_path, cache_dir=tmp_path / "cache")
+    with pytest.raises(RuntimeError, match="onnx2torch has no LSTM converter at any opset"):
+        targets.get("coreml").prepare(ctx, "fp32")
