@@ -53,7 +53,8 @@ def main() -> None:
     print(f"{'policy':15} {'variant':7} {'size KB':>8} {'x fp32':>7} {'convert s':>9} | int8 drift proxy vs fp32")
     for name in BUILDERS:
         feeds = feeds_for(example(name))
-        ctx = PrepareContext(onnx_variants={"fp32": example(name)}, calibration=feeds, workdir=work, cache_dir=work / name)
+        ctx = PrepareContext(onnx_variants={"fp32": example(name)}, calibration=feeds, batch_axes=dict.fromkeys(feeds, 0), workdir=work,
+                             cache_dir=work / name)
         sizes = {}
         for variant in ("fp32", "fp16", "int8"):
             artifact = targets.get("coreml").prepare(ctx, variant)

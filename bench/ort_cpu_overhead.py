@@ -43,7 +43,7 @@ def main() -> None:
         info = model.load(examples.path(name))
         all_feeds = observations.seeded(info, 64, 0)
         for batch in (1, 64):
-            feeds = observations.take(all_feeds, batch)
+            feeds = observations.take(all_feeds, batch, info.batch_axes)
             harness = OrtSession(Artifact(path=info.path), ["CPUExecutionProvider"], threads=1)
             bare_session = harness.session  # the very same session: only the loop differs
             bare, timed = [], []

@@ -35,7 +35,7 @@ def conversion_seconds(name: str, recipe_target: str, variant: str) -> float:
     info = model.load(examples.path(name))
     with tempfile.TemporaryDirectory() as scratch:
         ctx = PrepareContext(onnx_variants={"fp32": info.path}, calibration=observations.seeded(info, 128, 0),
-                             workdir=Path(scratch), cache_dir=Path(scratch) / "cache")
+                             batch_axes=info.batch_axes, workdir=Path(scratch), cache_dir=Path(scratch) / "cache")
         started = time.perf_counter()
         targets.get(recipe_target).prepare(ctx, variant)
         return time.perf_counter() - started
@@ -56,12 +56,12 @@ def latency_rows(name: str, iters: int, rounds: int) -> None:
     all_feeds = observations.seeded(info, 64, 0)
     with tempfile.TemporaryDirectory() as scratch:
         ctx = PrepareContext(onnx_variants={"fp32": info.path}, calibration=all_feeds,
-                             workdir=Path(scratch), cache_dir=cache_dir())
+                             batch_axes=info.batch_axes, workdir=Path(scratch), cache_dir=cache_dir())
         for target_name in ("tflite", "tflite-noxnn"):
             target = targets.get(target_name)
             artifact = target.prepare(ctx, "fp32")
             for batch in (1, 64):
-                feeds = observations.take(all_feeds, batch)
+                feeds = observations.take(all_feeds, batch, info.batch_axes)
                 session = target.open(artifact, threads=1)
                 bare, timed = [], []
                 for _ in range(rounds):

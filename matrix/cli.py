@@ -73,6 +73,12 @@ FAIL_ON_OPTION = click.option(
 BASELINE_OPTION = click.option(
     "--baseline", type=click.Path(path_type=Path), help="Earlier results.json to flag regressions against (exit 1 if any)."
 )
+BATCH_AXIS_OPTION = click.option(
+    "--batch-axis", "batch_axis", multiple=True,
+    help="NAME=AXIS: the batch axis of an input where inference gets it wrong (repeatable; -1: no batch, fed whole). "
+         "Inferred otherwise: axis 0 of the first input, a recurrent pair's axis (an LSTM state [layers, batch, hidden]: 1), "
+         "the observation's batch symbol."
+)
 LATENCY_THRESHOLD_OPTION = click.option(
     "--latency-threshold", default=0.25, show_default=True, help="p50 slowdown (fraction) that counts as a regression."
 )
@@ -244,6 +250,7 @@ BROWSER_PATH_OPTION = click.option(
               help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it.")
 @click.option("--initial-state", type=click.Path(path_type=Path),
               help="Recurrent state each episode starts from (.npz: one array per state input); default zeros.")
+@BATCH_AXIS_OPTION
 @click.option("--diagnose", is_flag=True, help="For cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference.")
 @click.option("--assist", is_flag=True, help="For FAILed cells: try graph preparations (onnxsim, opset 17, rewrites) on the same target.")
 @click.option("--candidate", "candidate_paths", multiple=True, type=click.Path(path_type=Path),
@@ -268,9 +275,10 @@ BROWSER_PATH_OPTION = click.option(
 @BROWSER_PATH_OPTION
 def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
-        return_tolerance, trajectory, initial_state, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer, as_json,
-        fail_on, baseline, latency_threshold, drift_factor, allow_different_inputs):
+        return_tolerance, trajectory, initial_state, batch_axis, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer,
+        as_json, fail_on, baseline, latency_threshold, drift_factor, allow_different_inputs):
     """Run the matrix on MODEL and write the report."""
+    from . import batch_axes
     from . import candidates as candidate_models
     from . import decide
     from . import model as model_loader
@@ -307,7 +315,8 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
         diagnose=diagnose,
         assist=assist,
         settings_grid=settings_grid,
-        model=model_loader.load(model),
+        model=model_loader.load(model, batch_axes.parse_given(batch_axis)),
+        batch_axes_given=batch_axes.parse_given(batch_axis),
     )
     model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
     settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
@@ -549,14 +558,16 @@ def _safe_version(target) -> str:
 @app.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the lints as a JSON list on stdout (id, level, message).")
-def lint(model: Path, as_json: bool) -> None:
+@BATCH_AXIS_OPTION
+def lint(model: Path, as_json: bool, batch_axis: tuple[str, ...]) -> None:
     """The deployment-readiness lints alone (exit 1 if any is an error)."""
     from dataclasses import asdict
 
     from . import model as model_loader
+    from .batch_axes import parse_given
     from .lint import lint as lint_model
 
-    results = lint_model(model_loader.load(model))
+    results = lint_model(model_loader.load(model, parse_given(batch_axis)))
     failed = any(item.level == "error" for item in results)
     if as_json:
         _print_json([asdict(item) for item in results])

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph_facts import action_bounds, state_pairs
+from .batch_axes import batched, is_symbolic
+from .graph_facts import action_bounds
 from .model import ModelInfo
 from .observations import Feeds
 from .results import ContractCheck
@@ -50,14 +51,16 @@ def _shapes(outputs: Feeds, reference: Feeds) -> ContractCheck:
 
 
 def _batches(model: ModelInfo, arrays: Feeds) -> ContractCheck:
-    if not all(spec.batch_is_symbolic for spec in model.inputs):
+    axes = model.batch_axes
+    if not all(is_symbolic(spec, axes) for spec in batched(model)):
         return ContractCheck(name="batch 1/2/7", ok=None, detail="fixed batch dimension: not applicable")
     wrong = []
     for batch in CONTRACT_BATCHES:
         got = _prefixed(arrays, f"batch{batch}/")
         for spec in model.outputs:
             shape = got[spec.name].shape if spec.name in got else None
-            if shape is None or not shape or shape[0] != batch:
+            axis = axes.get(spec.name, 0)
+            if shape is None or len(shape) <= axis or shape[axis] != batch:
                 wrong.append(f"batch {batch}: {spec.name} shape {shape}")
     return ContractCheck(name="batch 1/2/7", ok=not wrong, detail="; ".join(wrong) or "outputs follow the batch size")
 
@@ -120,15 +123,16 @@ def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
 def _recurrent_state(model: ModelInfo, arrays: Feeds) -> list[ContractCheck]:
     """The next state has the state's declared shape at every batch size run, and stays finite."""
     checks = []
-    for state, following in state_pairs(model):
+    for pair in model.state_pairs:
+        state, following, axis = pair.input, pair.output, pair.axis
         spec = next(s for s in model.inputs if s.name == state)
         wrong = []
         for prefix, batch in [("outputs/", None), *((f"batch{b}/", b) for b in CONTRACT_BATCHES)]:
             value = arrays.get(f"{prefix}{following}")
             if value is None:
                 continue
-            fits = value.ndim == len(spec.shape) and (batch is None or value.shape[0] == batch) and all(
-                not isinstance(d, int) or d == n for d, n in zip(spec.shape[1:], value.shape[1:])
+            fits = value.ndim == len(spec.shape) and (batch is None or axis is None or value.shape[axis] == batch) and all(
+                i == axis or not isinstance(d, int) or d == n for i, (d, n) in enumerate(zip(spec.shape, value.shape))
             )
             if not fits:
                 wrong.append(f"{prefix.rstrip('/')}: shape {list(value.shape)}, declared {spec.shape}")

@@ -258,7 +258,8 @@ def diagnose_cell(cell: Cell, template: CellInputs, model: ModelInfo, folder: Pa
     subset_path = folder / "observations.npz"
     observations.save(feeds, subset_path)
     level = (cell.tolerance or 0.0) * (1.0 if cell.verdict == "FAIL" else WARN_FRACTION)
-    diagnosis = Diagnosis(runtime=cell.target, observations=observations.count(feeds), threshold_rule=THRESHOLD_RULE, level=level)
+    diagnosis = Diagnosis(runtime=cell.target, observations=observations.count(feeds, template.batch_axes),
+                          threshold_rule=THRESHOLD_RULE, level=level)
     renamed = renamed_outputs(original, variant)
     names = [renamed.get(name, name) for name in _node_outputs(original.graph)]
     outcome = _run_exposed(cell, template, variant, names, subset_path, folder, env, limits)
@@ -302,8 +303,8 @@ def _subset(template: CellInputs) -> observations.Feeds:
     """The first DIAGNOSE_OBSERVATIONS observations, a whole number of the model's fixed batch."""
     feeds = observations.read(Path(template.observations))
     step = template.chunk or 1
-    size = max(DIAGNOSE_OBSERVATIONS - DIAGNOSE_OBSERVATIONS % step, step)
-    return {name: array[:size] for name, array in feeds.items()}
+    size = min(max(DIAGNOSE_OBSERVATIONS - DIAGNOSE_OBSERVATIONS % step, step), observations.count(feeds, template.batch_axes))
+    return observations.take(feeds, size, template.batch_axes)  # along each input's own batch axis
 
 
 def reason(diagnosis: Diagnosis) -> str | None:

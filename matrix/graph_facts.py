@@ -1,7 +1,8 @@
 """What the graph itself says about a policy, read by the lints and the contract.
 
-- recurrent state: an input and an output of the same dtype and shape (h -> h_next),
-  or names that say so (state, hidden, memory, carry, h/c);
+- recurrent state: an input and an output of the same dtype and shape (h -> h_next,
+  h_in -> h_out, state -> stateN), or names that say so (state, hidden, memory, carry,
+  h/c), and the axis their batch sits on (any axis: an LSTM's is 1);
 - action bounds without metadata: a final Tanh ([-1, 1]), Sigmoid ([0, 1]), a Clip
   with constant bounds, or a Min/Max pair with constants (SB3's clip);
 - initializers that hold NaN or Inf.
@@ -10,32 +11,102 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .model import ModelInfo
+if TYPE_CHECKING:  # model.py infers batch axes from the state pairs found here
+    from .model import ModelInfo
 
 STATE_NAME = re.compile(r"(state|hidden|memory|carry|^h$|^c$|^h_|^c_|_h$|_c$|^hx|^cx)", re.IGNORECASE)
 PASS_THROUGH = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast"}
 
 
-def state_pairs(model: ModelInfo) -> list[tuple[str, str]]:
-    """(input, output) pairs that carry a recurrent state from one step to the next."""
+@dataclass(frozen=True)
+class StatePair:
+    """An input and the output that carries its next value, and the batch axis both share
+    (None: a state without one, fed whole)."""
+
+    input: str
+    output: str
+    axis: int | None
+
+
+def state_pairs(model: ModelInfo, given: dict[str, int] | None = None) -> list[StatePair]:
+    """(input, output, batch axis) triples that carry a recurrent state from one step to the next.
+
+    Found by shape and naming, whatever the axis of the batch: `h`/`h_next`, `h_in`/`h_out`,
+    `state`/`stateN`, or names that say state. `given` is the user's --batch-axis."""
     if len(model.inputs) < 2:
         return []
     pairs = []
     outputs = list(model.outputs)
     for spec in model.inputs[1:]:
-        # The batch dimension may carry another symbol on each side (exporters name them apart).
-        same = [o for o in outputs if o.dtype == spec.dtype and o.shape[1:] == spec.shape[1:] and o.name != "action"]
-        named = [o for o in same if STATE_NAME.search(o.name) or o.name.startswith(spec.name)]
+        # Each side's batch (or any open dim) may carry another symbol (exporters name them apart).
+        same = [o for o in outputs if o.dtype == spec.dtype and _same_shape(spec.shape, o.shape) and o.name != "action"]
+        partners = [o for o in same if _partner_names(spec.name, o.name)]
+        named = partners or [o for o in same if STATE_NAME.search(o.name)]
         if same and (STATE_NAME.search(spec.name) or named):
             match = (named or same)[0]
-            pairs.append((spec.name, match.name))
+            pairs.append(StatePair(spec.name, match.name, _state_axis(model, spec, given or {})))
             outputs.remove(match)
     return pairs
+
+
+def _same_shape(declared: list, other: list) -> bool:
+    return len(declared) == len(other) and all(
+        not isinstance(a, int) or not isinstance(b, int) or a == b for a, b in zip(declared, other)
+    )
+
+
+def _partner_names(state: str, following: str) -> bool:
+    """h -> h_next / h_out, state -> stateN, h_in -> h_out."""
+    stem = state.removesuffix("_in")
+    return following != state and (following.startswith(state) or (stem != state and following == f"{stem}_out"))
+
+
+def _state_axis(model: ModelInfo, spec, given: dict[str, int]) -> int | None:
+    """Given; else where the observation's batch symbol sits; else the ONNX RNN layout of the node it
+    starts; else its one open dim; else, at a fixed batch, the first dim of that size."""
+    if spec.name in given:
+        return given[spec.name] if given[spec.name] >= 0 else None
+    lead = model.inputs[0].shape[0] if model.inputs[0].shape else None
+    if isinstance(lead, str) and lead in spec.shape:
+        return spec.shape.index(lead)
+    recurrent = _recurrent_node_axis(model.proto.graph, spec.name)
+    if recurrent is not None:
+        return recurrent
+    open_dims = [axis for axis, dim in enumerate(spec.shape) if not isinstance(dim, int)]
+    if open_dims:
+        return open_dims[0]
+    return spec.shape.index(lead) if isinstance(lead, int) and lead in spec.shape else None
+
+
+RNN_STATE_INPUTS = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}  # initial_h (and initial_c) positions
+
+
+def _recurrent_node_axis(graph: onnx.GraphProto, name: str) -> int | None:
+    """The batch axis of `name` when it is (through pass-through ops) an LSTM/GRU/RNN's initial state:
+    [num_directions, batch, hidden] by default, [batch, num_directions, hidden] with layout=1."""
+    producers = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        for position in RNN_STATE_INPUTS.get(node.op_type, ()):
+            if position < len(node.input) and _traces_to(node.input[position], name, producers):
+                layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+                return 0 if layout else 1
+    return None
+
+
+def _traces_to(tensor: str, source: str, producers: dict) -> bool:
+    while tensor != source:
+        node = producers.get(tensor)
+        if node is None or node.op_type not in PASS_THROUGH | {"Slice", "Gather"}:
+            return False
+        tensor = node.input[0]
+    return True
 
 
 def action_bounds(model: ModelInfo, action: str) -> tuple[float, float, str] | None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .contract import action_output
-from .graph_facts import action_bounds, non_finite_initializers, state_pairs
+from .graph_facts import action_bounds, non_finite_initializers
 from .model import ModelInfo
-from .observations import whole_inputs
+from .batch_axes import fed_whole, is_symbolic
 
 FORBIDDEN_INPUTS = {"key", "rng", "params", "train_state", "deterministic", "training", "mutable"}
 RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -28,6 +28,7 @@ def lint(model: ModelInfo) -> list[Lint]:
     return [
         _single_obs_input(model),
         _action_output(model),
+        _tensor_outputs(model),
         _symbolic_batch(model),
         _forbidden_inputs(model),
         _random_ops(model),
@@ -53,9 +54,20 @@ def _action_output(model: ModelInfo) -> Lint:
     return Lint("output-action", "warn", f"no output named 'action' (outputs: {names})")
 
 
+def _tensor_outputs(model: ModelInfo) -> Lint:
+    if not model.excluded_outputs:
+        return Lint("tensor-outputs", "ok", "every output is a tensor")
+    zipmaps = {out for node in model.nodes if node.op_type == "ZipMap" for out in node.output}
+    found = "; ".join(f"{name} is {kind}{' (ZipMap)' if name in zipmaps else ''}" for name, kind in model.excluded_outputs.items())
+    fix = (": skl2onnx writes a ZipMap for classifiers by default; convert with options={id(model): {'zipmap': False}} "
+           "for a [N, classes] probability tensor") if zipmaps else ""
+    return Lint("tensor-outputs", "warn", f"{found}: left out of the matrix, the tensor outputs run{fix}")
+
+
 def _symbolic_batch(model: ModelInfo) -> Lint:
-    whole = set(whole_inputs(model))
-    fixed = [spec.name for spec in model.inputs + model.outputs if not spec.batch_is_symbolic and spec.name not in whole]
+    whole = set(fed_whole(model))
+    fixed = [spec.name for spec in model.inputs + model.outputs
+             if spec.name not in whole and not is_symbolic(spec, model.batch_axes)]
     if not fixed:
         return Lint("symbolic-batch", "ok", "batch dimension is symbolic on every input and output")
     return Lint("symbolic-batch", "warn", f"fixed batch dimension on {fixed}: the policy cannot run batched")
@@ -95,18 +107,22 @@ def _action_space_declared(model: ModelInfo) -> Lint:
 
 
 def _side_inputs(model: ModelInfo) -> Lint:
-    whole = whole_inputs(model)
+    whole = fed_whole(model)
     if not whole:
         return Lint("side-inputs", "ok", "every input carries the batch dimension")
     return Lint("side-inputs", "warn", f"inputs without the batch dimension, fed whole to every call: {whole}")
 
 
 def _recurrent_state(model: ModelInfo) -> Lint:
-    pairs = state_pairs(model)
+    pairs = model.state_pairs
     if not pairs:
         return Lint("recurrent-state", "ok", "no recurrent state: each step depends on its observation only")
-    carried = ", ".join(f"{i} -> {o}" for i, o in pairs)
+    carried = ", ".join(f"{p.input} -> {p.output} ({_axis_words(p.axis)})" for p in pairs)
     return Lint("recurrent-state", "warn", f"recurrent state {carried}: the caller carries it between steps (checked in the contract)")
+
+
+def _axis_words(axis: int | None) -> str:
+    return "no batch axis" if axis is None else f"batch on axis {axis}"
 
 
 def _finite_initializers(model: ModelInfo) -> Lint:

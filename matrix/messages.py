@@ -70,9 +70,12 @@ KNOWN: tuple[KnownMessage, ...] = (
     KnownMessage(("coreml",), re.compile(r'"allowzero=1" is not implemented'),
                  "onnx2torch cannot convert Reshape with allowzero=1 (the reshape-allowzero rewrite sets 0 "
                  "when the shape has no zero)", _reshape_allowzero),
-    KnownMessage(("coreml",), re.compile(r"operation_type='(?P<op>\w+)', version=(?P<version>\d+)"),
-                 "onnx2torch has no converter for {op} at opset {version}: convert the graph to an older opset "
-                 "(the opset17 preparation)", _by_op("op")),
+    KnownMessage(("coreml",), re.compile(r"onnx2torch has no (?P<op>\w+) converter at any opset"),
+                 "onnx2torch (the CoreML route's ONNX reader) has no {op} converter at all: no opset conversion "
+                 "makes this graph convert", _by_op("op")),
+    KnownMessage(("coreml",), re.compile(r"onnx2torch has no (?P<op>\w+) converter for schema version (?P<version>\d+), "
+                                         r"only for (?P<versions>\d+(?:, \d+)*)"),
+                 "onnx2torch converts {op} only at schema versions {versions}, not {version}", _by_op("op")),
     KnownMessage(("coreml",), re.compile(r"broadcast_to"),
                  "coremltools has no broadcast_to, which torch's expand from a dead shape subgraph becomes: "
                  "simplify the graph at a fixed batch", _expand),

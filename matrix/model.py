@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 from onnx.external_data_helper import uses_external_data
 
+from . import batch_axes, graph_facts
 from .errors import InputError
 
 # Operator domains some target implements; anything else is a custom op no runtime here has.
@@ -32,10 +33,6 @@ class TensorSpec:
     dtype: str  # numpy dtype name
     shape: list  # ints for fixed dims, strings for symbolic ones, None for unknown
 
-    @property
-    def batch_is_symbolic(self) -> bool:
-        return bool(self.shape) and not isinstance(self.shape[0], int)
-
 
 @dataclass
 class ModelInfo:
@@ -48,6 +45,10 @@ class ModelInfo:
     ir_version: int
     producer: str
     metadata: dict[str, str]
+    # Outputs that are not tensors (skl2onnx's ZipMap: a sequence of maps), left out of the matrix: name -> what it is.
+    excluded_outputs: dict[str, str] = field(default_factory=dict)
+    state_pairs: list[graph_facts.StatePair] = field(default_factory=list)  # found once, at load
+    batch_axes: dict[str, int] = field(default_factory=dict)  # batch_axes.infer: inputs absent are fed whole
 
     @property
     def nodes(self) -> list[onnx.NodeProto]:
@@ -62,14 +63,17 @@ class ModelInfo:
             "producer": self.producer,
             "inputs": [vars(spec) for spec in self.inputs],
             "outputs": [vars(spec) for spec in self.outputs],
+            "excluded_outputs": self.excluded_outputs,
             "n_nodes": len(self.proto.graph.node),
             "op_types": sorted({node.op_type for node in self.proto.graph.node}),
             "node_names": [node.name for node in self.proto.graph.node],
             "metadata": self.metadata,
+            "batch_axes": self.batch_axes,
         }
 
 
-def load(path: Path) -> ModelInfo:
+def load(path: Path, given_batch_axes: dict[str, int] | None = None) -> ModelInfo:
+    """The checked model; `given_batch_axes` is the user's --batch-axis (the rest is inferred)."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
@@ -83,18 +87,23 @@ def load(path: Path) -> ModelInfo:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
         raise InputError(f"{path}: not a valid ONNX model: {_first_line(error)}") from None
     proto = onnx.shape_inference.infer_shapes(proto)
-    _check_interface(proto)
-    return ModelInfo(
+    excluded = _check_interface(proto)
+    info = ModelInfo(
         path=path,
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
         proto=proto,
         inputs=[_spec(v) for v in _graph_inputs(proto)],
-        outputs=[_spec(v) for v in proto.graph.output],
+        outputs=[_spec(v) for v in proto.graph.output if v.name not in excluded],
+        excluded_outputs=excluded,
         opset=next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0),
         ir_version=proto.ir_version,
         producer=f"{proto.producer_name} {proto.producer_version}".strip(),
         metadata={prop.key: prop.value for prop in proto.metadata_props},
     )
+    batch_axes.check_given(info, given_batch_axes or {})
+    info.state_pairs = graph_facts.state_pairs(info, given_batch_axes)
+    info.batch_axes = batch_axes.infer(info, given_batch_axes)
+    return info
 
 
 def _parse(path: Path) -> onnx.ModelProto:
@@ -171,8 +180,9 @@ def _check_names(proto: onnx.ModelProto) -> None:
                 )
 
 
-def _check_interface(proto: onnx.ModelProto) -> None:
-    """Only batched numeric tensors can be fed observations and compared; say which one is not."""
+def _check_interface(proto: onnx.ModelProto) -> dict[str, str]:
+    """Only batched numeric tensors can be fed observations and compared; say which one is not.
+    Returns the outputs left out of the matrix (not tensors) with what they are; the tensor outputs run."""
     inputs = _graph_inputs(proto)
     if not inputs:
         raise InputError("the model has no inputs: a policy needs an observation input")
@@ -188,16 +198,33 @@ def _check_interface(proto: onnx.ModelProto) -> None:
         # An empty side input is legitimate (ReduceMean's axes=[]); an empty observation is not.
         if position == 0 and any(d.HasField("dim_value") and d.dim_value <= 0 for d in tensor.shape.dim):
             raise InputError(f"input {value.name!r} declares a zero-sized dimension {_dims(tensor)}: nothing can be fed")
+    excluded = {value.name: _non_tensor(value) for value in proto.graph.output if _non_tensor(value)}
+    if len(excluded) == len(proto.graph.output):
+        raise InputError(f"no output of the model is a tensor ({', '.join(f'{n!r} is {k}' for n, k in excluded.items())}): "
+                         "policy-matrix compares dense tensors only")
     for value in proto.graph.output:
-        _check_numeric_tensor(value, "output")
+        if value.name not in excluded:
+            _check_numeric_tensor(value, "output")
+    return excluded
+
+
+NON_TENSOR_KINDS = {"sequence_type": "a sequence", "map_type": "a map", "optional_type": "an optional",
+                    "sparse_tensor_type": "a sparse tensor"}
+
+
+def _non_tensor(value: onnx.ValueInfoProto) -> str:
+    """What an output is when it is not a dense tensor ('a sequence of maps'), else ''."""
+    kind = value.type.WhichOneof("value")
+    if kind == "tensor_type":
+        return ""
+    if kind == "sequence_type" and value.type.sequence_type.elem_type.WhichOneof("value") == "map_type":
+        return "a sequence of maps"
+    return NON_TENSOR_KINDS.get(kind, "not a tensor")
 
 
 def _check_numeric_tensor(value: onnx.ValueInfoProto, role: str) -> None:
-    kind = value.type.WhichOneof("value")
-    if kind != "tensor_type":
-        kinds = {"sequence_type": "a sequence", "map_type": "a map", "optional_type": "an optional",
-                 "sparse_tensor_type": "a sparse tensor"}
-        raise InputError(f"{role} {value.name!r} is {kinds.get(kind, 'not a tensor')}: policy-matrix handles dense tensors only")
+    if _non_tensor(value):
+        raise InputError(f"{role} {value.name!r} is {_non_tensor(value)}: policy-matrix handles dense tensors only")
     elem_type = value.type.tensor_type.elem_type
     if _numpy_dtype(elem_type) is None:
         name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "undeclared"

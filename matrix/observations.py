@@ -4,15 +4,15 @@ A seeded set is normal samples of the declared shape and dtype plus edge cases
 (zeros, saturating magnitudes, tiny values) where runtimes tend to disagree.
 The set is saved with the results so any run can be reproduced.
 
-Only inputs that share the batch dimension of the first input are observations
-to split into chunks; every other input (a side input such as `rng [1]`, a
-scalar, a shape or axes tensor, a weight fed at run time) is fed whole to
-every call.
+Each input is split into chunks along its own batch axis (batch_axes.py: axis 0
+of the observation, axis 1 of an LSTM state `[layers, batch, hidden]`, ...);
+an input without one (a side input such as `rng [1]`, a rank-0 scalar, a shape
+or axes tensor, a weight fed at run time) is fed whole to every call. Saved
+and recorded arrays keep the model's own layout: the batch on its axis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
 import zipfile
 from pathlib import Path
 
@@ -20,54 +20,36 @@ import numpy as np
 
 from targets.base import Feeds  # named arrays, inputs and outputs alike: one name across the code
 
+from .batch_axes import BatchAxes, batch_dim
 from .errors import InputError
 from .model import ModelInfo, TensorSpec
 
 EDGE_VALUES = (0.0, 1.0, -1.0, 5.0, -5.0, 1e-6, 10.0, -10.0)
 
 
-def batched_inputs(model: ModelInfo) -> list[str]:
-    """Inputs that share the first input's batch dimension (the same symbol, or the same fixed size).
-
-    With a fixed batch, an integer input beside a float one is a shape, axes or
-    index tensor, not observations."""
-    if not model.inputs or not model.inputs[0].shape or model.inputs[0].shape[0] == 0:
-        return []
-    primary = model.inputs[0]
-    lead = primary.shape[0]
-
-    def shares(spec: TensorSpec) -> bool:
-        if not spec.shape:
-            return False
-        if not isinstance(lead, int):  # symbolic: the same name, or an unnamed dynamic dimension
-            return not isinstance(spec.shape[0], int) and (spec.shape[0] == lead or None in (lead, spec.shape[0]))
-        return spec.shape[0] == lead and np.dtype(spec.dtype).kind == np.dtype(primary.dtype).kind
-    return [spec.name for spec in model.inputs if shares(spec)]
-
-
-def whole_inputs(model: ModelInfo) -> list[str]:
-    batched = set(batched_inputs(model))
-    return [spec.name for spec in model.inputs if spec.name not in batched]
-
-
 def batch_multiple(model: ModelInfo) -> int:
     """Observations must come in multiples of a fixed batch dimension, if the model has one."""
-    lead = model.inputs[0].shape[0] if batched_inputs(model) else None
-    return lead if isinstance(lead, int) else 1
+    lead = batch_dim(model.inputs[0], model.batch_axes)
+    return lead if isinstance(lead, int) and lead > 0 else 1
 
 
 def seeded(model: ModelInfo, count: int, seed: int) -> Feeds:
     rng = np.random.default_rng(seed)
     step = batch_multiple(model)
     count = max(step, count - count % step)
-    batched = set(batched_inputs(model))
-    return {spec.name: _sample(spec, count if spec.name in batched else None, rng) for spec in model.inputs}
+    return {spec.name: _sample(spec, count, model.batch_axes.get(spec.name), rng) for spec in model.inputs}
 
 
-def _sample(spec: TensorSpec, count: int | None, rng: np.random.Generator) -> np.ndarray:
-    """`count` rows of the declared shape; None: one tensor of the declared shape (fed whole)."""
-    rest = spec.shape[1:] if count is not None else spec.shape
-    shape = (*([count] if count is not None else []), *[d if isinstance(d, int) else 1 for d in rest])
+def _sample(spec: TensorSpec, count: int, axis: int | None, rng: np.random.Generator) -> np.ndarray:
+    """`count` observations of the declared shape along the batch axis; without one (axis None), one
+    tensor of the declared shape (fed whole). An open dim other than the batch is 1."""
+    rest = [d if isinstance(d, int) else 1 for i, d in enumerate(spec.shape) if i != axis]
+    rows = _values(spec, [count, *rest] if axis is not None else rest, rng)
+    return np.ascontiguousarray(np.moveaxis(rows, 0, axis)) if axis is not None else rows
+
+
+def _values(spec: TensorSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    """Normal samples, the first rows set to edge values (integers: the range's ends)."""
     count = shape[0] if shape else 1
     dtype = np.dtype(spec.dtype)
     if dtype.kind == "b":
@@ -95,9 +77,10 @@ def load(path: Path, model: ModelInfo, limit_bytes: int | None = None) -> Feeds:
         if len(model.inputs) != 1:
             raise InputError(f"{path}: a .npy holds one array but the model has {len(model.inputs)} inputs; use .npz")
         arrays = {model.inputs[0].name: arrays}
-    feeds = {spec.name: _conform(spec, arrays, path) for spec in model.inputs}
-    batched = set(batched_inputs(model))
-    _check_rows({name: array for name, array in feeds.items() if name in batched}, path, batch_multiple(model))
+    axes = model.batch_axes
+    feeds = {spec.name: _conform(spec, axes.get(spec.name), arrays, path) for spec in model.inputs}
+    rows = {name: array.shape[axes[name]] for name, array in feeds.items() if name in axes}
+    _check_rows(rows, path, batch_multiple(model))
     return feeds
 
 
@@ -136,20 +119,21 @@ def _check_header(stream, stored_bytes: int, label: str, limit_bytes: int | None
         raise InputError(f"{label} needs {declared / 1e9:.1f} GB, above the limit {limit_bytes / 1e9:.1f} GB")
 
 
-def _conform(spec: TensorSpec, arrays: dict, path: Path) -> np.ndarray:
+def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path) -> np.ndarray:
+    """The array as declared, with any number of observations N along the batch axis."""
     if spec.name not in arrays:
         raise InputError(f"{path}: no array for model input {spec.name!r} (has {sorted(arrays)})")
     array = np.asarray(arrays[spec.name])
-    expected = [d for d in spec.shape[1:]]
-    fits = array.ndim == len(spec.shape) and all(not isinstance(e, int) or e == a for e, a in zip(expected, array.shape[1:]))
+    expected = ["N" if i == axis else d for i, d in enumerate(spec.shape)]
+    fits = array.ndim == len(spec.shape) and all(not isinstance(e, int) or e == a for e, a in zip(expected, array.shape))
     if not fits:
-        raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects [N, *{expected}]")
+        words = ", ".join("?" if dim is None else str(dim) for dim in expected)
+        raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects [{words}] (N observations)")
     return array.astype(spec.dtype, copy=False)
 
 
-def _check_rows(feeds: Feeds, path: Path, step: int) -> None:
-    """The inputs that share the batch dimension hold the same number of observations (side inputs are fed whole)."""
-    rows = {name: len(array) for name, array in feeds.items()}
+def _check_rows(rows: dict[str, int], path: Path, step: int) -> None:
+    """The inputs that carry the batch hold the same number of observations (the others are fed whole)."""
     if not rows:
         return
     if len(set(rows.values())) > 1:
@@ -179,30 +163,37 @@ def read(path: Path) -> Feeds:
         return {name: data[name] for name in data.files}
 
 
-def count(feeds: Feeds, whole: Collection[str] = ()) -> int:
-    """Number of observations: rows of the batched inputs (1 when every input is fed whole)."""
-    batched = [array for name, array in feeds.items() if name not in whole and array.ndim]
-    return len(batched[0]) if batched else 1
+def count(feeds: Feeds, axes: BatchAxes) -> int:
+    """Number of observations: the batch of the inputs that carry one (1 when every input is fed whole)."""
+    sizes = [array.shape[axes[name]] for name, array in feeds.items() if name in axes]
+    return sizes[0] if sizes else 1
 
 
-def take(feeds: Feeds, batch: int, whole: Collection[str] = ()) -> Feeds:
-    """The first `batch` observations, tiled when the set is smaller; inputs in `whole` as they are."""
-    index = np.arange(batch) % max(count(feeds, whole), 1)
-    return {name: array if name in whole else np.ascontiguousarray(array[index]) for name, array in feeds.items()}
+def take(feeds: Feeds, batch: int, axes: BatchAxes) -> Feeds:
+    """The first `batch` observations along each input's batch axis, tiled when the set is smaller;
+    inputs without a batch axis as they are."""
+    index = np.arange(batch) % max(count(feeds, axes), 1)
+    return {name: np.ascontiguousarray(np.take(array, index, axis=axes[name])) if name in axes else array
+            for name, array in feeds.items()}
 
 
-def run_in_batches(run, feeds: Feeds, batch: int, whole: Collection[str] = ()) -> Feeds:
-    """Run the whole set in chunks of `batch` (0 = all at once) and concatenate outputs.
+def _slice(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    return array[(slice(None),) * axis + (slice(start, stop),)]
 
-    Inputs in `whole` go to every chunk unsliced. When every input is fed whole
+
+def run_in_batches(run, feeds: Feeds, batch: int, axes: BatchAxes) -> Feeds:
+    """Run the whole set in chunks of `batch` (0 = all at once) along each input's batch axis and
+    join the outputs along theirs (`axes` holds both).
+
+    Inputs without a batch axis go to every chunk unsliced. When every input is fed whole
     there is one call and its outputs are returned as they are."""
-    total = count(feeds, whole)
-    if all(name in whole or not array.ndim for name, array in feeds.items()):
+    total = count(feeds, axes)
+    if not any(name in axes for name in feeds):
         return run(feeds)
-    size = batch or total
+    size = max(batch or total, 1)
     chunks = [
-        run({n: a if n in whole else a[i : i + size] for n, a in feeds.items()}) for i in range(0, total, max(size, 1))
+        run({n: _slice(a, axes[n], i, i + size) if n in axes else a for n, a in feeds.items()}) for i in range(0, total, size)
     ]
     if len(chunks) == 1:
         return chunks[0]
-    return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in chunks[0]}
+    return {name: np.concatenate([chunk[name] for chunk in chunks], axis=axes.get(name, 0)) for name in chunks[0]}

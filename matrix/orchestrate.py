@@ -32,7 +32,7 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, grid, guarded, observations, reference, reference_job, rollouts, sources, variants
+from . import __version__, action_range, assist, batch_axes, cells, grid, guarded, observations, reference, reference_job, rollouts, sources, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -72,6 +72,7 @@ class RunConfig:
     assist: bool = False  # graph preparations tried on failing cells (matrix/preparations.py)
     candidates: list[ModelInfo] = field(default_factory=list)  # --candidate: same interface, judged against `model`
     settings_grid: grid.Grid = field(default_factory=lambda: grid.Grid({}))  # --settings: runtime knobs per target
+    batch_axes_given: dict[str, int] = field(default_factory=dict)  # --batch-axis (model.batch_axes holds the result)
 
     @property
     def observation_source(self) -> sources.ObservationSource:
@@ -142,9 +143,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
     judge = config.judge()  # once: every cell, fix attempt, candidate and release is judged by it
     source = judge.observations
     obs_path = config.out / "observations.npz"
-    whole = observations.whole_inputs(model)
-    batched = [spec for spec in model.inputs if spec.name not in whole]
-    symbolic = bool(batched) and all(spec.batch_is_symbolic for spec in batched)
+    batched = batch_axes.batched(model)
+    symbolic = bool(batched) and all(batch_axes.is_symbolic(spec, model.batch_axes) for spec in batched)
     chunk = 0 if symbolic else observations.batch_multiple(model)
     if source.kind != sources.VISITED:  # visited states are sampled in the reference job, after its rollout
         observations.save(_observation_set(config, source), obs_path)
@@ -155,7 +155,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
         ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, source, console)
         (onnx_variants, variant_errors), candidate_variants = made.result()
     feeds = observations.read(obs_path)
-    console.print(f"[bold]observations[/]: {escape(source.describe(observations.count(feeds, whole)))}", highlight=False)
+    console.print(f"[bold]observations[/]: {escape(source.describe(observations.count(feeds, model.batch_axes)))}", highlight=False)
     reference.save(ref, config.out / "reference.npz")
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
@@ -163,7 +163,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
         observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
         batch_sizes=config.batch_sizes if symbolic else [chunk or 1], symbolic_batch=symbolic, chunk=chunk,
-        warmup=config.warmup, iters=config.iters, threads=config.threads, whole_inputs=whole,
+        warmup=config.warmup, iters=config.iters, threads=config.threads, batch_axes=model.batch_axes,
         rollout=config.rollout.as_dict() if config.rollout else None,
     )
     inputs_by_model = {"": template, **_candidate_inputs(template, candidate_variants)}
@@ -172,6 +172,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     if config.rollout:
         results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe(),
                                        "return_rule": "paired per-seed return differences, Student's t interval of the mean"}
+        action_range.add_to(results, config.model, config.rollout, ref_rollout)
     results.settings["run_id"] = run_id
     configurations = _configurations(config)
     results.grid = _grid_record(config, len(configurations))
@@ -301,6 +302,8 @@ def run_identity(config: RunConfig) -> dict:
 def _grid_identity(config: RunConfig) -> dict:
     """Only the axes a run uses: a plain run resumes a run recorded before these axes existed."""
     identity = {}
+    if config.batch_axes_given:
+        identity["batch_axes"] = config.model.batch_axes
     if config.candidates:
         identity["candidates"] = [c.sha256 for c in config.candidates]
     if config.settings_grid.settings:
@@ -432,13 +435,13 @@ def _observation_set(config: RunConfig, source: sources.ObservationSource) -> ob
 
 
 def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge) -> RunResults:
-    size, source = observations.count(feeds, template.whole_inputs), judge.observations
+    size, source = observations.count(feeds, template.batch_axes), judge.observations
     return RunResults(
         tool_version=__version__,
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         model={**config.model.summary(), "observations": size, "observation_source": source.describe(size),
                "observation_kind": source.kind, "observations_sha256": sources.feeds_sha256(feeds),
-               "inputs_fed_whole": template.whole_inputs},
+               "inputs_fed_whole": batch_axes.fed_whole(config.model)},
         hosts=[host_info(config.host_label)],
         settings={
             "batch_sizes": template.batch_sizes, "warmup": config.warmup, "iters": config.iters, "threads": config.threads,

@@ -66,7 +66,7 @@ class CellInputs:
     warmup: int = options.DEFAULT_WARMUP
     iters: int = options.DEFAULT_ITERS
     threads: int = options.DEFAULT_THREADS
-    whole_inputs: list[str] = field(default_factory=list)  # inputs fed whole to every call, never sliced
+    batch_axes: dict[str, int] = field(default_factory=dict)  # batch_axes.infer: inputs absent are fed whole, never sliced
     latency_budget_s: float = 30.0  # per batch size: timing stops here and says how many calls it timed
     rollout: dict | None = None  # rollouts.RolloutPlan as a dict: drive episodes with this cell's session
 

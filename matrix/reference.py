@@ -21,7 +21,7 @@ from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from .model import ModelInfo
-from .observations import Feeds, run_in_batches, whole_inputs
+from .observations import Feeds, run_in_batches
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 NARROW_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}  # an explicit Cast to these keeps its rounding
@@ -37,13 +37,12 @@ class Reference:
 
 
 def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
-    wide = to_float64(model.proto)
+    wide = to_float64(_tensor_outputs_only(model.proto, model.excluded_outputs))
     decisions = _expose_logits(wide)
     evaluator = ReferenceEvaluator(wide)
     names = [spec.name for spec in model.outputs] + [logits for logits, _, _ in decisions.values()]
     wide_feeds = {name: _widen(array) for name, array in feeds.items()}
-    whole = whole_inputs(model)
-    results = run_in_batches(lambda f: dict(zip(names, evaluator.run(names, f))), wide_feeds, batch, whole)
+    results = run_in_batches(lambda f: dict(zip(names, evaluator.run(names, f))), wide_feeds, batch, model.batch_axes)
     margins = {output: _margin(results.pop(logits), axis, op) for output, (logits, axis, op) in decisions.items()}
     return Reference(outputs=results, margins=margins)
 
@@ -60,7 +59,28 @@ def dev_runtime(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [spec.name for spec in model.outputs]
-    return run_in_batches(lambda f: dict(zip(names, session.run(names, f))), feeds, batch, whole_inputs(model))
+    return run_in_batches(lambda f: dict(zip(names, session.run(names, f))), feeds, batch, model.batch_axes)
+
+
+def _tensor_outputs_only(proto: onnx.ModelProto, excluded: dict[str, str]) -> onnx.ModelProto:
+    """The graph without its non-tensor outputs and the nodes only they need (onnx.reference has no ZipMap)."""
+    if not excluded:
+        return proto
+    pruned = onnx.ModelProto()
+    pruned.CopyFrom(proto)
+    graph = pruned.graph
+    kept = [value for value in graph.output if value.name not in excluded]
+    del graph.output[:]
+    graph.output.extend(kept)
+    needed = {value.name for value in kept}
+    live = []
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            live.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(live))
+    return pruned
 
 
 def to_float64(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -34,6 +34,7 @@ import numpy as np
 
 from . import graph_facts, stats
 from .errors import InputError
+from .batch_axes import batch_dim, without_batch
 from .model import ModelInfo, TensorSpec
 from .observations import Feeds
 from .rules import RETURN_FLOOR
@@ -54,6 +55,12 @@ class StatePair:
     shape: list[int]  # without the batch dimension
     dtype: str
     initial: list | None = None  # --initial-state: the values every episode starts from (None: zeros)
+    axis: int | None = 0  # where the batch of 1 goes (an LSTM's [layers, batch, hidden]: 1); None: no batch
+
+    @property
+    def fed_shape(self) -> list[int]:
+        """The shape fed at batch 1."""
+        return self.shape if self.axis is None else [*self.shape[: self.axis], 1, *self.shape[self.axis :]]
 
 
 @dataclass
@@ -72,6 +79,8 @@ class RolloutPlan:
     states: list[StatePair] = field(default_factory=list)
     trajectory: str = ""  # .npy of recorded observations, replayed open loop instead of an env
     initial_state: str = ""  # the --initial-state file's name, for the report (the values are in `states`)
+    action_low: list[float] | None = None  # a Box action space's bounds, flattened (read from the env by check())
+    action_high: list[float] | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> "RolloutPlan":
@@ -98,7 +107,8 @@ class RolloutPlan:
 
 def state_pairs(model: ModelInfo) -> list[StatePair]:
     specs = {spec.name: spec for spec in model.inputs}
-    return [StatePair(name, output, _fixed_dims(specs[name]), specs[name].dtype) for name, output in graph_facts.state_pairs(model)]
+    return [StatePair(pair.input, pair.output, _fixed_dims(specs[pair.input], model), specs[pair.input].dtype, axis=pair.axis)
+            for pair in model.state_pairs]
 
 
 def plan_for(model: ModelInfo, **settings) -> RolloutPlan:
@@ -111,19 +121,20 @@ def plan_for(model: ModelInfo, **settings) -> RolloutPlan:
         raise InputError(f"rollouts need one observation input besides recurrent state pairs, found {names}")
     obs = obs_candidates[0]
     for spec in model.inputs:
-        if spec.shape and isinstance(spec.shape[0], int) and spec.shape[0] != 1:
-            raise InputError(f"rollouts run at batch 1, but input {spec.name!r} has a fixed batch of {spec.shape[0]}")
+        batch = batch_dim(spec, model.batch_axes)
+        if isinstance(batch, int) and batch != 1:
+            raise InputError(f"rollouts run at batch 1, but input {spec.name!r} has a fixed batch of {batch}")
     state_outputs = {s.output for s in states}
     actions = [spec.name for spec in model.outputs if spec.name not in state_outputs]
     if not actions:
         raise InputError("rollouts need an action output besides recurrent state outputs")
     action = "action" if "action" in actions else actions[0]
-    return RolloutPlan(obs_input=obs.name, obs_shape=_fixed_dims(obs), obs_dtype=obs.dtype, action_output=action,
+    return RolloutPlan(obs_input=obs.name, obs_shape=_fixed_dims(obs, model), obs_dtype=obs.dtype, action_output=action,
                        states=states, **settings)
 
 
-def _fixed_dims(spec: TensorSpec) -> list[int]:
-    dims = spec.shape[1:]
+def _fixed_dims(spec: TensorSpec, model: ModelInfo) -> list[int]:
+    dims = without_batch(spec, model.batch_axes)
     if not all(isinstance(d, int) for d in dims):
         raise InputError(f"rollouts need fixed non-batch dimensions, but {spec.name!r} has shape {spec.shape}")
     return list(dims)
@@ -186,7 +197,9 @@ def check(plan: RolloutPlan) -> None:
                 f"--env {plan.env!r}: observations have shape {env.observation_space.shape}, "
                 f"the model's {plan.obs_input!r} expects {plan.obs_shape}"
             )
-        _action_kind(env.action_space)
+        if _action_kind(env.action_space) == "continuous":
+            plan.action_low = env.action_space.low.astype(np.float64).ravel().tolist()
+            plan.action_high = env.action_space.high.astype(np.float64).ravel().tolist()
     finally:
         env.close()
 
@@ -246,12 +259,13 @@ class Episode:
 
 
 def initial_state(plan: RolloutPlan) -> Feeds:
-    return {s.input: np.zeros([1, *s.shape], dtype=s.dtype) if s.initial is None
-            else np.asarray(s.initial, dtype=s.dtype).reshape([1, *s.shape]) for s in plan.states}
+    return {s.input: np.zeros(s.fed_shape, dtype=s.dtype) if s.initial is None
+            else np.asarray(s.initial, dtype=s.dtype).reshape(s.fed_shape) for s in plan.states}
 
 
 def set_initial_state(plan: RolloutPlan, path: Path) -> None:
-    """--initial-state FILE.npz: one array per state input, with or without its batch of 1; others start at zeros."""
+    """--initial-state FILE.npz: one array per state input, with or without its batch of 1 (on the state's
+    batch axis: [1, 1, 128] or [1, 128] for an LSTM's [layers, batch, hidden]); others start at zeros."""
     pairs = {s.input: s for s in plan.states}
     if not pairs:
         raise InputError(f"--initial-state {path.name}: the model has no recurrent state pair to start")
@@ -267,9 +281,9 @@ def set_initial_state(plan: RolloutPlan, path: Path) -> None:
         pair = pairs.get(name)
         if pair is None:
             raise InputError(f"--initial-state: {name[:100]!r} is not a recurrent state input; those are {sorted(pairs)}")
-        if value.dtype.kind not in "biuf" or list(value.shape) not in (pair.shape, [1, *pair.shape]):
+        if value.dtype.kind not in "biuf" or list(value.shape) not in (pair.shape, pair.fed_shape):
             raise InputError(f"--initial-state: {name!r} is {value.dtype} {list(value.shape)}; the state is "
-                             f"{pair.dtype} {[1, *pair.shape]}")
+                             f"{pair.dtype} {pair.fed_shape}")
         if not np.isfinite(value.astype(np.float64)).all():
             raise InputError(f"--initial-state: {name!r} holds non-finite values")
         pair.initial = value.astype(pair.dtype).reshape(pair.shape).tolist()

@@ -95,6 +95,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
         variant_errors=spec.variant_errors,
         variant_seconds={k: variants.conversion_seconds(v) for k, v in onnx_variants.items()},
         calibration=feeds,
+        batch_axes=spec.batch_axes,
         workdir=cell_dir,
         cache_dir=Path(spec.cache_dir),
         threads=spec.threads,
@@ -112,7 +113,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
         return
 
     enter("open")
-    first_batch = observations.take(feeds, spec.chunk or 1, spec.whole_inputs)
+    first_batch = observations.take(feeds, spec.chunk or 1, spec.batch_axes)
     target.start_runtime()
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads, spec.settings)
@@ -129,12 +130,12 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
     enter("contract")
     if spec.symbolic_batch:
         for batch in CONTRACT_BATCHES:
-            for name, value in session.run(observations.take(feeds, batch, spec.whole_inputs)).items():
+            for name, value in session.run(observations.take(feeds, batch, spec.batch_axes)).items():
                 arrays[f"batch{batch}/{name}"] = value
 
     enter("parity")
-    outputs = observations.run_in_batches(session.run, feeds, spec.chunk, spec.whole_inputs)
-    repeat = observations.run_in_batches(session.run, feeds, spec.chunk, spec.whole_inputs)
+    outputs = observations.run_in_batches(session.run, feeds, spec.chunk, spec.batch_axes)
+    repeat = observations.run_in_batches(session.run, feeds, spec.chunk, spec.batch_axes)
     for name, value in outputs.items():
         arrays[f"outputs/{name}"] = value
         arrays[f"repeat/{name}"] = repeat[name]
@@ -146,7 +147,7 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
     enter("latency")
     measurement.latency = []
     for batch in spec.batch_sizes:
-        samples, budget_spent = timed_calls(session, observations.take(feeds, batch, spec.whole_inputs), spec)
+        samples, budget_spent = timed_calls(session, observations.take(feeds, batch, spec.batch_axes), spec)
         measurement.latency.append(latency_stats(batch, samples))
         if budget_spent:
             measurement.notes.append(

@@ -54,12 +54,25 @@ class PrepareContext:
     """What a target may use to build its artifact for one cell."""
 
     onnx_variants: dict[str, Path]  # the core's ONNX fp32/fp16/int8 files
-    calibration: Feeds  # the run's observation set (int8 calibration data)
+    calibration: Feeds  # the run's observation set (int8 calibration data), each input's batch on its own axis
+    batch_axes: dict[str, int]  # input (and output) name -> its batch axis; an input absent is fed whole
     workdir: Path  # private to this cell
     cache_dir: Path  # shared across runs; key entries by content hash
     threads: int = 1
     variant_errors: dict[str, str] = field(default_factory=dict)  # variants the core could not make
     variant_seconds: dict[str, float] = field(default_factory=dict)  # how long the core took to make each
+
+    def calibration_head(self, rows: int) -> Feeds:
+        """The first `rows` observations, cut along each input's batch axis; inputs without one whole."""
+        return {name: np.ascontiguousarray(array[(slice(None),) * self.batch_axes[name] + (slice(0, rows),)])
+                if name in self.batch_axes else array for name, array in self.calibration.items()}
+
+    def calibration_samples(self, limit: int) -> list[Feeds]:
+        """Up to `limit` observations, each as it is fed at batch 1 (a 1 on each input's batch axis)."""
+        batched = [(name, axis) for name, axis in self.batch_axes.items() if name in self.calibration]
+        total = self.calibration[batched[0][0]].shape[batched[0][1]] if batched else 1
+        return [{name: np.take(array, [row], axis=self.batch_axes[name]) if name in self.batch_axes else array
+                 for name, array in self.calibration.items()} for row in range(min(total, limit))]
 
     @property
     def fp32_model(self) -> Path:

@@ -63,24 +63,24 @@ def environment_missing() -> str | None:
     return None
 
 
-def conversion_key(onnx_path: Path, variant: str) -> str:
+def conversion_key(onnx_path: Path, variant: str, batch_axes: dict[str, int]) -> str:
     digest = hashlib.sha256()
     for part in (onnx_path.read_bytes(), variant.encode(), REQUIREMENTS.read_bytes(), CONVERT_SCRIPT.read_bytes(),
-                 str(MAX_BATCH).encode()):
+                 str(MAX_BATCH).encode(), json.dumps(batch_axes, sort_keys=True).encode()):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()[:24]
 
 
 def convert(ctx: PrepareContext, variant: str) -> tuple[Path, dict, bool]:
     """The cached .mlpackage for this ONNX + variant (converted on a miss), its record, and whether it was cached."""
-    entry = ctx.cache_dir / "coreml" / conversion_key(ctx.fp32_model, variant)
+    entry = ctx.cache_dir / "coreml" / conversion_key(ctx.fp32_model, variant, ctx.batch_axes)
 
     def write(staging: Path) -> None:
         staging.mkdir()
         example = staging / "example.npz"
-        np.savez(example, **{name: array[:64] for name, array in ctx.calibration.items()})
+        np.savez(example, **ctx.calibration_head(64))
         request = {"workdir": str(staging), "onnx": str(ctx.fp32_model), "example": str(example), "variant": variant,
-                   "out": str(staging / "model.mlpackage"), "max_batch": MAX_BATCH}
+                   "out": str(staging / "model.mlpackage"), "max_batch": MAX_BATCH, "batch_axes": ctx.batch_axes}
         result = run_json(build_environment(), CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
         if "error" in result:
             raise RuntimeError(result["error"])

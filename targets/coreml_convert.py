@@ -14,6 +14,7 @@ in another interpreter.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import types
@@ -62,25 +63,50 @@ def _coreml_dtype(onnx_elem_type: int):
     return None  # let coremltools infer (e.g. bool)
 
 
-def _input_types(ct, graph_inputs, example: dict, max_batch: int) -> list:
+def _input_types(ct, graph_inputs, example: dict, batch_axes: dict, max_batch: int) -> list:
+    """Each input as traced, its batch axis (any axis; none for a side input) flexible unless fixed."""
     types_ = []
     for value in graph_inputs:
         dims = value.type.tensor_type.shape.dim
-        array = example[value.name]
-        batch = dims[0].dim_value if dims and dims[0].dim_value > 0 else ct.RangeDim(1, max_batch, default=1)
-        shape = (batch, *array.shape[1:]) if array.ndim else ()
-        types_.append(ct.TensorType(name=value.name, shape=shape, dtype=_coreml_dtype(value.type.tensor_type.elem_type)))
+        shape = list(example[value.name].shape)
+        axis = batch_axes.get(value.name)
+        if axis is not None and not dims[axis].dim_value > 0:
+            shape[axis] = ct.RangeDim(1, max_batch, default=1)
+        types_.append(ct.TensorType(name=value.name, shape=tuple(shape), dtype=_coreml_dtype(value.type.tensor_type.elem_type)))
     return types_
 
 
-def _trace_example(graph_inputs, arrays: dict) -> dict:
-    """A fixed batch as declared, else 2 rows: batch 1 could let the trace specialize on size 1."""
+def _trace_example(graph_inputs, arrays: dict, batch_axes: dict) -> dict:
+    """A fixed batch as declared, else 2 rows along each input's batch axis: batch 1 could let the trace
+    specialize on size 1. Inputs without a batch axis as they are fed."""
     example = {}
     for value in graph_inputs:
         dims = value.type.tensor_type.shape.dim
-        rows = dims[0].dim_value if dims and dims[0].dim_value > 0 else 2
-        example[value.name] = arrays[value.name][:rows]
+        axis = batch_axes.get(value.name)
+        if axis is None:
+            example[value.name] = arrays[value.name]
+            continue
+        rows = dims[axis].dim_value if dims[axis].dim_value > 0 else 2
+        example[value.name] = np.ascontiguousarray(np.take(arrays[value.name], range(rows), axis=axis))
     return example
+
+
+MISSING = re.compile(r"domain='(?P<domain>[^']*)', operation_type='(?P<op>\w+)', version=(?P<version>\d+)")
+
+
+def _missing_converter(message: str) -> str:
+    """onnx2torch's 'Converter is not implemented (...)' with what its registry does have for that op:
+    its `version` is the op's schema version (LSTM at opset 17 says 14), and often there is none at all."""
+    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY
+
+    match = MISSING.search(message)
+    if match is None:
+        return message
+    op, version = match["op"], match["version"]
+    versions = sorted(d.version for d in _CONVERTER_REGISTRY if d.operation_type == op and d.domain == match["domain"])
+    if not versions:
+        return f"onnx2torch has no {op} converter at any opset ({message})"
+    return f"onnx2torch has no {op} converter for schema version {version}, only for {', '.join(map(str, versions))} ({message})"
 
 
 def mil_operations(block):
@@ -174,9 +200,12 @@ def convert(request: dict) -> dict:
     model = onnx.load(request["onnx"])
     initializers = {init.name for init in model.graph.initializer}
     graph_inputs = [value for value in model.graph.input if value.name not in initializers]
-    example = _trace_example(graph_inputs, dict(np.load(request["example"])))
+    example = _trace_example(graph_inputs, dict(np.load(request["example"])), request["batch_axes"])
     started = time.perf_counter()
-    module = onnx2torch.convert(model).eval()
+    try:
+        module = onnx2torch.convert(model).eval()
+    except NotImplementedError as error:
+        raise NotImplementedError(_missing_converter(str(error))) from None
     traced = torch.jit.trace(module, tuple(torch.from_numpy(example[v.name]) for v in graph_inputs))
     workarounds = _workarounds_used(traced)
     precision = ct.precision.FLOAT32 if request["variant"] == "fp32" else ct.precision.FLOAT16
@@ -184,7 +213,7 @@ def convert(request: dict) -> dict:
     mlmodel = ct.convert(
         traced,
         convert_to="mlprogram",
-        inputs=_input_types(ct, graph_inputs, example, request["max_batch"]),
+        inputs=_input_types(ct, graph_inputs, example, request["batch_axes"], request["max_batch"]),
         outputs=outputs,
         compute_precision=precision,
         minimum_deployment_target=getattr(ct.target, DEPLOYMENT_TARGET),

@@ -48,7 +48,8 @@ class OrtSession(Session):
         self.requested = providers[0] if isinstance(providers[0], str) else providers[0][0]
         self.session = ort.InferenceSession(str(artifact.path), options, providers=providers)
         self.settings_given = bool(settings)
-        self.output_names = [o.name for o in self.session.get_outputs()]
+        # A sequence or map output (skl2onnx's ZipMap) is left out of the matrix: only tensors are fetched.
+        self.output_names = [o.name for o in self.session.get_outputs() if o.type.startswith("tensor")]
 
     def run(self, feeds: Feeds) -> Feeds:
         self.last_feeds = feeds

@@ -49,7 +49,7 @@ def build_environment() -> Path:
 def converted(ctx: PrepareContext, model: Path, recipe: str) -> tuple[Path, bool]:
     """The cache entry (a folder of .tflite files + meta.json) for this model and recipe,
     and whether this call made it (cells of one run convert the same model at once: one converts)."""
-    calibration = calibration_set(ctx.calibration) if recipe == "full" else {}
+    calibration = calibration_set(ctx) if recipe == "full" else {}
     entry = ctx.cache_dir / "tflite" / cache_key(model, recipe, calibration)
 
     def convert(staging: Path) -> None:
@@ -68,8 +68,12 @@ def cache_key(model: Path, recipe: str, calibration: Feeds) -> str:
     return f"{recipe}-{digest.hexdigest()[:20]}"
 
 
-def calibration_set(feeds: Feeds) -> Feeds:
-    return {name: np.ascontiguousarray(array[:MAX_CALIBRATION_SAMPLES]) for name, array in feeds.items()}
+def calibration_set(ctx: PrepareContext) -> Feeds:
+    """onnx2tf calibrates on `data[i:i+1]` of every input's array: each observation as it is fed at
+    batch 1 (cut along the input's own batch axis; an input without one, a rank-0 `sr` too, as it is
+    fed), joined along axis 0."""
+    samples = ctx.calibration_samples(MAX_CALIBRATION_SAMPLES)
+    return {name: np.concatenate([np.atleast_1d(sample[name]) for sample in samples]) for name in ctx.calibration}
 
 
 def run_converter(ctx: PrepareContext, model: Path, recipe: str, calibration: Feeds) -> dict:

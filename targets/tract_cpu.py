@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -25,28 +26,44 @@ TRACT_FLOOR = "0.23.0"
 
 class TractSession(Session):
     def __init__(self, artifact: Artifact):
-        import tract
-
         graph = onnx.load(str(artifact.path), load_external_data=False).graph
         initializers = {tensor.name for tensor in graph.initializer}
+        inputs = [value for value in graph.input if value.name not in initializers]
         # tract names outputs after the node that makes them: take the tensor names from the graph.
-        self.input_names = [value.name for value in graph.input if value.name not in initializers]
+        self.input_names = [value.name for value in inputs]
         self.output_names = [value.name for value in graph.output]
-        try:
-            self.runnable = tract.onnx().load(str(artifact.path)).into_model().into_runnable()
-        except Exception as error:  # tract appends a Rust stack trace to its own words
-            raise RuntimeError(str(error).split("Stack backtrace:")[0].strip()) from None
+        self.path = artifact.path
+        # A dim without a name (skl2onnx's `?`, silero's state) leaves tract without an input fact
+        # ("provide explicit input facts"): such a model gets the shapes it is fed, one plan per shape.
+        self.fed_shapes = any(_unnamed_dims(value) for value in inputs)
+        self.plans: dict[tuple, object] = {}
+        self.runnable = None if self.fed_shapes else _plan(self.path, None)
 
     def _inputs(self, feeds: Feeds) -> list[np.ndarray]:
         # asarray, not ascontiguousarray: that one makes a scalar input 1-d
         return [np.asarray(feeds[name], order="C") for name in self.input_names]
 
+    def _runnable(self, inputs: list[np.ndarray]):
+        if not self.fed_shapes:
+            return self.runnable
+        key = tuple((array.shape, array.dtype.str) for array in inputs)
+        if key not in self.plans:
+            self.plans[key] = _plan(self.path, [_fact(array) for array in inputs])
+        self.runnable = self.plans[key]
+        return self.runnable
+
     def run(self, feeds: Feeds) -> Feeds:
-        values = self.runnable.run(self._inputs(feeds))
+        inputs = self._inputs(feeds)
+        runnable = self._runnable(inputs)
+        try:
+            values = runnable.run(inputs)
+        except Exception as error:
+            raise RuntimeError(tract_message(error)) from None
         return {name: value.to_numpy() for name, value in zip(self.output_names, values)}
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
-        run, inputs = self.runnable.run, self._inputs(feeds)
+        inputs = self._inputs(feeds)
+        run = self._runnable(inputs).run
 
         def call() -> None:
             [value.to_numpy() for value in run(inputs)]  # a caller needs the action as an array
@@ -61,7 +78,7 @@ class TractSession(Session):
         except BaseException as error:  # a Rust panic arrives as pyo3's PanicException, a BaseException
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise RuntimeError(f"tract's profiler failed: {str(error).split('Stack backtrace:')[0].strip()}") from None
+            raise RuntimeError(f"tract's profiler failed: {tract_message(error)}") from None
         return [
             PlacementRow(node=node["node_name"], op_type=node["op_name"], where=WHERE, fallback=False)
             for node in profile["nodes"]
@@ -69,7 +86,36 @@ class TractSession(Session):
         ]
 
     def backend(self) -> BackendInfo:
-        return BackendInfo(requested=WHERE, actual=WHERE)
+        detail = "input facts from the fed shapes (the model leaves dims unnamed)" if self.fed_shapes else ""
+        return BackendInfo(requested=WHERE, actual=WHERE, detail=detail)
+
+
+def _plan(path: Path, facts: list[str] | None):
+    """tract's optimized, runnable plan of the model; `facts` fixes each input's shape and type."""
+    import tract
+
+    try:
+        model = tract.onnx().load(str(path))
+        for index, fact in enumerate(facts or []):
+            model.set_input_fact(index, fact)
+        return model.into_model().into_runnable()
+    except Exception as error:
+        raise RuntimeError(tract_message(error)) from None
+
+
+def tract_message(error: BaseException) -> str:
+    """tract's own words: it appends a Rust stack trace to them."""
+    return str(error).split("Stack backtrace:")[0].strip()
+
+
+def _unnamed_dims(value: onnx.ValueInfoProto) -> bool:
+    return any(not dim.HasField("dim_value") and not dim.dim_param for dim in value.type.tensor_type.shape.dim)
+
+
+def _fact(array: np.ndarray) -> str:
+    """tract's fact text for a fed array: '4,3,f32', 'i64' for a scalar."""
+    datum = "bool" if array.dtype.kind == "b" else f"{array.dtype.kind}{array.dtype.itemsize * 8}"
+    return ",".join([*map(str, array.shape), datum])
 
 
 class TractCpu(Target):

@@ -159,6 +159,100 @@ def nan_initializer_mlp() -> onnx.ModelProto:
                   [numpy_helper.from_array(values, "W1_w"), bias])
 
 
+def lstm_actor(obs_n: int = 105, hidden: int = 128, actions: int = 12) -> onnx.ModelProto:
+    """rsl_rl's LSTM actor as its exporter writes it: obs [batch, 105], h_in/c_in [1, batch, 128]
+    (the ONNX LSTM layout [num_layers, batch, hidden]: the batch on axis 1) -> actions, h_out, c_out."""
+    rng = np.random.default_rng(11)
+    scale = 1 / np.sqrt(hidden)
+    inits = [
+        numpy_helper.from_array(rng.uniform(-scale, scale, (1, 4 * hidden, obs_n)).astype(np.float32), "lstm_w"),
+        numpy_helper.from_array(rng.uniform(-scale, scale, (1, 4 * hidden, hidden)).astype(np.float32), "lstm_r"),
+        numpy_helper.from_array(rng.uniform(-scale, scale, (1, 8 * hidden)).astype(np.float32), "lstm_b"),
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+        numpy_helper.from_array(np.array([0, 1], np.int64), "axes01"),
+        *_weights(rng, "head", hidden, actions),
+    ]
+    nodes = [
+        helper.make_node("Unsqueeze", ["obs", "axis0"], ["sequence"]),  # one step: [1, batch, 105]
+        helper.make_node("LSTM", ["sequence", "lstm_w", "lstm_r", "lstm_b", "", "h_in", "c_in"], ["y", "h_out", "c_out"],
+                         hidden_size=hidden, name="/memory/rnn/LSTM"),
+        helper.make_node("Squeeze", ["y", "axes01"], ["features"]),
+        helper.make_node("Gemm", ["features", "head_w", "head_b"], ["actions"], name="/actor/Gemm"),
+    ]
+    return _model(
+        nodes, [_float("obs", ["batch", obs_n]), _float("h_in", [1, "batch", hidden]), _float("c_in", [1, "batch", hidden])],
+        [_float("actions", ["batch", actions]), _float("h_out", [1, "batch", hidden]), _float("c_out", [1, "batch", hidden])],
+        inits,
+    )
+
+
+def vad_with_sample_rate(samples: int = 64, hidden: int = 128) -> onnx.ModelProto:
+    """silero-vad's interface: input [?, 64], state [2, ?, 128] (h and c stacked on axis 0, the batch on
+    axis 1), a rank-0 int64 `sr` -> output [?, 1], stateN; dims left unnamed as that export does."""
+    rng = np.random.default_rng(13)
+    inits = [
+        *_weights(rng, "x", samples, hidden), *_weights(rng, "h", hidden, hidden), *_weights(rng, "out", hidden, 1),
+        numpy_helper.from_array(np.array(16000.0, np.float32), "rate16k"),
+        numpy_helper.from_array(np.array(0, np.int64), "first"), numpy_helper.from_array(np.array(1, np.int64), "second"),
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["sr"], ["sr_float"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["sr_float", "rate16k"], ["rate_scale"]),  # rank 0 broadcasts over [batch, 64]
+        helper.make_node("Mul", ["input", "rate_scale"], ["scaled"]),
+        helper.make_node("Gather", ["state", "first"], ["h"], axis=0),
+        helper.make_node("Gather", ["state", "second"], ["c"], axis=0),
+        helper.make_node("Gemm", ["scaled", "x_w", "x_b"], ["from_input"]),
+        helper.make_node("Gemm", ["h", "h_w", "h_b"], ["from_state"]),
+        helper.make_node("Add", ["from_input", "from_state"], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["h_next"]),
+        helper.make_node("Add", ["c", "h_next"], ["c_next"]),
+        helper.make_node("Unsqueeze", ["h_next", "axis0"], ["h_row"]),
+        helper.make_node("Unsqueeze", ["c_next", "axis0"], ["c_row"]),
+        helper.make_node("Concat", ["h_row", "c_row"], ["stateN"], axis=0),
+        helper.make_node("Gemm", ["h_next", "out_w", "out_b"], ["logit"]),
+        helper.make_node("Sigmoid", ["logit"], ["output"]),
+    ]
+    inputs = [_float("input", [None, samples]), _float("state", [2, None, hidden]),
+              helper.make_tensor_value_info("sr", TensorProto.INT64, [])]
+    return _model(nodes, inputs, [_float("output", [None, 1]), _float("stateN", [2, None, hidden])], inits)
+
+
+def unnamed_batch_regressor() -> onnx.ModelProto:
+    """skl2onnx's MLPRegressor shape: float_input [?, 3] with an unnamed batch -> variable [?, 1]."""
+    rng = np.random.default_rng(17)
+    inits = _weights(rng, "l1", 3, 8) + _weights(rng, "l2", 8, 1)
+    nodes = [
+        helper.make_node("MatMul", ["float_input", "l1_w"], ["h1"]), helper.make_node("Add", ["h1", "l1_b"], ["a1"]),
+        helper.make_node("Relu", ["a1"], ["r1"]),
+        helper.make_node("MatMul", ["r1", "l2_w"], ["h2"]), helper.make_node("Add", ["h2", "l2_b"], ["variable"]),
+    ]
+    return _model(nodes, [_float("float_input", [None, 3])], [_float("variable", [None, 1])], inits)
+
+
+def zipmap_classifier() -> onnx.ModelProto:
+    """skl2onnx's classifier default: output_label [?] int64 and output_probability, a ZipMap's sequence of
+    maps (what `options={id(clf): {"zipmap": False}}` turns into a [?, 3] tensor)."""
+    rng = np.random.default_rng(19)
+    weights = rng.normal(size=(3, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("LinearClassifier", ["float_input"], ["label", "probability_tensor"], domain="ai.onnx.ml",
+                         classlabels_ints=[0, 1, 2], coefficients=weights.ravel().tolist(), intercepts=[0.1, -0.2, 0.0],
+                         multi_class=1, post_transform="SOFTMAX"),
+        helper.make_node("Identity", ["label"], ["output_label"]),
+        helper.make_node("ZipMap", ["probability_tensor"], ["output_probability"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2]),
+    ]
+    probabilities = helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    zipped = helper.make_value_info("output_probability", helper.make_sequence_type_proto(probabilities))
+    graph = helper.make_graph(nodes, "classifier", [_float("float_input", [None, 4])],
+                              [helper.make_tensor_value_info("output_label", TensorProto.INT64, [None]), zipped])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("ai.onnx.ml", 1)],
+                              producer_name="skl2onnx")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def save(model: onnx.ModelProto, folder: Path, name: str) -> Path:
     path = Path(folder) / f"{name}.onnx"
     onnx.save(model, str(path))

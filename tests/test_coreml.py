@@ -54,7 +54,7 @@ def context(model_path: Path, tmp_path: Path, cache: Path | None = None) -> Prep
     feeds = {value.name: np.random.default_rng(0).normal(size=shape).astype(np.float32)}
     workdir = tmp_path / "cell"
     workdir.mkdir(exist_ok=True)
-    return PrepareContext(onnx_variants={"fp32": model_path}, calibration=feeds, workdir=workdir,
+    return PrepareContext(onnx_variants={"fp32": model_path}, calibration=feeds, batch_axes={value.name: 0}, workdir=workdir,
                           cache_dir=cache or SHARED_CACHE)
 
 

@@ -44,6 +44,7 @@ def context(onnx_path: Path, workdir: Path, n_obs: int = 64) -> PrepareContext:
     return PrepareContext(
         onnx_variants={"fp32": onnx_path},
         calibration=observations.seeded(info, n_obs, seed=0),
+        batch_axes=info.batch_axes,
         workdir=workdir,
         cache_dir=cache_dir(),
     )
@@ -102,7 +103,7 @@ def test_full_integer_int8_is_calibrated_and_maps_renamed_outputs(tmp_path):
 @pytest.mark.parametrize("batch", [1, 2, 7, 64])
 def test_dynamic_batch_resizes(batch, tmp_path):
     ctx, _, session = run_cell("tflite", "pixel_cnn", "fp32", tmp_path)
-    feeds = observations.take(ctx.calibration, batch)
+    feeds = observations.take(ctx.calibration, batch, ctx.batch_axes)
     assert session.run(feeds)["action"].shape == (batch, 3)
     assert max_drift(session.run(feeds), ort_outputs(ctx.fp32_model, feeds)) < FP32_TOLERANCE
 
@@ -136,7 +137,7 @@ def test_without_xnnpack_everything_runs_on_builtin_kernels(tmp_path):
 
 def test_time_reports_nanoseconds_per_call(tmp_path):
     ctx, _, session = run_cell("tflite", "continuous_mlp", "fp32", tmp_path)
-    samples = session.time(observations.take(ctx.calibration, 64), warmup=5, iters=50)
+    samples = session.time(observations.take(ctx.calibration, 64, ctx.batch_axes), warmup=5, iters=50)
     assert len(samples) == 50 and all(isinstance(s, int) and 0 < s < 50_000_000 for s in samples)
 
 

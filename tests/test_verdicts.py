@@ -15,7 +15,7 @@ from conftest import load_results, run_cli
 from onnx import TensorProto, helper
 
 import policies
-from matrix import cells, metrics, model, observations, reference, variants
+from matrix import batch_axes, cells, metrics, model, observations, reference, variants
 from matrix.lint import lint
 from matrix.results import ArtifactInfo, Cell, OutputParity
 from matrix.rules import Context, Tolerance, verdict
@@ -149,7 +149,7 @@ def test_bad_tie_margin_or_agreement_exits_2(built, tmp_path, option):
 
 def test_a_side_input_is_fed_whole_and_not_taken_for_a_batch(built, tmp_path):
     info = model.load(built("side_input_policy"))
-    assert observations.whole_inputs(info) == ["rng"]
+    assert batch_axes.fed_whole(info) == ["rng"]
     lints = {item.id: item for item in lint(info)}
     assert lints["symbolic-batch"].level == "ok" and "['rng']" in lints["side-inputs"].message
 
@@ -176,9 +176,9 @@ def test_chunks_slice_only_the_batched_inputs():
         seen.append({k: v.shape for k, v in chunk.items()})
         return {"y": chunk["a"] * chunk["scalar"]}
 
-    out = observations.run_in_batches(run, feeds, 2, whole=["shape", "scalar"])
+    out = observations.run_in_batches(run, feeds, 2, {"a": 0, "y": 0})
     assert seen == [{"a": (2, 1), "shape": (2,), "scalar": ()}] * 3 and out["y"].ravel().tolist() == [0, 2, 4, 6, 8, 10]
-    only_whole = observations.run_in_batches(lambda f: {"y": f["shape"]}, {"shape": np.array([0, 7])}, 0, whole=["shape"])
+    only_whole = observations.run_in_batches(lambda f: {"y": f["shape"]}, {"shape": np.array([0, 7])}, 0, {})
     assert only_whole["y"].tolist() == [0, 7]
 
 
@@ -241,7 +241,7 @@ def test_a_cell_killed_in_its_latency_stage_keeps_parity_and_contract(tmp_path):
 def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path):
     info = model.load(built("gru_cell"))
     session = OrtSession(Artifact(path=info.path), ["CPUExecutionProvider"], 1)
-    feeds = observations.take(observations.seeded(info, 8, 0), 1)
+    feeds = observations.take(observations.seeded(info, 8, 0), 1, info.batch_axes)
     spec = cells.CellSpec(target="ort-cpu", variant="fp32", observations="", onnx_variants={}, iters=10**8,
                           warmup=10**6, latency_budget_s=0.5)
     from matrix.worker import timed_calls

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import policies
 from matrix import contract, examples
-from matrix.graph_facts import action_bounds, non_finite_initializers, state_pairs
+from matrix.graph_facts import StatePair, action_bounds, non_finite_initializers
 from matrix.lint import lint
 
 
@@ -37,9 +37,9 @@ def test_no_bounds_where_the_graph_states_none(load_policy):
 
 
 def test_a_recurrent_state_pairs_with_its_next_value_and_a_side_input_does_not(load_policy):
-    assert state_pairs(load_policy(policies.gru_cell())) == [("h", "h_next")]
-    assert state_pairs(load_policy(policies.side_input_policy())) == []
-    assert state_pairs(load_policy(examples.continuous_mlp())) == []
+    assert load_policy(policies.gru_cell()).state_pairs == [StatePair("h", "h_next", axis=0)]
+    assert load_policy(policies.side_input_policy()).state_pairs == []
+    assert load_policy(examples.continuous_mlp()).state_pairs == []
 
 
 def test_non_finite_initializers_are_counted_by_name(load_policy):
@@ -56,7 +56,7 @@ def test_a_clean_policy_has_no_finding(load_policy):
 def test_lints_name_what_they_found(load_policy):
     gru = _lints(load_policy(policies.gru_cell()))
     assert gru["input-obs"][0] == "warn" and "['obs', 'h']" in gru["input-obs"][1]
-    assert gru["recurrent-state"] == ("warn", "recurrent state h -> h_next: the caller carries it between steps (checked in the contract)")
+    assert gru["recurrent-state"] == ("warn", "recurrent state h -> h_next (batch on axis 0): the caller carries it between steps (checked in the contract)")
     side = _lints(load_policy(policies.side_input_policy()))
     assert side["side-inputs"][0] == "warn" and "['rng']" in side["side-inputs"][1]
     assert side["symbolic-batch"][0] == "ok"  # a side input is fed whole: its fixed dimension is no batch

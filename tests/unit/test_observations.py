@@ -6,22 +6,30 @@ import numpy as np
 import pytest
 
 import policies
-from matrix import examples, observations
+from matrix import batch_axes, examples, observations
 from matrix.errors import InputError
 
 
 def test_take_tiles_a_small_set_and_leaves_whole_inputs_alone():
     feeds = {"obs": np.arange(6, dtype=np.float32).reshape(3, 2), "rng": np.array([7.0], np.float32)}
-    taken = observations.take(feeds, 5, whole={"rng"})
+    taken = observations.take(feeds, 5, {"obs": 0})
     assert taken["obs"][:, 0].tolist() == [0, 2, 4, 0, 2]
     assert taken["rng"] is feeds["rng"]
     assert taken["obs"].flags["C_CONTIGUOUS"]
 
 
+def test_take_cuts_each_input_along_its_own_batch_axis():
+    feeds = {"obs": np.arange(4.0).reshape(4, 1), "h_in": np.arange(8.0).reshape(1, 4, 2)}
+    taken = observations.take(feeds, 2, {"obs": 0, "h_in": 1})
+    assert taken["obs"].shape == (2, 1) and taken["h_in"].shape == (1, 2, 2)
+    assert taken["h_in"].tolist() == [[[0, 1], [2, 3]]] and taken["h_in"].flags["C_CONTIGUOUS"]
+
+
 def test_count_ignores_whole_inputs_and_is_one_when_everything_is_whole():
-    assert observations.count({"obs": np.zeros((4, 2)), "rng": np.zeros(9)}, whole={"rng"}) == 4
-    assert observations.count({"scale": np.float32(2.0)}) == 1
-    assert observations.count({"axes": np.zeros(3, np.int64)}, whole={"axes"}) == 1
+    assert observations.count({"obs": np.zeros((4, 2)), "rng": np.zeros(9)}, {"obs": 0}) == 4
+    assert observations.count({"state": np.zeros((2, 5, 3)), "sr": np.array(16000)}, {"state": 1}) == 5
+    assert observations.count({"scale": np.float32(2.0)}, {}) == 1
+    assert observations.count({"axes": np.zeros(3, np.int64)}, {}) == 1
 
 
 def test_run_in_batches_chunks_batched_inputs_and_feeds_whole_inputs_to_every_call():
@@ -32,9 +40,23 @@ def test_run_in_batches_chunks_batched_inputs_and_feeds_whole_inputs_to_every_ca
         return {"y": feeds["obs"].sum(axis=1) * feeds["rng"][0]}
 
     feeds = {"obs": np.ones((5, 3), np.float32), "rng": np.array([2.0], np.float32)}
-    out = observations.run_in_batches(run, feeds, 2, whole={"rng"})
+    out = observations.run_in_batches(run, feeds, 2, {"obs": 0, "y": 0})
     assert out["y"].tolist() == [6.0] * 5
     assert calls == [{"obs": (2, 3), "rng": (1,)}, {"obs": (2, 3), "rng": (1,)}, {"obs": (1, 3), "rng": (1,)}]
+
+
+def test_run_in_batches_joins_outputs_along_their_batch_axis():
+    """An LSTM's state [layers, batch, hidden]: chunks cut on axis 1 and the next state joined on axis 1."""
+    feeds = {"obs": np.arange(5.0).reshape(5, 1), "h_in": np.arange(10.0).reshape(1, 5, 2), "sr": np.array(8000)}
+    seen = []
+
+    def run(chunk):
+        seen.append({name: array.shape for name, array in chunk.items()})
+        return {"action": chunk["obs"] * 2, "h_out": chunk["h_in"] + 1}
+
+    out = observations.run_in_batches(run, feeds, 2, {"obs": 0, "h_in": 1, "action": 0, "h_out": 1})
+    assert seen[0] == {"obs": (2, 1), "h_in": (1, 2, 2), "sr": ()} and len(seen) == 3
+    assert np.array_equal(out["h_out"], feeds["h_in"] + 1) and np.array_equal(out["action"], feeds["obs"] * 2)
 
 
 def test_run_in_batches_with_batch_zero_or_only_whole_inputs_is_one_call():
@@ -45,16 +67,16 @@ def test_run_in_batches_with_batch_zero_or_only_whole_inputs_is_one_call():
         return dict(feeds)
 
     feeds = {"obs": np.ones((5, 3))}
-    assert observations.run_in_batches(run, feeds, 0)["obs"].shape == (5, 3) and len(calls) == 1
+    assert observations.run_in_batches(run, feeds, 0, {"obs": 0})["obs"].shape == (5, 3) and len(calls) == 1
     scalar = {"scale": np.float32(3.0)}
-    assert observations.run_in_batches(run, scalar, 2)["scale"] == 3.0 and len(calls) == 2
+    assert observations.run_in_batches(run, scalar, 2, {})["scale"] == 3.0 and len(calls) == 2
 
 
 def test_side_inputs_are_fed_whole(load_policy):
     model = load_policy(policies.side_input_policy())
-    assert observations.batched_inputs(model) == ["obs"] and observations.whole_inputs(model) == ["rng"]
+    assert model.batch_axes.keys() >= {"obs"} and batch_axes.fed_whole(model) == ["rng"]
     gru = load_policy(policies.gru_cell())
-    assert observations.batched_inputs(gru) == ["obs", "h"]
+    assert {name: gru.batch_axes[name] for name in ("obs", "h")} == {"obs": 0, "h": 0}
 
 
 def test_seeded_sets_are_reproducible_and_shaped_like_the_inputs(load_policy):
@@ -83,7 +105,7 @@ def test_a_good_npy_loads_as_the_models_dtype(mlp, tmp_path):
     (np.array([{"a": 1}], dtype=object), "pickled object array: refused"),
     (np.array([["a"] * 17]), "holds unicode strings"),
     (np.ones((2, 17), np.complex64), "holds complex numbers"),
-    (np.ones((4, 5), np.float32), "has shape [4, 5], the model expects [N, *[17]]"),
+    (np.ones((4, 5), np.float32), "has shape [4, 5], the model expects [N, 17]"),
     (np.ones((0, 17), np.float32), "holds 0 observations"),
 ])
 def test_bad_arrays_are_one_clear_input_error(mlp, tmp_path, array, words):

@@ -17,13 +17,13 @@ from targets.base import VARIANTS, BackendInfo, PlacementRow
 
 
 def _inputs() -> CellInputs:
-    return CellInputs(observations="obs.npz", onnx_variants={"fp32": "m.onnx"}, chunk=4, whole_inputs=["rng"])
+    return CellInputs(observations="obs.npz", onnx_variants={"fp32": "m.onnx"}, chunk=4, batch_axes={"obs": 0})
 
 
 def test_a_cells_spec_is_the_runs_inputs_plus_its_axes_and_round_trips(tmp_path):
     spec = _inputs().for_cell("ort-cpu", "fp32", settings={"threads": "2"}, iters=5)
     assert (spec.target, spec.variant, spec.settings, spec.iters) == ("ort-cpu", "fp32", {"threads": "2"}, 5)
-    assert (spec.chunk, spec.whole_inputs, spec.warmup) == (4, ["rng"], options.DEFAULT_WARMUP)
+    assert (spec.chunk, spec.batch_axes, spec.warmup) == (4, {"obs": 0}, options.DEFAULT_WARMUP)
     spec.write(tmp_path)
     assert CellSpec.read(tmp_path) == spec
 

@@ -54,7 +54,7 @@ def test_a_session_closes_when_its_block_ends_even_by_an_error():
 def test_the_default_prepare_names_the_variant_and_the_cache_for_open(tmp_path, name):
     """What web targets read at open() (fp16 checks, fixed-batch copies) comes on the artifact, typed."""
     variant_file = tmp_path / "model.fp16.onnx"
-    ctx = PrepareContext(onnx_variants={"fp16": variant_file}, calibration={}, workdir=tmp_path, cache_dir=tmp_path / "cache",
+    ctx = PrepareContext(onnx_variants={"fp16": variant_file}, calibration={}, batch_axes={}, workdir=tmp_path, cache_dir=tmp_path / "cache",
                          variant_seconds={"fp16": 1.5})
     artifact = targets.get(name).prepare(ctx, "fp16")
     assert (artifact.path, artifact.variant, artifact.cache_dir, artifact.conversion_s) == (variant_file, "fp16", ctx.cache_dir, 1.5)

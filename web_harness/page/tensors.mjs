@@ -45,6 +45,7 @@ export function decodeFeeds(ort, wire) {
 export function encodeOutputs(results) {
   const wire = {};
   for (const [name, tensor] of Object.entries(results)) {
+    if (!tensor?.dims) continue; // a sequence or map output (a ZipMap) is left out of the matrix
     const data = tensor.data;
     const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
     wire[name] = { dtype: tensor.type, shape: Array.from(tensor.dims), b64: base64FromBytes(bytes) };

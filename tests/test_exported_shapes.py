@@ -1,0 +1,231 @@
+"""The shapes real exporters write, fed the way each runtime needs them.
+
+rsl_rl's LSTM actor keeps its state as [num_layers, batch, hidden] (the batch on
+axis 1), silero-vad has `state [2, ?, 128]` beside a rank-0 int64 `sr`, skl2onnx
+leaves the batch dim unnamed. Each input's batch axis is inferred once and used
+by batching, feeding, rollouts, the lints and every target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from onnx import helper
+
+import policies
+import targets
+from matrix import action_range, batch_axes, messages, model, observations, rollouts
+from matrix.errors import InputError
+from matrix.graph_facts import StatePair
+from matrix.lint import lint
+
+FAST = ("--n-obs", "16", "--iters", "5", "--warmup", "1", "--variants", "fp32")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("exported")
+    return {name: policies.save(getattr(policies, name)(), folder, name)
+            for name in ("lstm_actor", "vad_with_sample_rate", "unnamed_batch_regressor")}
+
+
+def _cells(out: Path) -> dict[str, dict]:
+    return {cell["target"]: cell for cell in json.loads((out / "results.json").read_text())["cells"]}
+
+
+# --- inferred once ----------------------------------------------------------------------------------
+
+def test_an_lstm_state_has_its_batch_on_axis_1_and_pairs_with_its_next_value(exported):
+    info = model.load(exported["lstm_actor"])
+    assert info.state_pairs == [StatePair("h_in", "h_out", 1), StatePair("c_in", "c_out", 1)]
+    assert info.batch_axes == {"obs": 0, "h_in": 1, "c_in": 1, "actions": 0, "h_out": 1, "c_out": 1}
+    found = {item.id: item.message for item in lint(info)}
+    assert "h_in -> h_out (batch on axis 1), c_in -> c_out (batch on axis 1)" in found["recurrent-state"]
+    assert found["symbolic-batch"] == "batch dimension is symbolic on every input and output"
+    assert found["side-inputs"] == "every input carries the batch dimension"
+
+
+def test_silero_style_state_and_a_rank0_sample_rate(exported):
+    info = model.load(exported["vad_with_sample_rate"])
+    assert info.state_pairs == [StatePair("state", "stateN", 1)]  # state -> stateN, batch unnamed, on axis 1
+    assert batch_axes.fed_whole(info) == ["sr"]
+    feeds = observations.seeded(info, 8, 0)
+    assert (feeds["input"].shape, feeds["state"].shape, feeds["sr"].shape) == ((8, 64), (2, 8, 128), ())
+    assert observations.count(feeds, info.batch_axes) == 8
+
+
+def test_batch_axis_given_by_the_user_wins_and_bad_ones_exit_2(exported):
+    info = model.load(exported["lstm_actor"], {"h_in": -1})
+    assert "h_in" not in info.batch_axes and info.state_pairs[0] == StatePair("h_in", "h_out", None)
+    with pytest.raises(InputError, match="not an input of the model"):
+        model.load(exported["lstm_actor"], {"hidden": 1})
+    with pytest.raises(InputError, match="has rank 3"):
+        model.load(exported["lstm_actor"], {"h_in": 3})
+    done = run_cli("lint", exported["lstm_actor"], "--batch-axis", "h_in:1")
+    assert done.returncode == 2 and "expected NAME=AXIS" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_recorded_observations_keep_the_models_layout(exported, tmp_path):
+    info = model.load(exported["lstm_actor"])
+    path = tmp_path / "recorded.npz"
+    np.savez(path, obs=np.ones((5, 105), np.float32), h_in=np.zeros((1, 5, 128), np.float32), c_in=np.zeros((1, 5, 128), np.float32))
+    assert observations.load(path, info)["h_in"].shape == (1, 5, 128)
+    np.savez(path, obs=np.ones((5, 105), np.float32), h_in=np.zeros((1, 4, 128), np.float32), c_in=np.zeros((1, 5, 128), np.float32))
+    with pytest.raises(InputError, match="different numbers of observations"):
+        observations.load(path, info)
+    np.savez(path, obs=np.ones((5, 105), np.float32), h_in=np.zeros((5, 1, 128), np.float32), c_in=np.zeros((1, 5, 128), np.float32))
+    with pytest.raises(InputError, match=r"the model expects \[1, N, 128\]"):
+        observations.load(path, info)
+
+
+def test_rollouts_carry_an_lstm_state_along_its_axis_and_take_an_initial_state(exported, tmp_path):
+    plan = rollouts.plan_for(model.load(exported["lstm_actor"]), env="Pendulum-v1")
+    assert {s.input: s.fed_shape for s in plan.states} == {"h_in": [1, 1, 128], "c_in": [1, 1, 128]}
+    start = tmp_path / "h0.npz"
+    np.savez(start, h_in=np.full((1, 128), 0.5, np.float32))  # without its batch of 1
+    rollouts.set_initial_state(plan, start)
+    state = rollouts.initial_state(plan)
+    assert state["h_in"].shape == (1, 1, 128) and float(state["h_in"].max()) == 0.5 and not state["c_in"].any()
+
+
+# --- fed right on every runtime -------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_lstm_actor_passes_on_ort_cpu_and_tract_at_batch_1_and_64(exported, tmp_path):
+    done = run_cli("run", exported["lstm_actor"], "--targets", "ort-cpu,tract", "--batch-sizes", "1,64", *FAST, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    cells = _cells(tmp_path)
+    for target in ("ort-cpu", "tract"):
+        cell = cells[target]
+        assert cell["verdict"] == "PASS", cell["reasons"]
+        assert [stats["batch"] for stats in cell["latency"]] == [1, 64]
+        checks = {check["name"]: check["ok"] for check in cell["contract"]}
+        assert checks["recurrent state h_in -> h_out"] and checks["recurrent state c_in -> c_out"] and checks["batch 1/2/7"]
+
+
+@pytest.mark.slow
+def test_a_rank0_side_input_and_an_unnamed_batch_run_on_ort_cpu_and_tract(exported, tmp_path):
+    """tract gets input facts from the shapes it is fed: unnamed dims no longer stop it."""
+    for name in ("vad_with_sample_rate", "unnamed_batch_regressor"):
+        out = tmp_path / name
+        done = run_cli("run", exported[name], "--targets", "ort-cpu,tract", "--batch-sizes", "1,7", *FAST, "--out", out)
+        assert done.returncode == 0, done.stderr
+        for cell in _cells(out).values():
+            assert cell["verdict"] == "PASS", (name, cell["target"], cell["reasons"])
+        assert "input facts from the fed shapes" in _cells(out)["tract"]["backend"]["detail"]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_lstm_actor_passes_on_the_browsers_wasm_backend(exported, tmp_path):
+    done = run_cli("run", exported["lstm_actor"], "--targets", "ort-web-wasm", "--batch-sizes", "1,64", *FAST, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    cell = _cells(tmp_path)["ort-web-wasm"]
+    assert cell["verdict"] == "PASS", cell["reasons"]
+    assert [stats["batch"] for stats in cell["latency"]] == [1, 64]
+
+
+# --- outputs that are not tensors ---------------------------------------------------------------------
+
+def test_a_zipmap_output_is_left_out_with_the_fix_named_and_the_dense_output_runs(tmp_path):
+    path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")
+    info = model.load(path)
+    assert [spec.name for spec in info.outputs] == ["output_label"]
+    assert info.excluded_outputs == {"output_probability": "a sequence of maps"}
+    found = {item.id: (item.level, item.message) for item in lint(info)}
+    assert found["tensor-outputs"][0] == "warn" and "output_probability is a sequence of maps (ZipMap)" in found["tensor-outputs"][1]
+    assert "{'zipmap': False}" in found["tensor-outputs"][1]
+    assert run_cli("lint", path).returncode == 0
+
+
+def test_a_model_whose_only_output_is_not_a_tensor_is_bad_input(tmp_path):
+    proto = policies.zipmap_classifier()
+    del proto.graph.output[0]  # output_label
+    proto.graph.node.remove(next(node for node in proto.graph.node if node.op_type == "Identity"))
+    path = policies.save(proto, tmp_path, "only_zipmap")
+    done = run_cli("lint", path)
+    assert done.returncode == 2 and "no output of the model is a tensor" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_zipmap_classifier_runs_its_dense_output_on_ort_cpu(tmp_path):
+    path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")
+    done = run_cli("run", path, "--targets", "ort-cpu", *FAST, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    cell = _cells(tmp_path / "out")["ort-cpu"]
+    assert cell["verdict"] == "PASS", cell["reasons"]
+    assert [output["output"] for output in cell["parity"]] == ["output_label"]
+
+
+# --- action range against the environment ----------------------------------------------------------
+
+def _tanh_actor(folder: Path) -> Path:
+    """SB3's SAC actor as exported: ends in Tanh ([-1, 1]); SB3 rescales to the env's bounds outside the graph."""
+    proto = policies._model(
+        [helper.make_node("Gemm", ["obs", "fc_w", "fc_b"], ["mean"]), helper.make_node("Tanh", ["mean"], ["action"])],
+        [policies._float("obs", ["batch", 3])], [policies._float("action", ["batch", 1])],
+        policies._weights(np.random.default_rng(3), "fc", 3, 1),
+    )
+    return policies.save(proto, folder, "sac_actor")
+
+
+def test_a_tanh_policy_driving_a_wider_action_space_gets_an_action_range_lint(tmp_path):
+    plan = rollouts.plan_for(model.load(_tanh_actor(tmp_path)), env="Pendulum-v1", episodes=1)
+    rollouts.check(plan)
+    assert (plan.action_low, plan.action_high) == ([-2.0], [2.0])
+    found = action_range.reach_lint(model.load(_tanh_actor(tmp_path)), plan, None)
+    assert found.level == "warn" and "reach only [-1, 1] (graph: final Tanh)" in found.message
+    assert "Pendulum-v1's action space is [-2, 2]: it covers 50% of it" in found.message
+
+    import rollout_policies
+
+    full = model.load(rollout_policies.pendulum(tmp_path / "pendulum.onnx"))  # 2 * tanh, no bound the graph states
+    reference = rollouts.reference_rollout(full, plan)
+    assert action_range.reach_lint(full, plan, reference) is None  # its actions spread, they do not pile up inside
+
+
+def test_observed_actions_that_saturate_inside_the_space_count_as_its_reach(tmp_path):
+    plan = rollouts.RolloutPlan(obs_input="obs", obs_shape=[3], obs_dtype="float32", action_output="action",
+                                env="Pendulum-v1", action_low=[-2.0], action_high=[2.0])
+    actions = np.concatenate([np.full(30, 1.0), np.linspace(-1.0, 1.0, 70)]).reshape(-1, 1)
+    saturated = rollouts.ReferenceRollout([rollouts.Episode(0, np.zeros((100, 3)), actions, np.zeros(100), 0, False)])
+    found = action_range.reach_lint(model.load(policies.save(policies.unnamed_batch_regressor(), tmp_path, "regressor")), plan, saturated)
+    assert found.level == "warn" and "reach only [-2, 1] (observed" in found.message and "covers 75%" in found.message
+
+
+@pytest.mark.slow
+def test_the_action_range_note_reaches_the_lints_and_the_behaviour_section(tmp_path):
+    done = run_cli("run", _tanh_actor(tmp_path), "--targets", "ort-cpu", "--env", "Pendulum-v1", "--episodes", "1",
+                   "--batch-sizes", "1", *FAST, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    lints = {item["id"]: item for item in results["lints"]}
+    assert lints["action-range"]["level"] == "warn" and "covers 50%" in lints["action-range"]["message"]
+    assert "Action range:</b> the policy&#39;s actions reach only [-1, 1]" in (tmp_path / "out" / "index.html").read_text()
+
+
+# --- hints that are true -----------------------------------------------------------------------------
+
+def test_the_coreml_route_names_the_converter_onnx2torch_lacks_without_an_opset_hint():
+    """onnx2torch reports LSTM at its schema version (14 on an opset 17 model) and has no LSTM converter at all."""
+    words = ("RuntimeError: NotImplementedError: onnx2torch has no LSTM converter at any opset (Converter is not "
+             "implemented (OperationDescription(domain='', operation_type='LSTM', version=14)))")
+    line = messages.explain("coreml", words, policies.lstm_actor())
+    assert line == ("cause: onnx2torch (the CoreML route's ONNX reader) has no LSTM converter at all: no opset conversion "
+                    "makes this graph convert; node: /memory/rnn/LSTM")
+
+
+@pytest.mark.slow
+@pytest.mark.coreml_env
+def test_the_lstm_actor_fails_on_the_coreml_route_naming_the_missing_converter(exported, tmp_path):
+    from targets.base import PrepareContext
+
+    info = model.load(exported["lstm_actor"])
+    ctx = PrepareContext(onnx_variants={"fp32": info.path}, calibration=observations.seeded(info, 8, 0),
+                         batch_axes=info.batch_axes, workdir=tmp_path, cache_dir=tmp_path / "cache")
+    with pytest.raises(RuntimeError, match="onnx2torch has no LSTM converter at any opset"):
+        targets.get("coreml").prepare(ctx, "fp32")
