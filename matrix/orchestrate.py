@@ -201,8 +201,9 @@ def run(config: RunConfig, console: Console) -> RunResults:
                     results.cells.append(cell)
             finally:
                 workers.stop()
-        context = assist.AssistContext(config.model, template, judge, Evidence(config.model, ref, dev_runtime), config.out,
-                                       config.limits, services.env_for)
+        # Diagnosis and fix attempts are judged on parity: they carry no rollout plan (no episodes driven for nothing).
+        context = assist.AssistContext(config.model, replace(template, rollout=None), judge,
+                                       Evidence(config.model, ref, dev_runtime), config.out, config.limits, services.env_for)
         assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
         results.interrupted = Interruption(after_cells=len(results.cells),

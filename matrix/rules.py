@@ -238,7 +238,7 @@ def _on_states(cell, context: Context, found: Findings) -> Findings:
     return found
 
 
-def unquantized_int8(cell, context: Context | None = None) -> Findings:
+def unquantized_int8(cell, context: Context) -> Findings:
     counted = cell.artifact.quantization if cell.artifact else None
     if cell.variant != "int8" or counted is None or counted.get("quantized_ops") or counted.get("quantized_weights"):
         return Findings()
@@ -297,6 +297,6 @@ def quality_misses(cell) -> list[str]:
         return [f"quality: {cell.verdict}" + (f" ({cell.reasons[0]})" if cell.reasons else "")]
     if contract(cell, Context()).failures:
         return ["quality: the action contract is broken"]
-    if unquantized_int8(cell).warnings:
+    if unquantized_int8(cell, Context()).warnings:
         return ["int8 in name only: nothing quantized"]
     return []
