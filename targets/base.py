@@ -95,6 +95,7 @@ class Artifact:
     notes: list[str] = field(default_factory=list)
     variant: str = "fp32"  # the precision this artifact is
     cache_dir: Path | None = None  # where files derived from it are cached (WebGL's fixed-batch copies need one)
+    batch_axes: dict[str, int] = field(default_factory=dict)  # the ONNX file's batch axis per input/output (fixed-batch copies)
     # int8: how many ops/weights the artifact really holds quantized (None: count its ONNX file)
     quantization: dict[str, int] | None = None
 
@@ -196,7 +197,7 @@ class Target(ABC):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         """Default: the core's ONNX variant as it is, with the time the core took to make it."""
         return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0),
-                        variant=variant, cache_dir=ctx.cache_dir)
+                        variant=variant, cache_dir=ctx.cache_dir, batch_axes=ctx.batch_axes)
 
     def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         """A cell that cannot run on this host is a SKIP with the reason, checked here once for every target."""
