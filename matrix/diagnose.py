@@ -280,7 +280,7 @@ def _subset(template: CellInputs) -> observations.Feeds:
     feeds = observations.read(Path(template.observations))
     step = template.chunk or 1
     size = max(DIAGNOSE_OBSERVATIONS - DIAGNOSE_OBSERVATIONS % step, step)
-    return {name: array[:size] for name, array in feeds.items()}
+    return observations.head(feeds, size, template.batch_axes)
 
 
 def reason(diagnosis: Diagnosis) -> str | None:

@@ -49,6 +49,12 @@ class VariantMissing(CellSkip):
     """The tool could not make the variant this cell needs: the tool's problem, not the runtime's."""
 
 
+def head(feeds: Feeds, rows: int, batch_axes: Mapping[str, int]) -> Feeds:
+    """At most the first `rows` observations, cut along each input's batch axis; inputs without one whole."""
+    return {name: np.ascontiguousarray(array[(slice(None),) * batch_axes[name] + (slice(0, rows),)])
+            if name in batch_axes else array for name, array in feeds.items()}
+
+
 @dataclass
 class PrepareContext:
     """What a target may use to build its artifact for one cell."""
@@ -64,8 +70,7 @@ class PrepareContext:
 
     def calibration_head(self, rows: int) -> Feeds:
         """The first `rows` observations, cut along each input's batch axis; inputs without one whole."""
-        return {name: np.ascontiguousarray(array[(slice(None),) * self.batch_axes[name] + (slice(0, rows),)])
-                if name in self.batch_axes else array for name, array in self.calibration.items()}
+        return head(self.calibration, rows, self.batch_axes)
 
     def calibration_samples(self, limit: int) -> list[Feeds]:
         """Up to `limit` observations, each as it is fed at batch 1 (a 1 on each input's batch axis)."""
