@@ -258,3 +258,25 @@ def test_the_lstm_actor_fails_on_the_coreml_route_naming_the_missing_converter(e
                          batch_axes=info.batch_axes, workdir=tmp_path, cache_dir=tmp_path / "cache")
     with pytest.raises(RuntimeError, match="onnx2torch has no LSTM converter at any opset"):
         targets.get("coreml").prepare(ctx, "fp32")
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.tflite_env
+@pytest.mark.coreml_env
+def test_a_rank0_side_input_model_runs_on_every_linux_target_without_a_tool_crash(exported, tmp_path):
+    """silero-vad's interface on every target: the tool's own steps (feeding, the int8 calibration sets of
+    the full-integer LiteRT and Core ML routes, WebGL's fixed-batch copy) never crash on `sr` or the axis-1
+    state; what a converter or runtime cannot do is a cell with its own words."""
+    linux = "ort-cpu,ort-node,ort-web-wasm,ort-web-webgl,ort-web-webgpu,tract,tflite,tflite-noxnn,tflite-int8-full,coreml"
+    done = run_cli("run", exported["vad_with_sample_rate"], "--targets", linux, "--variants", "fp32,int8", "--n-obs", "16",
+                   "--iters", "5", "--warmup", "1", "--batch-sizes", "1,7", "--out", tmp_path, "--fail-on", "never")
+    assert done.returncode == 0, done.stderr
+    cells = json.loads((tmp_path / "results.json").read_text())["cells"]
+    assert {cell["target"] for cell in cells} == set(linux.split(","))
+    for cell in cells:
+        words = " ".join(cell["reasons"])
+        assert "IndexError" not in words and "0-dimensional" not in words and "Traceback" not in words, (cell["target"], words)
+    verdicts = {(cell["target"], cell["variant"]): cell["verdict"] for cell in cells}
+    for target in ("ort-cpu", "ort-node", "ort-web-wasm", "tract"):
+        assert verdicts[(target, "fp32")] == "PASS", (target, verdicts)
