@@ -280,3 +280,15 @@ def test_a_rank0_side_input_model_runs_on_every_linux_target_without_a_tool_cras
     verdicts = {(cell["target"], cell["variant"]): cell["verdict"] for cell in cells}
     for target in ("ort-cpu", "ort-node", "ort-web-wasm", "tract"):
         assert verdicts[(target, "fp32")] == "PASS", (target, verdicts)
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_zipmap_classifier_runs_its_dense_output_in_node_and_the_browser(tmp_path):
+    """onnxruntime-web cannot read a sequence of maps back: the harness fetches the tensor outputs only."""
+    path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")
+    done = run_cli("run", path, "--targets", "ort-node,ort-web-wasm", *FAST, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    for cell in _cells(tmp_path / "out").values():
+        assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
+        assert [output["output"] for output in cell["parity"]] == ["output_label"]
