@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from matrix import examples  # noqa: E402
+from matrix.model import load as load_model  # noqa: E402
 from targets import REGISTRY  # noqa: E402
 from targets.base import Artifact  # noqa: E402
 
@@ -56,7 +57,7 @@ def in_page_overhead(model: Path, iters: int, cache: Path) -> None:
     print(f"{'target':16} {'p50 us':>9} {'mean us':>9} {'bare us':>9} {'p50/bare':>9} {'mean/bare':>9} {'python-driven us':>17} {'ratio':>6}")
     feeds = one_observation(model)
     for name in WEB:
-        session = REGISTRY[name].open(Artifact(model, variant="fp32", cache_dir=cache), threads=1)
+        session = REGISTRY[name].open(Artifact(model, variant="fp32", cache_dir=cache, batch_axes=load_model(model).batch_axes), threads=1)
         try:
             session.bare_loop_ns(feeds, 20)  # warm up
             samples = session.time(feeds, warmup=0, iters=iters)

@@ -303,8 +303,8 @@ def _subset(template: CellInputs) -> observations.Feeds:
     """The first DIAGNOSE_OBSERVATIONS observations, a whole number of the model's fixed batch."""
     feeds = observations.read(Path(template.observations))
     step = template.chunk or 1
-    size = min(max(DIAGNOSE_OBSERVATIONS - DIAGNOSE_OBSERVATIONS % step, step), observations.count(feeds, template.batch_axes))
-    return observations.take(feeds, size, template.batch_axes)  # along each input's own batch axis
+    size = max(DIAGNOSE_OBSERVATIONS - DIAGNOSE_OBSERVATIONS % step, step)
+    return observations.head(feeds, size, template.batch_axes)
 
 
 def reason(diagnosis: Diagnosis) -> str | None:

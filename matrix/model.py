@@ -247,7 +247,7 @@ def check_declared_sizes(info: "ModelInfo", limit_bytes: int, n_obs: int) -> Non
     """Refuse what cannot fit before anything is allocated: each input per sample, the whole
     observation set, and every tensor whose size shape inference could fix."""
     for spec in info.inputs:
-        per_sample = _nbytes(spec.shape[1:], spec.dtype)
+        per_sample = _nbytes(batch_axes.without_batch(spec, info.batch_axes), spec.dtype)
         if per_sample > limit_bytes:
             raise InputError(f"input {spec.name!r} needs {_size(per_sample)} per sample, above the limit {_size(limit_bytes)}")
         if per_sample * n_obs > limit_bytes:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from targets.base import Feeds  # named arrays, inputs and outputs alike: one name across the code
+from targets.base import head  # noqa: F401 (the first observations along each batch axis: targets need it too)
 
 from .batch_axes import BatchAxes, batch_dim
 from .errors import InputError

@@ -49,6 +49,12 @@ class VariantMissing(CellSkip):
     """The tool could not make the variant this cell needs: the tool's problem, not the runtime's."""
 
 
+def head(feeds: Feeds, rows: int, batch_axes: Mapping[str, int]) -> Feeds:
+    """At most the first `rows` observations, cut along each input's batch axis; inputs without one whole."""
+    return {name: np.ascontiguousarray(array[(slice(None),) * batch_axes[name] + (slice(0, rows),)])
+            if name in batch_axes else array for name, array in feeds.items()}
+
+
 @dataclass
 class PrepareContext:
     """What a target may use to build its artifact for one cell."""
@@ -64,8 +70,7 @@ class PrepareContext:
 
     def calibration_head(self, rows: int) -> Feeds:
         """The first `rows` observations, cut along each input's batch axis; inputs without one whole."""
-        return {name: np.ascontiguousarray(array[(slice(None),) * self.batch_axes[name] + (slice(0, rows),)])
-                if name in self.batch_axes else array for name, array in self.calibration.items()}
+        return head(self.calibration, rows, self.batch_axes)
 
     def calibration_samples(self, limit: int) -> list[Feeds]:
         """Up to `limit` observations, each as it is fed at batch 1 (a 1 on each input's batch axis)."""
@@ -95,6 +100,7 @@ class Artifact:
     notes: list[str] = field(default_factory=list)
     variant: str = "fp32"  # the precision this artifact is
     cache_dir: Path | None = None  # where files derived from it are cached (WebGL's fixed-batch copies need one)
+    batch_axes: dict[str, int] = field(default_factory=dict)  # the ONNX file's batch axis per input/output (fixed-batch copies)
     # int8: how many ops/weights the artifact really holds quantized (None: count its ONNX file)
     quantization: dict[str, int] | None = None
 
@@ -196,7 +202,7 @@ class Target(ABC):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         """Default: the core's ONNX variant as it is, with the time the core took to make it."""
         return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0),
-                        variant=variant, cache_dir=ctx.cache_dir)
+                        variant=variant, cache_dir=ctx.cache_dir, batch_axes=ctx.batch_axes)
 
     def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         """A cell that cannot run on this host is a SKIP with the reason, checked here once for every target."""

@@ -70,7 +70,7 @@ class WebSession(Session):
         if batch not in self.sessions:
             model = self.artifact.path
             if batch is not None:
-                model = fixed_batch_model(model, batch, self.artifact.cache_dir)
+                model = fixed_batch_model(model, batch, self.artifact.cache_dir, self.artifact.batch_axes)
             key = f"s{next(_SESSION_KEYS)}-b{batch}"
             url = self.page.server.publish(model)
             opened = self.page.call("open", key, url, self.target.backend, self.threads, True)
@@ -78,7 +78,7 @@ class WebSession(Session):
         return self.sessions[batch]
 
     def _key(self, feeds: Feeds) -> str:
-        batch = next(iter(feeds.values())).shape[0] if self.target.fixed_batch else None
+        batch = _fed_batch(feeds, self.artifact.batch_axes) if self.target.fixed_batch else None
         return self._session_for(batch)["key"]
 
     def run(self, feeds: Feeds) -> Feeds:
@@ -118,6 +118,11 @@ class WebSession(Session):
                 self.page.call("release", opened["key"])
         except Exception:  # noqa: BLE001 — a page that cannot release is not reused
             drop_page(self.target.bundle)
+
+
+def _fed_batch(feeds: Feeds, batch_axes: dict[str, int]) -> int:
+    """The batch these feeds hold, read on the first input that has a batch axis (1 when none has)."""
+    return next((feeds[name].shape[axis] for name, axis in batch_axes.items() if name in feeds), 1)
 
 
 class OrtWebTarget(Target):

@@ -186,17 +186,19 @@ def model_nodes(path: Path) -> list[tuple[str, str]]:
 # --- fixed-batch copies (WebGL has no symbolic batch) ------------------------
 
 
-def fixed_batch_model(source: Path, batch: int, cache_dir: Path) -> Path:
-    """A copy of `source` whose inputs and outputs have leading dimension `batch` (cached, made once)."""
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    target = cache_dir / "fixed-batch" / f"{digest}-b{batch}-v2.onnx"  # bump the tag when the recipe changes
+def fixed_batch_model(source: Path, batch: int, cache_dir: Path, batch_axes: dict[str, int]) -> Path:
+    """A copy of `source` whose inputs and outputs have dimension `batch` on their batch axis (an LSTM
+    state's [layers, batch, hidden]: axis 1; inputs without one keep their shape), cached, made once."""
+    digest = hashlib.sha256(source.read_bytes() + json.dumps(batch_axes, sort_keys=True).encode()).hexdigest()[:16]
+    target = cache_dir / "fixed-batch" / f"{digest}-b{batch}-v3.onnx"  # bump the tag when the recipe changes
 
     def write(staging: Path) -> None:
         model = onnx.load(str(source))
         for value in list(model.graph.input) + list(model.graph.output):
             dims = value.type.tensor_type.shape.dim
-            if dims and not dims[0].HasField("dim_value"):  # only the symbolic leading (batch) dimension
-                dims[0].dim_value = batch
+            axis = batch_axes.get(value.name)
+            if axis is not None and axis < len(dims) and not dims[axis].HasField("dim_value"):  # only a symbolic batch
+                dims[axis].dim_value = batch
         del model.graph.value_info[:]  # stale symbolic shapes; the runtime infers its own
         onnx.save(model, str(staging))
 

@@ -159,9 +159,10 @@ def nan_initializer_mlp() -> onnx.ModelProto:
                   [numpy_helper.from_array(values, "W1_w"), bias])
 
 
-def lstm_actor(obs_n: int = 105, hidden: int = 128, actions: int = 12) -> onnx.ModelProto:
+def lstm_actor(obs_n: int = 105, hidden: int = 128, actions: int = 12, batch: str | int = "batch") -> onnx.ModelProto:
     """rsl_rl's LSTM actor as its exporter writes it: obs [batch, 105], h_in/c_in [1, batch, 128]
-    (the ONNX LSTM layout [num_layers, batch, hidden]: the batch on axis 1) -> actions, h_out, c_out."""
+    (the ONNX LSTM layout [num_layers, batch, hidden]: the batch on axis 1) -> actions, h_out, c_out.
+    `batch=1`: the fixed batch rsl_rl's exporter writes."""
     rng = np.random.default_rng(11)
     scale = 1 / np.sqrt(hidden)
     inits = [
@@ -180,8 +181,8 @@ def lstm_actor(obs_n: int = 105, hidden: int = 128, actions: int = 12) -> onnx.M
         helper.make_node("Gemm", ["features", "head_w", "head_b"], ["actions"], name="/actor/Gemm"),
     ]
     return _model(
-        nodes, [_float("obs", ["batch", obs_n]), _float("h_in", [1, "batch", hidden]), _float("c_in", [1, "batch", hidden])],
-        [_float("actions", ["batch", actions]), _float("h_out", [1, "batch", hidden]), _float("c_out", [1, "batch", hidden])],
+        nodes, [_float("obs", [batch, obs_n]), _float("h_in", [1, batch, hidden]), _float("c_in", [1, batch, hidden])],
+        [_float("actions", [batch, actions]), _float("h_out", [1, batch, hidden]), _float("c_out", [1, batch, hidden])],
         inits,
     )
 

@@ -9,6 +9,7 @@ by batching, feeding, rollouts, the lints and every target.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,13 @@ def test_an_lstm_state_has_its_batch_on_axis_1_and_pairs_with_its_next_value(exp
     assert "h_in -> h_out (batch on axis 1), c_in -> c_out (batch on axis 1)" in found["recurrent-state"]
     assert found["symbolic-batch"] == "batch dimension is symbolic on every input and output"
     assert found["side-inputs"] == "every input carries the batch dimension"
+
+
+def test_at_rsl_rls_fixed_batch_of_1_the_lstm_layout_places_the_state_batch(tmp_path):
+    """obs [1, 105], h_in [1, 1, 128]: both axes have size 1; the LSTM's initial_h says axis 1."""
+    info = model.load(policies.save(policies.lstm_actor(batch=1), tmp_path, "fixed"))
+    assert info.batch_axes["h_in"] == 1 and info.state_pairs[1] == StatePair("c_in", "c_out", 1)
+    assert observations.seeded(info, 4, 0)["h_in"].shape == (1, 4, 128)
 
 
 def test_silero_style_state_and_a_rank0_sample_rate(exported):
@@ -117,6 +125,27 @@ def test_a_rank0_side_input_and_an_unnamed_batch_run_on_ort_cpu_and_tract(export
         for cell in _cells(out).values():
             assert cell["verdict"] == "PASS", (name, cell["target"], cell["reasons"])
         assert "input facts from the fed shapes" in _cells(out)["tract"]["backend"]["detail"]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.coreml_env  # torch lives in the CoreML converter environment
+def test_an_lstm_actor_exported_by_torch_passes_on_ort_cpu_tract_and_wasm(tmp_path):
+    from targets import isolated_env
+    from targets.coreml_conversion import ENV_NAME, REQUIREMENTS
+
+    path = tmp_path / "rsl_rl_actor.onnx"
+    script = Path(__file__).parent / "fixtures" / "export_rsl_rl_lstm.py"
+    exported = subprocess.run([isolated_env.env_python(ENV_NAME, REQUIREMENTS), script, path], capture_output=True, text=True,
+                              timeout=600)
+    assert exported.returncode == 0, exported.stderr
+    info = model.load(path)
+    assert info.state_pairs == [StatePair("h_in", "h_out", 1), StatePair("c_in", "c_out", 1)]
+    done = run_cli("run", path, "--targets", "ort-cpu,tract,ort-web-wasm", "--batch-sizes", "1,64", *FAST, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    for cell in _cells(tmp_path / "out").values():
+        assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
+        assert [stats["batch"] for stats in cell["latency"]] == [1, 64]
 
 
 @pytest.mark.slow
@@ -229,3 +258,37 @@ def test_the_lstm_actor_fails_on_the_coreml_route_naming_the_missing_converter(e
                          batch_axes=info.batch_axes, workdir=tmp_path, cache_dir=tmp_path / "cache")
     with pytest.raises(RuntimeError, match="onnx2torch has no LSTM converter at any opset"):
         targets.get("coreml").prepare(ctx, "fp32")
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.tflite_env
+@pytest.mark.coreml_env
+def test_a_rank0_side_input_model_runs_on_every_linux_target_without_a_tool_crash(exported, tmp_path):
+    """silero-vad's interface on every target: the tool's own steps (feeding, the int8 calibration sets of
+    the full-integer LiteRT and Core ML routes, WebGL's fixed-batch copy) never crash on `sr` or the axis-1
+    state; what a converter or runtime cannot do is a cell with its own words."""
+    linux = "ort-cpu,ort-node,ort-web-wasm,ort-web-webgl,ort-web-webgpu,tract,tflite,tflite-noxnn,tflite-int8-full,coreml"
+    done = run_cli("run", exported["vad_with_sample_rate"], "--targets", linux, "--variants", "fp32,int8", "--n-obs", "16",
+                   "--iters", "5", "--warmup", "1", "--batch-sizes", "1,7", "--out", tmp_path, "--fail-on", "never")
+    assert done.returncode == 0, done.stderr
+    cells = json.loads((tmp_path / "results.json").read_text())["cells"]
+    assert {cell["target"] for cell in cells} == set(linux.split(","))
+    for cell in cells:
+        words = " ".join(cell["reasons"])
+        assert "IndexError" not in words and "0-dimensional" not in words and "Traceback" not in words, (cell["target"], words)
+    verdicts = {(cell["target"], cell["variant"]): cell["verdict"] for cell in cells}
+    for target in ("ort-cpu", "ort-node", "ort-web-wasm", "tract"):
+        assert verdicts[(target, "fp32")] == "PASS", (target, verdicts)
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_zipmap_classifier_runs_its_dense_output_in_node_and_the_browser(tmp_path):
+    """onnxruntime-web cannot read a sequence of maps back: the harness fetches the tensor outputs only."""
+    path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")
+    done = run_cli("run", path, "--targets", "ort-node,ort-web-wasm", *FAST, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    for cell in _cells(tmp_path / "out").values():
+        assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
+        assert [output["output"] for output in cell["parity"]] == ["output_label"]

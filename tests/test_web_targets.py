@@ -38,7 +38,7 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 def artifact(path: Path, cache_dir: Path, variant: str = "fp32") -> Artifact:
-    return Artifact(path=path, variant=variant, cache_dir=cache_dir)
+    return Artifact(path=path, variant=variant, cache_dir=cache_dir, batch_axes=model_loader.load(path).batch_axes)
 
 
 def observations(path: Path, batch: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@
 
 import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
-import { decodeFeeds, encodeOutputs } from '../page/tensors.mjs';
+import { decodeFeeds, encodeOutputs, tensorRunner } from '../page/tensors.mjs';
 
 // The harness's onnxruntime-node, or a pinned release's own node_modules (ort-node@1.22.0:
 // targets/versions.py hands its folder over in POLICY_MATRIX_NODE_MODULES). A bare ES import cannot
@@ -35,16 +35,17 @@ async function open({ model, threads, backend }) {
 }
 
 async function run({ feeds }) {
-  return encodeOutputs(await session.run(decodeFeeds(ort, feeds), QUIET));
+  return encodeOutputs(await tensorRunner(session, QUIET)(decodeFeeds(ort, feeds)));
 }
 
 async function time({ feeds, warmup, iters }) {
   const inputs = decodeFeeds(ort, feeds);
-  for (let i = 0; i < warmup; i++) await session.run(inputs, QUIET);
+  const call = tensorRunner(session, QUIET);
+  for (let i = 0; i < warmup; i++) await call(inputs);
   const samples = new Array(iters);
   for (let i = 0; i < iters; i++) {
     const start = process.hrtime.bigint();
-    await session.run(inputs, QUIET);
+    await call(inputs);
     samples[i] = Number(process.hrtime.bigint() - start);
   }
   return samples;

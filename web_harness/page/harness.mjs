@@ -2,7 +2,7 @@
 // window.harness: one ORT bundle per page, sessions keyed by a name, tensors in
 // and out as base64 bytes, latency taken here with performance.now().
 
-import { decodeFeeds, encodeOutputs } from './tensors.mjs';
+import { decodeFeeds, encodeOutputs, tensorRunner } from './tensors.mjs';
 
 // ORT prints its placement decisions as log lines; keep every console line
 // (installed before ORT is imported, so ORT's own logger goes through it).
@@ -92,21 +92,20 @@ async function open(key, modelUrl, backend, threads, verbose) {
 }
 
 async function run(key, wire) {
-  const session = sessions.get(key);
-  const results = await session.run(decodeFeeds(ort, wire), QUIET);
+  const results = await tensorRunner(sessions.get(key), QUIET)(decodeFeeds(ort, wire));
   return encodeOutputs(results);
 }
 
 // Per-call latency in integer nanoseconds; the await includes reading outputs
 // back to the CPU, as a caller of session.run() would see it.
 async function time(key, wire, warmup, iters) {
-  const session = sessions.get(key);
+  const call = tensorRunner(sessions.get(key), QUIET);
   const feeds = decodeFeeds(ort, wire);
-  for (let i = 0; i < warmup; i++) await session.run(feeds, QUIET);
+  for (let i = 0; i < warmup; i++) await call(feeds);
   const samples = new Array(iters);
   for (let i = 0; i < iters; i++) {
     const start = performance.now();
-    await session.run(feeds, QUIET);
+    await call(feeds);
     samples[i] = Math.round((performance.now() - start) * 1e6);
   }
   return samples;

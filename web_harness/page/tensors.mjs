@@ -42,6 +42,15 @@ export function decodeFeeds(ort, wire) {
   return feeds;
 }
 
+// A sequence or map output (skl2onnx's ZipMap) is left out of the matrix, and onnxruntime-web cannot
+// read one back: a session that has one fetches its tensor outputs only.
+export function tensorRunner(session, options) {
+  const meta = session.outputMetadata;
+  if (!meta || meta.every((m) => m.isTensor !== false)) return (feeds) => session.run(feeds, options);
+  const fetches = session.outputNames.filter((_, i) => meta[i].isTensor !== false);
+  return (feeds) => session.run(feeds, fetches, options);
+}
+
 export function encodeOutputs(results) {
   const wire = {};
   for (const [name, tensor] of Object.entries(results)) {
