@@ -94,6 +94,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
         onnx_variants=onnx_variants,
         variant_errors=spec.variant_errors,
         variant_seconds={k: variants.conversion_seconds(v) for k, v in onnx_variants.items()},
+        variant_notes={k: variants.notes(k, v) for k, v in onnx_variants.items()},
         calibration=feeds,
         workdir=cell_dir,
         cache_dir=Path(spec.cache_dir),

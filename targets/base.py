@@ -60,6 +60,7 @@ class PrepareContext:
     threads: int = 1
     variant_errors: dict[str, str] = field(default_factory=dict)  # variants the core could not make
     variant_seconds: dict[str, float] = field(default_factory=dict)  # how long the core took to make each
+    variant_notes: dict[str, list[str]] = field(default_factory=dict)  # how the core made each (nodes kept in fp32)
 
     @property
     def fp32_model(self) -> Path:
@@ -183,7 +184,7 @@ class Target(ABC):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         """Default: the core's ONNX variant as it is, with the time the core took to make it."""
         return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0),
-                        variant=variant, cache_dir=ctx.cache_dir)
+                        notes=list(ctx.variant_notes.get(variant, [])), variant=variant, cache_dir=ctx.cache_dir)
 
     def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         """A cell that cannot run on this host is a SKIP with the reason, checked here once for every target."""

@@ -47,7 +47,7 @@ def prepared(tmp_path_factory):
         feeds = observations.seeded(info, 24, 0)
         folder = tmp_path_factory.mktemp(name)
         observations.save(feeds, folder / "observations.npz")
-        paths, errors = variants.produce_all(info, list(DEFAULT_TOLERANCE))
+        paths, errors = variants.produce_all(info, list(DEFAULT_TOLERANCE), folder)
         ready[name] = dict(info=info, folder=folder, ref=reference.compute(info, feeds, 0),
                            base=reference.dev_runtime(info, feeds, 0), paths=paths, errors=errors)
     return ready

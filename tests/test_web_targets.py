@@ -155,7 +155,7 @@ def variants(cache_dir) -> dict[str, Path]:
     """The core's own precision variants of continuous_mlp."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("POLICY_MATRIX_CACHE", str(cache_dir))
-        paths, errors = core_variants.produce_all(model_loader.load(examples.path("continuous_mlp")), ["fp16", "int8"])
+        paths, errors = core_variants.produce_all(model_loader.load(examples.path("continuous_mlp")), ["fp16", "int8"], cache_dir / "run-variants")
     assert not errors
     return paths
 

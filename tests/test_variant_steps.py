@@ -1,0 +1,119 @@
+"""Each precision variant is made on its own guarded step, in mixed precision where the converter
+cannot make it whole, and cached by the hash of its bytes (matrix/variants.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from variant_policies import skl2onnx_regressor, weights_in_if_branches
+
+from matrix import examples, guarded, variants
+from matrix import model as model_loader
+
+LIMITS = guarded.Limits(300, None)
+
+# Injected into the variant steps' interpreters (not this one): the fp16 converter dies by SIGSEGV, the way
+# onnxruntime 1.32 died checking the fp16 variant of an attention policy.
+CRASHING_FP16 = """
+import os, signal
+from onnxconverter_common import float16
+def _die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGSEGV)
+float16.convert_float_to_float16 = _die
+"""
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _load(proto: onnx.ModelProto, folder: Path, name: str = "policy") -> model_loader.ModelInfo:
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(proto, str(folder / f"{name}.onnx"))
+    return model_loader.load(folder / f"{name}.onnx")
+
+
+def _outputs(path: Path, feeds: dict) -> np.ndarray:
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_a_crash_making_fp16_costs_fp16_only_and_is_named_once(tmp_path, cache, monkeypatch):
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(CRASHING_FP16)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "inject"), *sys.path]))
+    info = model_loader.load(examples.path("continuous_mlp"))
+    made, errors = variants.produce_guarded(info, ["fp32", "fp16", "int8"], tmp_path / "run", LIMITS)
+    assert set(made) == {"fp32", "int8"} and set(errors) == {"fp16"}
+    assert errors["fp16"].startswith("making the fp16 variant did not finish: killed by signal 11 (SIGSEGV)"), errors
+    assert errors["fp16"].count("SIGSEGV") == 1
+    assert variants.quantization(onnx.load(str(made["int8"])))["quantized_ops"] > 0
+
+
+def test_a_graph_starting_with_a_cast_gets_an_fp16_variant_with_that_cast_kept_in_fp32(tmp_path, cache):
+    info = _load(skl2onnx_regressor(), tmp_path)
+    with pytest.raises(variants.VariantError, match="not valid ONNX"):  # what the converter makes of it whole
+        variants.validate(info.proto, variants.float16.convert_float_to_float16(info.proto, keep_io_types=True), "fp16")
+    made, errors = variants.produce_all(info, ["fp16"], tmp_path / "run")
+    assert not errors
+    fp16 = onnx.load(str(made["fp16"]))
+    variants.validate(info.proto, fp16, "fp16")
+    assert variants.kept_fp32(made["fp16"]) == ["Cast"]
+    assert variants.notes("fp16", made["fp16"]) == [
+        "fp16 variant with Cast kept in fp32 (mixed precision: the converter could not make the whole graph fp16)"]
+    assert sum(t.data_type == onnx.TensorProto.FLOAT16 for t in fp16.graph.initializer) == 4  # the weights are fp16
+    feeds = {"float_input": np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32)}
+    drift = np.abs(_outputs(made["fp16"], feeds) - _outputs(made["fp32"], feeds)).max()
+    assert 0 < drift < 1e-2  # rounded weights, not another model
+
+
+def test_a_whole_fp16_conversion_keeps_no_node_in_fp32(tmp_path, cache):
+    made, errors = variants.produce_all(model_loader.load(examples.path("continuous_mlp")), ["fp16"], tmp_path)
+    assert not errors and variants.kept_fp32(made["fp16"]) == [] and variants.notes("fp16", made["fp16"]) == []
+
+
+def test_a_tampered_cached_variant_is_rebuilt_not_run(tmp_path, cache):
+    info = model_loader.load(examples.path("continuous_mlp"))
+    first, _ = variants.produce_all(info, ["fp16", "int8"], tmp_path / "first")
+    other, _ = variants.produce_all(model_loader.load(examples.path("discrete_mlp")), ["fp16"], tmp_path / "other")
+    for entry in cache.glob("variants/*/fp16-*.onnx"):  # every cached fp16 file now holds the discrete policy
+        entry.write_bytes(other["fp16"].read_bytes())
+    index = next(cache.glob("variants/*/int8.json"))
+    index.write_text('{"sha256": "../../../elsewhere", "conversion_s": 0, "kept_fp32": []}')
+    second, errors = variants.produce_all(info, ["fp16", "int8"], tmp_path / "second")
+    assert not errors
+    for variant in ("fp16", "int8"):
+        assert second[variant].read_bytes() == first[variant].read_bytes()
+    assert not list(cache.glob("variants/*/.*"))  # no staging file left behind
+
+
+def test_two_runs_sharing_one_cache_both_get_their_variants(tmp_path, cache):
+    info = model_loader.load(examples.path("pixel_cnn"))
+    answers = {}
+
+    def run(name: str) -> None:
+        answers[name] = variants.produce_guarded(info, ["fp16", "int8"], tmp_path / name, LIMITS)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    (a, a_errors), (b, b_errors) = answers["a"], answers["b"]
+    assert not a_errors and not b_errors
+    assert {k: v.read_bytes() for k, v in a.items()} == {k: v.read_bytes() for k, v in b.items()}
+    assert a["int8"].parent != b["int8"].parent  # each run's cells use the run's own copy
+    assert not list(cache.glob("variants/*/.*"))
+
+
+def test_the_int8_count_looks_inside_subgraphs_and_constant_nodes():
+    counted = variants.quantization(weights_in_if_branches())
+    assert counted == {"quantized_ops": 0, "float_ops": 2, "quantized_weights": 0, "float_weights": 2}
