@@ -276,6 +276,15 @@ def _named_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
     return named
 
 
+def node_name(proto: onnx.ModelProto, name_or_output: str) -> str | None:
+    """The name the makers' block lists use for the node called `name_or_output` or writing that tensor
+    (a node without a name is known by its output: --diagnose names it so), or None."""
+    for node in _named_nodes(proto).graph.node:
+        if name_or_output == node.name or name_or_output in node.output:
+            return node.name
+    return None
+
+
 def _int8(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     """ORT dynamic quantization, the `keep_fp32` nodes excluded; the nodes kept."""
     # Imported here, not at the top: cell workers import this module for its file helpers, and a worker

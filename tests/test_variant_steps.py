@@ -12,10 +12,13 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from variant_policies import skl2onnx_regressor, weights_in_if_branches
+from assist_fixtures import fp16_overflow_mlp
+from conftest import run_cli
+from variant_policies import skl2onnx_regressor, stateful_detector, weights_in_if_branches
 
-from matrix import examples, guarded, variants
+from matrix import examples, guarded, preparations, variants
 from matrix import model as model_loader
+from matrix import results as schema
 
 LIMITS = guarded.Limits(300, None)
 
@@ -117,3 +120,37 @@ def test_two_runs_sharing_one_cache_both_get_their_variants(tmp_path, cache):
 def test_the_int8_count_looks_inside_subgraphs_and_constant_nodes():
     counted = variants.quantization(weights_in_if_branches())
     assert counted == {"quantized_ops": 0, "float_ops": 2, "quantized_weights": 0, "float_weights": 2}
+
+
+def test_a_preparation_that_changes_the_interface_is_listed_as_refused_and_never_run(tmp_path, cache):
+    """onnxsim at batch 1 on silero-vad's interface: every symbolic dim becomes 1, the state's leading 2 too."""
+    info = _load(stateful_detector(), tmp_path)
+    failing = schema.Cell(host="h", target="ort-cpu", variant="fp32", verdict="FAIL")
+    attempts = preparations.try_fixes(failing, info, None, None, tmp_path / "fixes", tmp_path, {}, LIMITS)
+    assert [(a.preparation, a.verdict) for a in attempts] == [("simplify", "SKIP")]
+    assert attempts[0].reasons == ["refused as a fix: it changes the model's interface (input input [batch, samples] -> [1, 1]; "
+                                   "input state [2, batch, 8] -> [1, 1, 8]; output stateN [2, batch, 8] -> [2, 1, 8])"]
+    assert attempts[0].steps and not attempts[0].prepared_onnx  # what it did is shown; nothing is offered
+
+
+@pytest.mark.parametrize("build", [examples.continuous_mlp, examples.discrete_mlp, fp16_overflow_mlp])
+def test_a_batch_fixed_to_the_fed_batch_or_a_host_argmax_is_no_interface_change(build):
+    for name, prepared in preparations.candidates(build()):
+        assert preparations.interface_change(build(), prepared) == "", name
+
+
+@pytest.mark.slow
+def test_assist_offers_keeping_the_diagnosed_node_in_fp32_and_checks_it_through_the_target(tmp_path):
+    policy = tmp_path / "overflow.onnx"
+    onnx.save(fp16_overflow_mlp(), str(policy))
+    done = run_cli("run", policy, "--targets", "ort-cpu", "--precisions", "fp16", "--diagnose", "--assist",
+                   "--iters", "5", "--warmup", "1", "--n-obs", "64", "--out", tmp_path / "out")
+    assert done.returncode == 1, done.stderr
+    cell = schema.load(tmp_path / "out" / "results.json").cells[0]
+    assert cell.verdict == "FAIL" and cell.diagnosis.first.node == "scale_up"
+    kept = cell.fixes[0]
+    assert kept.preparation == "keep scale_up in fp32" and kept.verdict in ("PASS", "WARN"), kept
+    assert kept.drift < cell.tolerance < max(p.max_abs for p in cell.parity)  # measured through ort-cpu: the overflow is gone
+    fp16 = onnx.load(str(tmp_path / "out" / kept.prepared_onnx))
+    assert next(n for n in fp16.graph.node if n.name == "scale_up").input[1] == "up"  # its 3e4 constant stays float32
+    assert next(t for t in fp16.graph.initializer if t.name == "up").data_type == onnx.TensorProto.FLOAT

@@ -58,3 +58,25 @@ def weights_in_if_branches() -> onnx.ModelProto:
     return _model(helper.make_graph(
         nodes, "if_policy", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
         [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 3])]))
+
+
+def stateful_detector() -> onnx.ModelProto:
+    """silero-vad's interface: audio `input [batch, samples]` (both symbolic) and `state [2, batch, 8]` ->
+    `output [batch, 1]`, `stateN [2, batch, 8]`. onnxsim at batch 1 fixes every symbolic dim, not only the batch."""
+    nodes = [
+        helper.make_node("ReduceMean", ["input"], ["level"], axes=[1], keepdims=1, name="level"),
+        helper.make_node("Unsqueeze", ["level", "axis0"], ["level3"], name="lift"),
+        helper.make_node("Add", ["state", "level3"], ["carried"], name="carry"),
+        helper.make_node("Mul", ["carried", "decay"], ["stateN"], name="decay"),
+        helper.make_node("ReduceMean", ["stateN"], ["pooled"], axes=[0, 2], keepdims=0, name="pool"),
+        helper.make_node("Unsqueeze", ["pooled", "axis1"], ["pooled2"], name="column"),
+        helper.make_node("Sigmoid", ["pooled2"], ["output"], name="speech"),
+    ]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "axis0"), numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+             numpy_helper.from_array(np.array([0.9, 0.5], np.float32).reshape(2, 1, 1), "decay")]
+    return _model(helper.make_graph(
+        nodes, "detector",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "samples"]),
+         helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 1]),
+         helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 8])], inits))
