@@ -10,7 +10,8 @@ before a WARN), `--prefer` orders: latency (the fastest; p50s within SAME_SPEED 
 fast, and the smaller artifact wins among those), size, or accuracy. Emulated
 adapters' latency never decides: it cannot meet a latency budget and does not
 rank. When nothing meets the budget, the closest configuration is named with
-what it misses.
+what it misses. A cell that ran a copy the tool made (a "workaround:" note, e.g.
+WebGL's fixed-batch copy) is shipped as that copy: the choice names it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from .errors import InputError
 from .results import Cell, Decision, DecisionChoice, RunResults
+from .verdict import WORKAROUND
 
 PREFER = ("latency", "size", "accuracy")
 METRICS = ("p50", "p99", "size")
@@ -118,10 +120,16 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
         candidate=cell.candidate, variant=cell.variant, settings=cell.settings, verdict=cell.verdict,
         batch=timed.batch if timed else None, p50_us=timed.p50_us if timed else None, p99_us=timed.p99_us if timed else None,
         size_bytes=cell.artifact.size_bytes if cell.artifact else None, drift=_drift(cell),
-        return_delta=cell.rollout.return_delta if cell.rollout else None, emulated=emulated,
+        return_delta=cell.rollout.return_delta if cell.rollout else None, emulated=emulated, preparation=_preparation(cell),
     )
     choice.misses = _quality_misses(cell) + [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
     return choice
+
+
+def _preparation(cell: Cell) -> str:
+    """The changes the tool made so the runtime runs the model, without their evidence: "a fixed batch of 1"."""
+    notes = cell.artifact.notes if cell.artifact else []
+    return "; ".join(note[len(WORKAROUND):].split(" (")[0] for note in notes if note.startswith(WORKAROUND))
 
 
 def _drift(cell: Cell) -> float | None:
@@ -228,7 +236,8 @@ def size_text(nbytes: float) -> str:
 def configuration(choice: DecisionChoice, model_name: str) -> str:
     """e.g. "student.onnx fp32 threads=2": the first model is named by its file."""
     settings = ",".join(f"{knob}={value}" for knob, value in sorted(choice.settings.items()))
-    return " ".join(part for part in (choice.candidate or model_name, choice.variant, settings) if part)
+    named = " ".join(part for part in (choice.candidate or model_name, choice.variant, settings) if part)
+    return f"{named} with {choice.preparation}" if choice.preparation else named
 
 
 def evidence(choice: DecisionChoice) -> str:

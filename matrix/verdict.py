@@ -59,6 +59,11 @@ def _normalise(key: str) -> str:
     return f"*:{key}" if key in DEFAULT_TOLERANCE else f"{key}:*"
 
 
+# A note that starts so names a change the tool made so the runtime could run the model (a converter workaround,
+# a fixed-batch copy): it is among the cell's reasons, and the decision ships that change, not the exported file.
+WORKAROUND = "workaround: "
+
+
 def decide(cell, tolerance: float, min_agreement: float = DEFAULT_MIN_AGREEMENT) -> tuple[str, list[str]]:
     """The verdict and its reasons, worst first."""
     failures, warnings = [], []
@@ -67,7 +72,7 @@ def decide(cell, tolerance: float, min_agreement: float = DEFAULT_MIN_AGREEMENT)
         if not cell.parity:  # nothing measured to judge by
             return "FAIL", [reason]
         (warnings if cell.error.stage in LATE_STAGE_WARNS else failures).append(f"{reason} (parity and contract measured before)")
-    workarounds = [note for note in (cell.artifact.notes if cell.artifact else []) if note.startswith("workaround:")]
+    workarounds = [note for note in (cell.artifact.notes if cell.artifact else []) if note.startswith(WORKAROUND)]
     if not cell.predicts:
         return "CONVERTED", ["conversion only: converted, nothing predicted on this host", *workarounds]
     warnings += _unquantized(cell)

@@ -114,6 +114,15 @@ class BackendInfo:
         return self.requested == self.actual
 
 
+@dataclass(frozen=True)
+class Preparation:
+    """A copy or rewrite of the exported file that a session ran instead of it, because the runtime rejected it."""
+
+    name: str  # e.g. "a fixed batch of 1 and 64"
+    exported_error: str  # the runtime's own words on the exported file, in this run
+    files: dict[str, Path]  # file name to save it under -> the prepared file
+
+
 class Session(ABC):
     """An opened artifact. Latencies are per-call nanoseconds from the runtime's side.
 
@@ -136,6 +145,10 @@ class Session(ABC):
 
     @abstractmethod
     def backend(self) -> BackendInfo: ...
+
+    def preparation(self) -> Preparation | None:
+        """What this session ran instead of the exported file, and why (None: the file as exported)."""
+        return None
 
     def close(self) -> None:
         """Release the runtime; the default has nothing to release."""
