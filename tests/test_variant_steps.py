@@ -154,3 +154,17 @@ def test_assist_offers_keeping_the_diagnosed_node_in_fp32_and_checks_it_through_
     fp16 = onnx.load(str(tmp_path / "out" / kept.prepared_onnx))
     assert next(n for n in fp16.graph.node if n.name == "scale_up").input[1] == "up"  # its 3e4 constant stays float32
     assert next(t for t in fp16.graph.initializer if t.name == "up").data_type == onnx.TensorProto.FLOAT
+
+
+@pytest.mark.slow
+def test_a_run_whose_fp16_step_dies_skips_only_the_fp16_cells_and_says_why_once(tmp_path, cache, monkeypatch):
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(CRASHING_FP16)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "inject"), *sys.path]))
+    done = run_cli("run", examples.path("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16,int8",
+                   "--iters", "5", "--warmup", "1", "--batch-sizes", "1", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    results = schema.load(tmp_path / "out" / "results.json")
+    assert {c.variant: c.verdict for c in results.cells} == {"fp32": "PASS", "fp16": "SKIP", "int8": "PASS"}
+    assert list(results.variant_errors) == ["fp16"] and "SIGSEGV" in results.variant_errors["fp16"]
+    assert done.stderr.count("SIGSEGV") == 1
