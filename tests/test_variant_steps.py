@@ -4,6 +4,7 @@ cannot make it whole, and cached by the hash of its bytes (matrix/variants.py)."
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ from conftest import run_cli
 from variant_policies import skl2onnx_regressor, stateful_detector, weights_in_if_branches
 
 from matrix import examples, guarded, preparations, variants
+from targets import coreml_conversion, isolated_env
 from matrix import model as model_loader
 from matrix import results as schema
 
@@ -168,3 +170,36 @@ def test_a_run_whose_fp16_step_dies_skips_only_the_fp16_cells_and_says_why_once(
     assert {c.variant: c.verdict for c in results.cells} == {"fp32": "PASS", "fp16": "SKIP", "int8": "PASS"}
     assert list(results.variant_errors) == ["fp16"] and "SIGSEGV" in results.variant_errors["fp16"]
     assert done.stderr.count("SIGSEGV") == 1
+
+
+# SB3's documented export (torch.onnx.export, dynamo=False) of an actor whose forward starts with `obs.float()`,
+# as SB3's preprocess_obs does: the legacy exporter writes that as a leading Cast.
+SB3_STYLE_EXPORT = """
+import sys, torch
+class Actor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mu = torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1), torch.nn.Tanh())
+    def forward(self, obs):
+        return self.mu(obs.float())
+torch.manual_seed(0)
+torch.onnx.export(Actor(), torch.zeros(1, 3), sys.argv[1], input_names=["obs"], output_names=["action"],
+                  dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, opset_version=17, dynamo=False)
+"""
+
+
+@pytest.mark.coreml_env  # torch lives in the Core ML converter's environment
+def test_an_sb3_style_torch_export_gets_an_fp16_variant_with_its_leading_cast_kept_in_fp32(tmp_path, monkeypatch):
+    python = isolated_env.env_python(coreml_conversion.ENV_NAME, coreml_conversion.REQUIREMENTS)
+    if python is None:
+        pytest.skip(coreml_conversion.environment_missing())
+    monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path / "cache"))  # the variant is made here, not found cached
+    (tmp_path / "export.py").write_text(SB3_STYLE_EXPORT)
+    subprocess.run([str(python), str(tmp_path / "export.py"), str(tmp_path / "actor.onnx")], check=True, capture_output=True, timeout=300)
+    info = model_loader.load(tmp_path / "actor.onnx")
+    assert info.proto.graph.node[0].op_type == "Cast"
+    made, errors = variants.produce_all(info, ["fp16"], tmp_path / "run")
+    assert not errors
+    assert variants.kept_fp32(made["fp16"]) == [info.proto.graph.node[0].name]
+    feeds = {"obs": np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)}
+    assert 0 < np.abs(_outputs(made["fp16"], feeds) - _outputs(made["fp32"], feeds)).max() < 1e-2
