@@ -69,7 +69,7 @@ class Made:
 
     content: bytes
     conversion_s: float
-    kept_fp32: tuple[str, ...] = ()  # fp16 only: nodes the converter left in float32
+    kept_fp32: tuple[str, ...] = ()  # nodes left in float32: by the fp16 converter, or excluded from int8 quantization
 
     def write(self, path: Path) -> Path:
         """This run's own copy, with its sidecar (conversion time, nodes kept in fp32)."""
