@@ -190,8 +190,9 @@ def test_reduced_precision_runs_or_fails_in_the_backends_own_words(name, variant
     assert target.variant_skip_reason(variant) is None
     if name == "ort-web-webgl":  # measured: no float16 tensors, no quantized ops; said by the backend, in this run
         words = {"fp16": "unsupported data type: FLOAT16", "int8": "cannot resolve operator 'DynamicQuantizeLinear'"}[variant]
-        with pytest.raises(RuntimeError, match=words):
-            target.open(artifact(variants[variant], cache_dir, variant), threads=1).run(observations(variants["fp32"], 4))
+        with target.open(artifact(variants[variant], cache_dir, variant), threads=1) as session:
+            with pytest.raises(RuntimeError, match=words):
+                session.run(observations(variants["fp32"], 4))
         return
     session = target.open(artifact(variants[variant], cache_dir, variant), threads=1)
     if (name, variant) == ("ort-web-webgpu", "fp16") and "no shader-f16" in session.backend().detail:
