@@ -111,10 +111,10 @@ class WebSession(Session):
         return self._call("time", feeds, warmup, iters)
 
     def preparation(self) -> Preparation | None:
-        if not self.exported_error:
-            return None
-        copies = {f"fixed-batch-{batch}.onnx": opened["model"] for batch, opened in self.sessions.items() if batch is not None}
         batches = [str(batch) for batch in sorted(b for b in self.sessions if b is not None)]
+        if not self.exported_error or not batches:  # the exported file ran, or no copy opened either
+            return None
+        copies = {f"fixed-batch-{batch}.onnx": self.sessions[int(batch)]["model"] for batch in batches}
         listed = " and ".join([", ".join(batches[:-1]), batches[-1]] if len(batches) > 1 else batches)
         return Preparation(f"a fixed batch of {listed}", self.exported_error, copies)
 
