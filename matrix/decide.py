@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .errors import InputError
 from .results import Cell, Decision, DecisionChoice, RunResults
-from .verdict import WORKAROUND
+from .verdict import workaround
 
 PREFER = ("latency", "size", "accuracy")
 METRICS = ("p50", "p99", "size")
@@ -120,16 +120,11 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
         candidate=cell.candidate, variant=cell.variant, settings=cell.settings, verdict=cell.verdict,
         batch=timed.batch if timed else None, p50_us=timed.p50_us if timed else None, p99_us=timed.p99_us if timed else None,
         size_bytes=cell.artifact.size_bytes if cell.artifact else None, drift=_drift(cell),
-        return_delta=cell.rollout.return_delta if cell.rollout else None, emulated=emulated, preparation=_preparation(cell),
+        return_delta=cell.rollout.return_delta if cell.rollout else None, emulated=emulated,
     )
+    choice.fix, choice.prepared_onnx = workaround(cell.artifact.notes if cell.artifact else [])
     choice.misses = _quality_misses(cell) + [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
     return choice
-
-
-def _preparation(cell: Cell) -> str:
-    """The changes the tool made so the runtime runs the model, without their evidence: "a fixed batch of 1"."""
-    notes = cell.artifact.notes if cell.artifact else []
-    return "; ".join(note[len(WORKAROUND):].split(" (")[0] for note in notes if note.startswith(WORKAROUND))
 
 
 def _drift(cell: Cell) -> float | None:
@@ -237,7 +232,7 @@ def configuration(choice: DecisionChoice, model_name: str) -> str:
     """e.g. "student.onnx fp32 threads=2": the first model is named by its file."""
     settings = ",".join(f"{knob}={value}" for knob, value in sorted(choice.settings.items()))
     named = " ".join(part for part in (choice.candidate or model_name, choice.variant, settings) if part)
-    return f"{named} with {choice.preparation}" if choice.preparation else named
+    return f"{named} after {choice.fix} -> {choice.prepared_onnx}" if choice.fix else named
 
 
 def evidence(choice: DecisionChoice) -> str:

@@ -211,7 +211,8 @@ class DecisionChoice(Record):
     drift: float | None = None  # max |action - float64 reference of the first model|
     return_delta: float | None = None  # mean return minus the reference's, when rollouts ran
     emulated: bool = False  # software adapter: its latency never decides
-    preparation: str = ""  # what the tool changed so the runtime runs it (e.g. "a fixed batch of 1"): ship that, not the export
+    fix: str = ""  # the change it passes only after (e.g. WebGL's "a fixed batch of 1"): it ships as that, not as the export
+    prepared_onnx: str = ""  # that change's file, relative to the report folder
     misses: list[str] = Field(default_factory=list)  # budgets (or quality) it does not meet
 
 

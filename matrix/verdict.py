@@ -62,6 +62,20 @@ def _normalise(key: str) -> str:
 # A note that starts so names a change the tool made so the runtime could run the model (a converter workaround,
 # a fixed-batch copy): it is among the cell's reasons, and the decision ships that change, not the exported file.
 WORKAROUND = "workaround: "
+_SAVED = "; saved as "
+
+
+def workaround_note(change: str, exported_error: str, saved: list[str]) -> str:
+    """e.g. "workaround: a fixed batch of 1 (the exported file fails: <the runtime's words>); saved as cells/…/x.onnx"."""
+    return f"{WORKAROUND}{change} (the exported file fails: {exported_error}){_SAVED}{', '.join(saved)}"
+
+
+def workaround(notes: list[str]) -> tuple[str, str]:
+    """(the changes the tool made, the first file it saved) from a cell's notes; ("", "") when it made none."""
+    found = [note[len(WORKAROUND):] for note in notes if note.startswith(WORKAROUND)]
+    changes = "; ".join(text.split(" (")[0] for text in found)
+    saved = next((text.split(_SAVED, 1)[1].split(", ")[0] for text in found if _SAVED in text), "")
+    return changes, saved
 
 
 def decide(cell, tolerance: float, min_agreement: float = DEFAULT_MIN_AGREEMENT) -> tuple[str, list[str]]:

@@ -38,7 +38,7 @@ from .contract import CONTRACT_BATCHES
 from .metrics import latency_stats
 from .protocol import DONE, OUTPUTS_FILE, CellSpec, Measurement, done_message, stage_message
 from .results import ArtifactInfo, CellError
-from .verdict import WORKAROUND
+from .verdict import workaround_note
 
 
 def stage(name: str, progress: str = "") -> None:
@@ -138,8 +138,7 @@ def _note_preparation(preparation, cell_dir: Path, measurement: Measurement) -> 
     for name, source in preparation.files.items():
         shutil.copyfile(source, cell_dir / name)
         saved.append(f"{cell_dir.parent.name}/{cell_dir.name}/{name}")
-    measurement.artifact.notes.append(
-        f"{WORKAROUND}{preparation.name} (the exported file fails: {preparation.exported_error}); saved as {', '.join(saved)}")
+    measurement.artifact.notes.append(workaround_note(preparation.name, preparation.exported_error, saved))
 
 
 def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:

@@ -17,7 +17,7 @@ from assist_fixtures import fp16_overflow_mlp
 from conftest import run_cli
 from variant_policies import skl2onnx_regressor, stateful_detector, weights_in_if_branches
 
-from matrix import examples, guarded, preparations, variants
+from matrix import decide, examples, guarded, preparations, variants, verdict
 from targets import coreml_conversion, isolated_env
 from matrix import model as model_loader
 from matrix import results as schema
@@ -203,3 +203,14 @@ def test_an_sb3_style_torch_export_gets_an_fp16_variant_with_its_leading_cast_ke
     assert variants.kept_fp32(made["fp16"]) == [info.proto.graph.node[0].name]
     feeds = {"obs": np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)}
     assert 0 < np.abs(_outputs(made["fp16"], feeds) - _outputs(made["fp32"], feeds)).max() < 1e-2
+
+
+def test_a_cell_that_ran_a_fixed_batch_copy_ships_as_that_fix_not_as_the_export():
+    note = verdict.workaround_note("a fixed batch of 1", "input tensor[0] check failed: expected shape '[,17]' but got [1,17]",
+                                   ["cells/ort-web-webgl-fp32/fixed-batch-1.onnx"])
+    cell = schema.Cell(host="h", target="ort-web-webgl", variant="fp32", verdict="PASS",
+                       artifact=schema.ArtifactInfo(size_bytes=100, conversion_s=0, notes=["converted by x", note]))
+    chosen = decide.decide_target("h", "ort-web-webgl", [cell], [], "latency").chosen
+    assert (chosen.fix, chosen.prepared_onnx) == ("a fixed batch of 1", "cells/ort-web-webgl-fp32/fixed-batch-1.onnx")
+    assert decide.configuration(chosen, "policy.onnx") == "policy.onnx fp32 after a fixed batch of 1 -> cells/ort-web-webgl-fp32/fixed-batch-1.onnx"
+    assert verdict.decide(cell, 1e-4) == ("PASS", [note])  # the reason the cell shows beside its PASS
