@@ -13,7 +13,7 @@ def cell_p50(target: str, info: ModelInfo, feeds: observations.Feeds, batch: int
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         observations.save(feeds, folder / "obs.npz")
-        paths, errors = variants.produce_all(info, ["fp32"])
+        paths, errors = variants.produce_all(info, ["fp32"], folder)
         spec = cells.CellSpec(
             target=target, variant="fp32", observations=str(folder / "obs.npz"),
             onnx_variants={k: str(v) for k, v in paths.items()}, variant_errors=errors,

@@ -58,7 +58,7 @@ def env_step_us(steps: int = 2000) -> float:
 def cell(target: str, folder: Path, policy: Path, episodes: int, services: Services) -> Measurement:
     info = model_loader.load(policy)
     observations.save(observations.seeded(info, 8, 0), folder / "obs.npz")
-    paths, errors = variants.produce_all(info, ["fp32"])
+    paths, errors = variants.produce_all(info, ["fp32"], folder)
     plan = rollouts.plan_for(info, env=ENV, episodes=episodes, seed=0)
     spec = cells.CellSpec(
         target=target, variant="fp32", observations=str(folder / "obs.npz"),

@@ -252,7 +252,8 @@ BROWSER_PATH_OPTION = click.option(
               help="Recurrent state each episode starts from (.npz: one array per state input); default zeros.")
 @BATCH_AXIS_OPTION
 @click.option("--diagnose", is_flag=True, help="For cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference.")
-@click.option("--assist", is_flag=True, help="For FAILed cells: try graph preparations (onnxsim, opset 17, rewrites) on the same target.")
+@click.option("--assist", is_flag=True, help="For FAILed cells: try graph preparations (the diagnosed node kept in fp32, onnxsim, opset 17, rewrites) on the same target; "
+              "those that change the model's interface are refused.")
 @click.option("--candidate", "candidate_paths", multiple=True, type=click.Path(path_type=Path),
               help="Another model with MODEL's interface (e.g. a distilled student), run through the same grid and judged "
                    "against MODEL's float64 reference (repeatable).")

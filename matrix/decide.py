@@ -135,6 +135,7 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
         flips=sum(p.flips or 0 for p in discrete) if discrete else None,
         return_delta=cell.rollout.return_delta if cell.rollout else None, emulated=bool(cell.backend and cell.backend.emulated),
     )
+    choice.fix, choice.prepared_onnx = rules.workaround(cell.artifact.notes if cell.artifact else [])
     choice.misses = rules.quality_misses(cell) + [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
     return choice
 

@@ -21,7 +21,7 @@ from . import cells
 
 # step -> "module:function(spec: dict, folder: Path) -> dict"; imported in the child only
 STEPS = {
-    "variants": "matrix.variants:guarded_step",
+    "variant": "matrix.variants:guarded_step",
     "preparations": "matrix.preparations:guarded_step",
     "intermediates": "matrix.diagnose:guarded_step",
 }

@@ -12,10 +12,21 @@ not apply:
   `gemm-bias-rank1` (a rank-0 Gemm bias -> rank 1), `gemm-zero-bias` (an explicit
   zero bias for a Gemm without one), `softsign` (x / (1 + |x|)).
 
-A failing (target, variant) cell tries, cheapest first, every step that applies
-on its own, then all of them together (opset17 -> simplify -> rewrites), each
-through the same real target and the same judge as any cell, and stops at the
-first PASS. The prepared ONNX is saved beside the results.
+Besides the graph, the variant itself: a failing fp16 or int8 cell whose
+`--diagnose` named the first divergent node first tries its variant made with
+that node kept in fp32 (onnxconverter-common's block list, ORT quantization's
+excluded nodes): the general fix for an fp16 overflow.
+
+A failing (target, variant) cell tries, cheapest first, that variant, then every
+step that applies on its own, then all of them together (opset17 -> simplify ->
+rewrites), each through the same real target and the same judge as any cell,
+and stops at the first PASS. The prepared ONNX is saved beside the results.
+
+A preparation that changes the model's interface (an input or output name, a
+dtype, any dim other than a symbolic batch fixed to the batch it is fed) is a
+different model to whoever calls it: it is listed as tried, with what changed,
+and never run or offered as a fix (onnxsim at batch 1 fixes every other
+symbolic dim to 1 as well: silero-vad's `state [2, ?, 128]` became `[1, 1, 128]`).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ class Prepared:
     fixed_batch: int | None = None
     host_argmax: dict[str, tuple[str, int, bool, str]] = field(default_factory=dict)  # output -> (logits, axis, keepdims, dtype)
     error: str = ""  # the preparing tool's own failure (never a runtime verdict)
+    keep_fp32: tuple[str, ...] = ()  # nodes the cell's variant keeps in float32 (the graph itself is unchanged)
 
     def apply(self, name: str) -> bool:
         """Apply step `name` in place; False when it does not apply."""
@@ -64,7 +76,9 @@ def _simplify(prepared: Prepared) -> bool:
 
     before = Counter(node.op_type for node in prepared.proto.graph.node)
     shapes = {value.name: _fixed_shape(value, DEPLOYMENT_BATCH) for value in _graph_inputs(prepared.proto)}
-    simplified, ok = onnxsim.simplify(prepared.proto, overwrite_input_shapes=shapes)
+    source = _copy(prepared.proto)
+    del source.graph.value_info[:]  # inferred for the symbolic inputs: they would contradict the fixed ones
+    simplified, ok = onnxsim.simplify(source, overwrite_input_shapes=shapes)
     if not ok:
         raise RuntimeError("onnxsim could not verify the simplified graph against the original")
     after = Counter(node.op_type for node in simplified.graph.node)
@@ -329,15 +343,70 @@ def try_fixes(
     """Try the candidates on one failing cell, cheapest first, until one PASSes."""
     folder.mkdir(parents=True, exist_ok=True)
     attempts = []
-    for name, prepared in _guarded_candidates(info, folder / "candidates", limits):
+    for name, prepared in [*_kept_in_fp32(cell, info), *_guarded_candidates(info, folder / "candidates", limits)]:
         if prepared.error:
             attempts.append(FixAttempt(preparation=name, verdict="SKIP", reasons=[f"the preparation itself failed: {prepared.error}"]))
+            continue
+        if changed := interface_change(info.proto, prepared):
+            attempts.append(FixAttempt(preparation=name, steps=prepared.steps, verdict="SKIP",
+                                       reasons=[f"refused as a fix: it changes the model's interface ({changed})"]))
             continue
         attempt = _attempt(cell, info, template, judge, folder, report_root, env, limits, name, prepared)
         attempts.append(attempt)
         if attempt.verdict in FIXED:
             break
     return attempts
+
+
+def _kept_in_fp32(cell: Cell, info: ModelInfo) -> list[tuple[str, Prepared]]:
+    """The cell's own variant with the node `--diagnose` named kept in fp32, when it named one."""
+    first = cell.diagnosis.first if cell.diagnosis else None
+    node = core_variants.node_name(info.proto, first.node) if first and cell.variant in ("fp16", "int8") else None
+    if node is None:
+        return []
+    step = f"{node} ({first.op_type}) kept in fp32 in the {cell.variant} variant: --diagnose names it the first node that leaves the reference"
+    return [(f"keep {node} in fp32", Prepared(info.proto, steps=[step], keep_fp32=(node,)))]
+
+
+def interface_change(original: onnx.ModelProto, prepared: Prepared) -> str:
+    """What the prepared graph changes in the model's interface, "" when nothing: names, dtypes and dims stay,
+    except a symbolic batch (axis 0) fixed to the batch the prepared graph is fed. Outputs the host makes
+    (an ArgMax head cut) are the original's."""
+    host_made = {logits for logits, _, _, _ in prepared.host_argmax.values()}
+    kept_outputs = [o for o in prepared.proto.graph.output if o.name not in host_made]
+    after_outputs = {**_signatures(kept_outputs), **{k: v for k, v in _signatures(original.graph.output).items() if k in prepared.host_argmax}}
+    changes = [*_changes("input", _signatures(_graph_inputs(original)), _signatures(_graph_inputs(prepared.proto)), prepared.fixed_batch),
+               *_changes("output", _signatures(original.graph.output), after_outputs, prepared.fixed_batch)]
+    return "; ".join(changes)
+
+
+def _signatures(values) -> dict[str, tuple[str, list]]:
+    return {v.name: (onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower(),
+                     [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in v.type.tensor_type.shape.dim])
+            for v in values}
+
+
+def _changes(kind: str, before: dict, after: dict, fixed_batch: int | None) -> list[str]:
+    changes = [f"{kind} {name} removed" for name in before if name not in after]
+    changes += [f"new {kind} {name}" for name in after if name not in before]
+    for name in [n for n in before if n in after]:
+        (dtype, dims), (new_dtype, new_dims) = before[name], after[name]
+        if dtype != new_dtype:
+            changes.append(f"{kind} {name} {dtype} -> {new_dtype}")
+        elif not _same_dims(dims, new_dims, fixed_batch):
+            changes.append(f"{kind} {name} {_dims(dims)} -> {_dims(new_dims)}")
+    return changes
+
+
+def _same_dims(dims: list, new_dims: list, fixed_batch: int | None) -> bool:
+    """Equal, but for a symbolic batch (axis 0) fixed to the batch the prepared graph is fed."""
+    if len(dims) != len(new_dims) or dims[1:] != new_dims[1:]:
+        return False
+    return not dims or dims[0] == new_dims[0] or (isinstance(dims[0], str) and new_dims[0] == fixed_batch)
+
+
+def _dims(dims: list) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
 def _guarded_candidates(info: ModelInfo, folder: Path, limits: guarded.Limits) -> list[tuple[str, Prepared]]:
@@ -365,10 +434,13 @@ def _attempt(cell, info, template, judge, folder, report_root, env, limits: guar
                          host_step=_host_step(prepared))
     try:
         prepared_info = model_loader.load(path)
-        paths, errors = core_variants.produce_guarded(prepared_info, [cell.variant], folder / f"{slug}-variants", limits)
+        paths, errors = core_variants.produce_guarded(prepared_info, [cell.variant], folder / f"{slug}-variants", limits,
+                                                      keep_fp32=prepared.keep_fp32)
     except Exception as error:  # the tool made an unusable graph: its problem, not the runtime's
         attempt.reasons = [f"the prepared graph is unusable: {_one_line(error)}"]
         return attempt
+    if prepared.keep_fp32 and cell.variant in paths:  # the fix is the variant file itself
+        attempt.prepared_onnx = str(paths[cell.variant].relative_to(report_root))
     batch = prepared.fixed_batch
     spec = template.for_cell(
         cell.target, cell.variant, onnx_variants={k: str(v) for k, v in paths.items()},

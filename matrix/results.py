@@ -221,8 +221,9 @@ class DecisionChoice(Record):
     flips: int | None = None  # discrete outputs: disagreements above the tie margin
     return_delta: float | None = None  # mean return minus the reference's, when rollouts ran
     emulated: bool = False  # software adapter: its latency never decides
-    fix: str = ""  # the graph preparation (--assist) it passes only after, e.g. "onnxsim (batch 1) + Min/Max -> Clip"
-    prepared_onnx: str = ""  # that preparation's graph, relative to the report folder
+    fix: str = ""  # the change it passes only after: a graph preparation (--assist), e.g. "simplify + minmax-clip",
+    # or one the tool made so the runtime could load the file (WebGL's "a fixed batch of 1"); it ships as that, not as the export
+    prepared_onnx: str = ""  # that change's file, relative to the report folder
     misses: list[str] = Field(default_factory=list)  # budgets (or quality) it does not meet: why it cannot ship
     flags: list[str] = Field(default_factory=list)  # e.g. an int8 file larger than its fp32
     why: str = ""  # chosen: why it won

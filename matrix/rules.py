@@ -245,8 +245,27 @@ def unquantized_int8(cell, context: Context) -> Findings:
     return Findings(warnings=[f"int8 artifact has nothing quantized ({counted.get('float_ops', 0)} weight ops stayed float)"])
 
 
+# A note that starts so names a change the tool made so the runtime could run the model (a converter workaround,
+# a fixed-batch copy): it is among the cell's reasons, and the decision ships that change, not the exported file.
+WORKAROUND = "workaround: "
+_SAVED = "; saved as "
+
+
+def workaround_note(change: str, exported_error: str, saved: list[str]) -> str:
+    """e.g. "workaround: a fixed batch of 1 (the exported file fails: <the runtime's words>); saved as cells/…/x.onnx"."""
+    return f"{WORKAROUND}{change} (the exported file fails: {exported_error}){_SAVED}{', '.join(saved)}"
+
+
+def workaround(notes: list[str]) -> tuple[str, str]:
+    """(the changes the tool made, the first file it saved) from a cell's notes; ("", "") when it made none."""
+    found = [note[len(WORKAROUND):] for note in notes if note.startswith(WORKAROUND)]
+    changes = "; ".join(text.split(" (")[0] for text in found)
+    saved = next((text.split(_SAVED, 1)[1].split(", ")[0] for text in found if _SAVED in text), "")
+    return changes, saved
+
+
 def workarounds(cell, context: Context) -> Findings:
-    return Findings(notes=[note for note in (cell.artifact.notes if cell.artifact else []) if note.startswith("workaround:")])
+    return Findings(notes=[note for note in (cell.artifact.notes if cell.artifact else []) if note.startswith(WORKAROUND)])
 
 
 RULES = (worker_error, backend, contract, behaviour, drift, agreement, unquantized_int8, workarounds)

@@ -21,6 +21,7 @@ WORKER_STARTED = time.time()  # before the heavy imports below: bench/matrix_wal
 
 import itertools
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -37,6 +38,7 @@ from .contract import CONTRACT_BATCHES
 from .metrics import latency_stats
 from .protocol import DONE, OUTPUTS_FILE, CellSpec, Measurement, done_message, stage_message
 from .results import ArtifactInfo, CellError
+from .rules import workaround_note
 
 
 def stage(name: str, progress: str = "") -> None:
@@ -94,6 +96,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
         onnx_variants=onnx_variants,
         variant_errors=spec.variant_errors,
         variant_seconds={k: variants.conversion_seconds(v) for k, v in onnx_variants.items()},
+        variant_notes={k: variants.notes(k, v) for k, v in onnx_variants.items()},
         calibration=feeds,
         batch_axes=spec.batch_axes,
         workdir=cell_dir,
@@ -123,7 +126,20 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
     try:
         _run_session(session, spec, feeds, measurement, arrays, enter)
     finally:
+        _note_preparation(session.preparation(), cell_dir, measurement)
         session.close()
+
+
+def _note_preparation(preparation, cell_dir: Path, measurement: Measurement) -> None:
+    """A copy the target ran instead of the exported file is a workaround, said on the cell with the
+    runtime's words on the exported file, and saved in the cell's folder like an --assist fix."""
+    if preparation is None:
+        return
+    saved = []
+    for name, source in preparation.files.items():
+        shutil.copyfile(source, cell_dir / name)
+        saved.append(f"{cell_dir.parent.name}/{cell_dir.name}/{name}")
+    measurement.artifact.notes.append(workaround_note(preparation.name, preparation.exported_error, saved))
 
 
 def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:

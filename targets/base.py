@@ -67,6 +67,7 @@ class PrepareContext:
     threads: int = 1
     variant_errors: dict[str, str] = field(default_factory=dict)  # variants the core could not make
     variant_seconds: dict[str, float] = field(default_factory=dict)  # how long the core took to make each
+    variant_notes: dict[str, list[str]] = field(default_factory=dict)  # how the core made each (nodes kept in fp32)
 
     def calibration_head(self, rows: int) -> Feeds:
         """The first `rows` observations, cut along each input's batch axis; inputs without one whole."""
@@ -132,6 +133,15 @@ class BackendInfo:
         return self.requested == self.actual
 
 
+@dataclass(frozen=True)
+class Preparation:
+    """A copy or rewrite of the exported file that a session ran instead of it, because the runtime rejected it."""
+
+    name: str  # e.g. "a fixed batch of 1 and 64"
+    exported_error: str  # the runtime's own words on the exported file, in this run
+    files: dict[str, Path]  # file name to save it under -> the prepared file
+
+
 class Session(ABC):
     """An opened artifact. Latencies are per-call nanoseconds from the runtime's side.
 
@@ -154,6 +164,10 @@ class Session(ABC):
 
     @abstractmethod
     def backend(self) -> BackendInfo: ...
+
+    def preparation(self) -> Preparation | None:
+        """What this session ran instead of the exported file, and why (None: the file as exported)."""
+        return None
 
     def close(self) -> None:
         """Release the runtime; the default has nothing to release."""
@@ -202,7 +216,8 @@ class Target(ABC):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         """Default: the core's ONNX variant as it is, with the time the core took to make it."""
         return Artifact(path=ctx.onnx_variant(variant), conversion_s=ctx.variant_seconds.get(variant, 0.0),
-                        variant=variant, cache_dir=ctx.cache_dir, batch_axes=ctx.batch_axes)
+                        notes=list(ctx.variant_notes.get(variant, [])), variant=variant, cache_dir=ctx.cache_dir,
+                        batch_axes=ctx.batch_axes)
 
     def open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         """A cell that cannot run on this host is a SKIP with the reason, checked here once for every target."""

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
-from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, RunService, Session, Settings, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Preparation, RunService, Session, Settings, Target
 from .chromium import (
     BROWSER_ENDPOINT_ENV,
     UserBrowser,
@@ -50,16 +50,21 @@ NOT_LOGGED = "not logged"  # placement when ORT printed none: neither accelerato
 
 
 class WebSession(Session):
-    """One onnxruntime-web session per batch size in a fresh page (WebGL needs fixed shapes)."""
+    """onnxruntime-web sessions of one variant in the worker's page: the file as exported, and where the
+    backend rejects it (WebGL and symbolic dims), one fixed-batch copy per batch fed, named as a preparation."""
 
     def __init__(self, target: OrtWebTarget, artifact: Artifact, threads: int):
         self.target, self.artifact, self.threads = target, artifact, threads
         self.page = shared_page(target.bundle)
         self.sessions: dict[int | None, dict] = {}
+        self.exported_error = ""  # the backend's own words on the exported file, when a fixed-batch copy ran instead
         try:
             self.probe = self.page.call("probe", target.backend)
             if self.probe["present"]:
-                self._session_for(1 if target.fixed_batch else None)
+                try:
+                    self._session_for(None)
+                except RuntimeError as error:
+                    self._rejected(error)
         except BaseException:
             drop_page(target.bundle)  # a page that failed here is not trusted with the next variant
             raise
@@ -74,27 +79,53 @@ class WebSession(Session):
             key = f"s{next(_SESSION_KEYS)}-b{batch}"
             url = self.page.server.publish(model)
             opened = self.page.call("open", key, url, self.target.backend, self.threads, True)
-            self.sessions[batch] = {"key": key, "log": opened["log"]}
+            self.sessions[batch] = {"key": key, "log": opened["log"], "model": model}
         return self.sessions[batch]
 
-    def _key(self, feeds: Feeds) -> str:
-        batch = _fed_batch(feeds, self.artifact.batch_axes) if self.target.fixed_batch else None
-        return self._session_for(batch)["key"]
+    def _call(self, function: str, feeds: Feeds, *args):
+        encoded = encode_feeds(feeds)
+        if not self.exported_error:
+            try:
+                return self.page.call(function, self._session_for(None)["key"], encoded, *args)
+            except RuntimeError as error:
+                self._rejected(error)
+        try:
+            return self.page.call(function, self._session_for(_fed_batch(feeds, self.artifact.batch_axes))["key"], encoded, *args)
+        except RuntimeError as error:  # the copy fails too: the exported file's words are the ones that count
+            also = "" if " ".join(str(error).split()) == self.exported_error else f" (a fixed-batch copy fails too: {error})"
+            raise RuntimeError(f"{self.exported_error}{also}") from None
+
+    def _rejected(self, error: RuntimeError) -> None:
+        """The backend rejected the exported file: on a backend with `fixed_batch_copy` the copies run from now
+        on and its words are kept for the cell; elsewhere that is the cell's failure."""
+        if not self.target.fixed_batch_copy:
+            raise error
+        self.exported_error = " ".join(str(error).split())[:400]
 
     def run(self, feeds: Feeds) -> Feeds:
-        return decode_outputs(self.page.call("run", self._key(feeds), encode_feeds(feeds)))
+        return decode_outputs(self._call("run", feeds))
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
         if self.backend().emulated:  # software adapter: latency is not the point, keep the cell short
             warmup, iters = min(warmup, EMULATED_WARMUP), min(iters, EMULATED_ITERS)
-        return self.page.call("time", self._key(feeds), encode_feeds(feeds), warmup, iters)
+        return self._call("time", feeds, warmup, iters)
+
+    def preparation(self) -> Preparation | None:
+        batches = [str(batch) for batch in sorted(b for b in self.sessions if b is not None)]
+        if not self.exported_error or not batches:  # the exported file ran, or no copy opened either
+            return None
+        copies = {f"fixed-batch-{batch}.onnx": self.sessions[int(batch)]["model"] for batch in batches}
+        listed = " and ".join([", ".join(batches[:-1]), batches[-1]] if len(batches) > 1 else batches)
+        return Preparation(f"a fixed batch of {listed}", self.exported_error, copies)
 
     def bare_loop_ns(self, feeds: Feeds, iters: int) -> float:
         """Mean ns per call of a bare session.run loop in the same page (for bench/web_overhead.py)."""
-        return self.page.call("bareLoop", self._key(feeds), encode_feeds(feeds), iters)
+        return self._call("bareLoop", feeds, iters)
 
     def _first_log(self) -> list[str]:
-        return next(iter(self.sessions.values()))["log"] if self.sessions else []
+        """The log of the session the cell's numbers came from (the first copy, when the exported file failed)."""
+        opened = [self.sessions[b] for b in self.sessions if b is not None or not self.exported_error]
+        return opened[0]["log"] if opened else []
 
     def placement(self) -> list[PlacementRow]:
         """The one source of truth for where nodes ran; the backend check reads these rows too."""
@@ -132,7 +163,7 @@ class OrtWebTarget(Target):
     bundle: ClassVar[str]  # one ORT bundle per page, from the installed dist/
     ort_ep: ClassVar[str | None]  # ORT's name for the EP in its placement log
     where_label: ClassVar[str]
-    fixed_batch: ClassVar[bool] = False
+    fixed_batch_copy: ClassVar[bool] = False  # the backend rejects symbolic dims: run fixed-batch copies, named as such
     release: ClassVar[NpmRelease] = NpmRelease(
         "onnxruntime-web", floor=WEB_FLOOR,
         why_floor="the oldest release with the ES-module bundles the page imports (ort.wasm.min.mjs, ort.webgl.min.mjs)")
@@ -191,15 +222,7 @@ class OrtWebWebgl(OrtWebTarget):
     bundle = "ort.webgl.min.mjs"
     ort_ep = None
     where_label = "WebGL"
-    fixed_batch = True
-
-    def variant_skip_reason(self, variant: str) -> str | None:
-        # Measured with onnxruntime-web 1.30 on the core's fp16/int8 variants.
-        return {
-            "fp16": "onnxruntime-web's WebGL backend cannot load float16 tensors (\"unsupported data type: FLOAT16\")",
-            "int8": "onnxruntime-web's WebGL backend has no integer-quantized ops "
-                    "(\"cannot resolve operator 'DynamicQuantizeLinear'\")",
-        }.get(variant) or super().variant_skip_reason(variant)
+    fixed_batch_copy = True
 
     def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:
         if not probe["present"]:

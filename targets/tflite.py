@@ -84,7 +84,7 @@ class TfliteTarget(Target):
         meta = json.loads((entry / "meta.json").read_text())
         file_variant = variant if self.recipe == "dynamic" else "int8-full"
         if file_variant in meta.get("missing", {}):  # this cell only: its siblings have their files
-            raise RuntimeError(meta["missing"][file_variant])
+            raise RuntimeError(meta["missing"][file_variant] + ("" if fresh else " (onnx2tf's words when it converted this model, cached)"))
         path = entry / f"{file_variant}.tflite"
         interface = onnx_interface(model)
         artifact = TfliteArtifact(

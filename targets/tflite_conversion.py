@@ -26,11 +26,12 @@ REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
 CONVERT_SCRIPT = Path(__file__).parent / "tflite_convert.py"
 ENV_NAME = "onnx2tf"
 # Bump when the conversion flags in tflite_convert.py change, so cached files are rebuilt.
-RECIPE_REVISION = "2"  # 2: entries keep the files that were made and say why others are missing
+RECIPE_REVISION = "3"  # 2: entries keep the files that were made and say why others are missing; 3: offline, no run's paths
 CONVERT_TIMEOUT_S = 900
 # Calibration samples for full-integer quantization: TF calibrates one sample at a time.
 MAX_CALIBRATION_SAMPLES = 128
 RECIPE_FILES = {"dynamic": ("fp32", "fp16", "int8"), "full": ("int8-full",)}
+WORK_FOLDER = "<onnx2tf's work folder>"  # stands for the converting cell's folder in cached reasons
 
 
 def converter_pin() -> str:
@@ -96,6 +97,8 @@ def run_converter(ctx: PrepareContext, model: Path, recipe: str, calibration: Fe
     answer = isolated_env.run_json(python, CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
     if not answer["ok"]:
         raise RuntimeError(answer["error"])  # onnx2tf's own words: the worker makes it a FAIL cell
+    # What is missing is cached with the files and shown to later runs: without this run's folder in it.
+    answer["errors"] = {name: text.replace(str(work), WORK_FOLDER) for name, text in answer.get("errors", {}).items()}
     return answer
 
 

@@ -113,9 +113,38 @@ class LayerTrace:
         return [history.layer.name] + [name for t in inbound for name in self._behind(t, seen)]
 
 
+# onnx2tf's sample images (20 MS-COCO crops, 128x128 RGB, values in [0, 1]): the shape and range it expects.
+SAMPLE_IMAGES = (20, 128, 128, 3)
+
+
+def offline() -> None:
+    """Converters run with network access disabled, on purpose. onnx2tf downloads sample images as dummy
+    inputs for its own check of 4D three-channel inputs (it uses ones where it has none); without a network
+    that download's ConnectionError hid the conversion's real error (a ConvTranspose policy: an IndexError),
+    and with one the conversion depended on a remote file. It gets seeded images of the same shape and range
+    instead, and no socket of this process can connect."""
+    import socket
+
+    import numpy as np
+
+    entry, common_functions = (importlib.import_module(name) for name in ("onnx2tf.onnx2tf", "onnx2tf.utils.common_functions"))
+
+    def sample_images() -> np.ndarray:
+        return np.random.default_rng(0).random(SAMPLE_IMAGES, dtype=np.float32)
+
+    def refuse(*args, **kwargs):
+        raise ConnectionRefusedError("network access is disabled for converters (policy-matrix)")
+
+    entry.download_test_image_data = common_functions.download_test_image_data = sample_images
+    socket.socket.connect = socket.socket.connect_ex = refuse
+    socket.create_connection = refuse
+
+
 def convert(request: dict, trace: LayerTrace) -> tuple[dict, dict]:
     import numpy as np
     import onnx2tf
+
+    offline()
 
     out_dir = Path(request["out_dir"])
     calibration = None

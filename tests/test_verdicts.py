@@ -41,7 +41,7 @@ def _cells(out) -> dict[str, dict]:
 
 def test_fp16_of_a_recurrent_cell_keeps_its_interface_and_passes(built, tmp_path):
     info = model.load(built("gru_cell"))
-    paths, errors = variants.produce_all(info, ["fp16"])
+    paths, errors = variants.produce_all(info, ["fp16"], tmp_path / "variants")
     assert not errors
     fp16 = onnx.load(str(paths["fp16"]))
     variants.validate(info.proto, fp16, "fp16")  # raises if names, shapes or dtypes moved
@@ -71,7 +71,7 @@ def test_a_variant_whose_output_became_float16_is_refused_and_restored(built):
 def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path):
     """SB3 Pendulum: onnxconverter-common declares the clipped action float16; the variant must not."""
     info = model.load(built("minmax_clip_mlp"))
-    paths, errors = variants.produce_all(info, ["fp16"])
+    paths, errors = variants.produce_all(info, ["fp16"], tmp_path / "variants")
     assert not errors
     assert onnx.load(str(paths["fp16"])).graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
     done = run_cli("run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path)

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import psutil
 import pytest
+from conftest import load_results, run_cli
 from web_fixtures import softsign_mlp, softsign_only, write
 
 from matrix import examples, reference
@@ -139,16 +140,39 @@ def test_webgpu_without_an_adapter_fails_with_the_reason(monkeypatch, cache_dir)
         chromium.drop_page(target.bundle)  # the browser without WebGPU goes with its flags
 
 
-def test_webgl_runs_each_batch_size_on_its_own_fixed_batch_model(cache_dir):
+def test_webgl_runs_fixed_batch_copies_named_with_the_exported_files_own_error(cache_dir):
+    """The exported (dynamic-batch) file is tried first; WebGL's own words on it are what the cell shows."""
     path = examples.path("continuous_mlp")
     session = REGISTRY["ort-web-webgl"].open(artifact(path, cache_dir), threads=1)
     try:
         for batch in (2, 1, 64, 2):
             feeds = observations(path, batch, seed=batch)
             assert max_drift(session.run(feeds), float64_reference(path, feeds)) < FP32_TOLERANCE
+        prepared = session.preparation()
     finally:
         session.close()
-    assert len(list((cache_dir / "fixed-batch").glob("*.onnx"))) >= 3
+    assert prepared.name == "a fixed batch of 1, 2 and 64"
+    assert prepared.exported_error.startswith("input tensor[0] check failed: expected shape '[,17]' but got [2,17]")
+    assert sorted(prepared.files) == ["fixed-batch-1.onnx", "fixed-batch-2.onnx", "fixed-batch-64.onnx"]
+    assert all(onnx.load(str(f)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == int(n[12:-5])
+               for n, f in prepared.files.items())
+
+
+def test_a_dynamic_batch_policys_webgl_cell_names_the_fixed_batch_preparation(tmp_path):
+    done = run_cli("run", examples.path("continuous_mlp"), "--targets", "ort-web-webgl,ort-web-wasm", "--precisions", "fp32",
+                   "--batch-sizes", "1", "--iters", "5", "--warmup", "1", "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    results = load_results(tmp_path)
+    webgl, wasm = results["cells"]
+    assert webgl["verdict"] == "PASS" and wasm["verdict"] == "PASS" and wasm["reasons"] == []  # wasm runs the export
+    reason, = webgl["reasons"]
+    assert reason.startswith("workaround: a fixed batch of 1, 2, 7 and 128 (the exported file fails: input tensor[0] "
+                             "check failed: expected shape '[,17]' but got [1,17]); saved as cells/ort-web-webgl-fp32/fixed-batch-1.onnx"), reason
+    saved = tmp_path / "cells" / "ort-web-webgl-fp32" / "fixed-batch-1.onnx"
+    assert onnx.load(str(saved)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+    decision = next(d for d in results["decision"] if d["target"] == "ort-web-webgl")
+    assert decision["chosen"]["fix"] == "a fixed batch of 1, 2, 7 and 128"
+    assert decision["chosen"]["prepared_onnx"] == "cells/ort-web-webgl-fp32/fixed-batch-1.onnx"
 
 
 @pytest.fixture(scope="module")
@@ -156,19 +180,22 @@ def variants(cache_dir) -> dict[str, Path]:
     """The core's own precision variants of continuous_mlp."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("POLICY_MATRIX_CACHE", str(cache_dir))
-        paths, errors = core_variants.produce_all(model_loader.load(examples.path("continuous_mlp")), ["fp16", "int8"])
+        paths, errors = core_variants.produce_all(model_loader.load(examples.path("continuous_mlp")), ["fp16", "int8"], cache_dir / "run-variants")
     assert not errors
     return paths
 
 
 @pytest.mark.parametrize("name", WEB_TARGETS)
 @pytest.mark.parametrize("variant", ["fp16", "int8"])
-def test_reduced_precision_runs_or_skips_with_a_reason(name, variant, variants, cache_dir):
+def test_reduced_precision_runs_or_fails_in_the_backends_own_words(name, variant, variants, cache_dir):
     target = REGISTRY[name]
-    if name == "ort-web-webgl":  # measured: no float16 tensors, no quantized ops
-        assert target.variant_skip_reason(variant)
-        return
     assert target.variant_skip_reason(variant) is None
+    if name == "ort-web-webgl":  # measured: no float16 tensors, no quantized ops; said by the backend, in this run
+        words = {"fp16": "unsupported data type: FLOAT16", "int8": "cannot resolve operator 'DynamicQuantizeLinear'"}[variant]
+        with target.open(artifact(variants[variant], cache_dir, variant), threads=1) as session:
+            with pytest.raises(RuntimeError, match=words):
+                session.run(observations(variants["fp32"], 4))
+        return
     session = target.open(artifact(variants[variant], cache_dir, variant), threads=1)
     if (name, variant) == ("ort-web-webgpu", "fp16") and "no shader-f16" in session.backend().detail:
         # Measured on SwiftShader: onnxruntime-web runs fp16 without shader-f16 and gets it

@@ -28,7 +28,7 @@ def template(tmp_path_factory) -> cells.CellSpec:
     folder = tmp_path_factory.mktemp("reuse")
     info = load(example("continuous_mlp"))
     observations.save(observations.seeded(info, 16, 0), folder / "obs.npz")
-    paths, errors = variants.produce_all(info, ["fp32", "fp16", "int8"])
+    paths, errors = variants.produce_all(info, ["fp32", "fp16", "int8"], folder)
     return cells.CellSpec(target="ort-cpu", variant="fp32", observations=str(folder / "obs.npz"),
                           onnx_variants={k: str(v) for k, v in paths.items()}, variant_errors=errors,
                           batch_sizes=[1], warmup=2, iters=10)
