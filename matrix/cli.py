@@ -562,6 +562,9 @@ def setup(groups: tuple[str, ...]) -> None:
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
     signal.signal(signal.SIGTERM, raise_terminated)  # like Ctrl-C: report what finished, leave nothing running
+    # Python installs its Ctrl-C handler only when SIGINT was not ignored at start; a background job of a
+    # non-interactive shell inherits it ignored, and an interrupt would then do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = app.main(standalone_mode=False, prog_name="policy-matrix")
     except (InputError, click.UsageError) as error:

@@ -143,9 +143,17 @@ def test_a_rerun_keeps_the_previous_runs_lines(tmp_path):
     assert len(load_results(tmp_path)["cells"]) == 1
 
 
-@pytest.mark.parametrize("sent, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signalled_run_writes_its_report_and_leaves_nothing_running(tmp_path, sent, code):
-    run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *SLOW, "--out", tmp_path)
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# "inherited ignored": a background job of a non-interactive shell (`make test &` in a script) starts with
+# SIGINT ignored, and Python then installs no Ctrl-C handler of its own; the runner must install it anyway.
+@pytest.mark.parametrize("sent, code, preexec", [(signal.SIGTERM, 143, None), (signal.SIGINT, 130, None),
+                                                 (signal.SIGINT, 130, _ignore_sigint)],
+                         ids=["SIGTERM", "SIGINT", "SIGINT inherited ignored"])
+def test_a_signalled_run_writes_its_report_and_leaves_nothing_running(tmp_path, sent, code, preexec):
+    run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *SLOW, "--out", tmp_path, preexec_fn=preexec)
     worker = _worker_of(run, tmp_path / "cells" / "ort-cpu-fp32")
     run.send_signal(sent)
     _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
