@@ -261,10 +261,11 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
         latency_threshold, drift_factor):
     """Run the matrix on MODEL and write the report."""
     from . import candidates as candidate_models
-    from . import decide
+    from . import decide, isolation
     from . import model as model_loader
     from . import results as schema
     from .merge import shard_path as merge_shard_path
+    from .observations import whole_inputs
     from .orchestrate import RunConfig, lock_out
     from .orchestrate import run as run_matrix
 
@@ -279,7 +280,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
         targets=target_names,
         variants=_variants(_variants_option(variants, precisions)),
         out=_out_dir(out, resume, model),
-        observations=obs,
+        observations=_observations_file(obs),
         n_obs=options.at_least(n_obs, 1, "--n-obs"),
         seed=options.at_least(seed, 0, "--seed"),
         batch_sizes=_ints(batch_sizes, "--batch-sizes"),
@@ -296,13 +297,14 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
         diagnose=diagnose,
         assist=assist,
         settings_grid=settings_grid,
-        model=model_loader.load(model),
+        model=_load_model(model, limit),
     )
-    model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
-    settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
+    model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs, whole_inputs(settings.model))
     rollout_options = {"env": env, "episodes": episodes, "env_kwargs": env_kwargs, "clip_actions": clip_actions,
                        "return_tolerance": return_tolerance, "trajectory": trajectory, "initial_state": initial_state}
-    settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options)
+    with isolation.capped_runner(limit, "reading the candidates, trajectory and initial state"):
+        settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
+        settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options, limit)
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     with lock_out(settings.out):
@@ -315,12 +317,30 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
         _finish(results, settings.out, fail_on, baseline_results, thresholds, required)
 
 
+def _load_model(path: Path, limit: int):
+    """The model, read by the runner itself: under the run's memory cap (matrix.isolation.capped_runner)."""
+    from . import isolation
+    from . import model as model_loader
+
+    with isolation.capped_runner(limit, f"reading the model {path}"):
+        return model_loader.load(path, limit)
+
+
 def _settings_grid(specs: list[str], target_names: list[str]):
     import targets as registry
 
     from . import grid
 
     return grid.build(grid.parse(specs), [registry.get(name) for name in target_names])
+
+
+def _observations_file(path: Path | None) -> Path | None:
+    """--obs is a regular file (not a FIFO, a device or a folder): checked before anything reads it."""
+    from . import userfiles
+
+    if path is not None:
+        userfiles.check_regular(path, "observation")
+    return path
 
 
 def _out_dir(out: Path | None, resume: Path | None, model: Path) -> Path:
@@ -347,7 +367,7 @@ def _thresholds(drift_factor: float, latency_threshold: float):
                       options.non_negative(latency_threshold, "--latency-threshold"))
 
 
-def _rollout_settings(info, seed: int, given: dict):
+def _rollout_settings(info, seed: int, given: dict, limit: int):
     """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
     from . import rollouts
 
@@ -369,8 +389,8 @@ def _rollout_settings(info, seed: int, given: dict):
         trajectory=str(Path(trajectory).resolve()) if trajectory else "",
     )
     if chosen.get("initial_state"):
-        rollouts.set_initial_state(plan, Path(chosen["initial_state"]))
-    rollouts.check(plan)
+        rollouts.set_initial_state(plan, Path(chosen["initial_state"]), limit)
+    rollouts.check(plan, limit)
     return plan, return_tolerance
 
 

@@ -32,7 +32,7 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, grid, guarded, observations, reference, reference_job, rollouts, variants
+from . import __version__, assist, cells, grid, guarded, isolation, observations, reference, reference_job, rollouts, userfiles, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -266,9 +266,9 @@ def run_identity(config: RunConfig) -> dict:
     source = {"seed": config.seed, "n_obs": config.n_obs}
     if config.observations:
         try:
-            source = {"observations_sha256": hashlib.sha256(Path(config.observations).read_bytes()).hexdigest()}
-        except OSError:
-            raise InputError(f"{config.observations}: no such observation file") from None
+            source = {"observations_sha256": userfiles.sha256(Path(config.observations), "observation")}
+        except OSError as error:
+            raise InputError(f"{config.observations}: cannot read the observation file ({error.strerror or error})") from None
     return {
         "model_sha256": config.model.sha256,
         "settings": {
@@ -399,9 +399,10 @@ def _reference_rollout(config: RunConfig, folder: Path, report: dict, ending) ->
 
 
 def _observation_set(config: RunConfig) -> observations.Feeds:
-    if config.observations:
-        return observations.load(config.observations, config.model, config.memory_limit)
-    return observations.seeded(config.model, config.n_obs, config.seed)
+    with isolation.capped_runner(config.memory_limit, f"making the observation set from {config.observations or 'seeded samples'}"):
+        if config.observations:
+            return observations.load(config.observations, config.model, config.memory_limit)
+        return observations.seeded(config.model, config.n_obs, config.seed)
 
 
 def _empty_results(config: RunConfig, feeds, template: CellInputs) -> RunResults:

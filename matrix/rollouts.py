@@ -25,14 +25,13 @@ import math
 import os
 import sys
 import time
-import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from . import graph_facts
+from . import graph_facts, userfiles
 from .errors import InputError
 from .model import ModelInfo, TensorSpec
 from .observations import Feeds
@@ -167,10 +166,10 @@ def make_env(env: str, kwargs: dict):
         raise InputError(f"--env {env!r}: {error}") from None
 
 
-def check(plan: RolloutPlan) -> None:
+def check(plan: RolloutPlan, limit_bytes: int | None = None) -> None:
     """Fail early, with one line, when the environment and the model do not fit together."""
     if plan.open_loop:
-        recorded = load_trajectory(Path(plan.trajectory), plan)
+        recorded = load_trajectory(Path(plan.trajectory), plan, limit_bytes)
         if not len(recorded):
             raise InputError(f"{plan.trajectory}: the trajectory holds no observations")
         return
@@ -253,19 +252,14 @@ def initial_state(plan: RolloutPlan) -> Feeds:
             else np.asarray(s.initial, dtype=s.dtype).reshape([1, *s.shape]) for s in plan.states}
 
 
-def set_initial_state(plan: RolloutPlan, path: Path) -> None:
+def set_initial_state(plan: RolloutPlan, path: Path, limit_bytes: int | None = None) -> None:
     """--initial-state FILE.npz: one array per state input, with or without its batch of 1; others start at zeros."""
     pairs = {s.input: s for s in plan.states}
     if not pairs:
         raise InputError(f"--initial-state {path.name}: the model has no recurrent state pair to start")
-    try:
-        data = np.load(path, allow_pickle=False)  # a user's file: never unpickled
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not named arrays")
-        with data:
-            given = {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise InputError(f"--initial-state {path}: not a readable .npz file ({error})") from None
+    given = userfiles.read_arrays(path, "initial state", limit_bytes)  # headers checked first, never unpickled
+    if not isinstance(given, dict):
+        raise InputError(f"--initial-state {path}: not a readable .npz file (a single array, not named arrays)")
     for name, value in given.items():
         pair = pairs.get(name)
         if pair is None:
@@ -310,14 +304,9 @@ def run_episodes(step: Step, plan: RolloutPlan, on_episode: Callable[[int], None
         env.close()
 
 
-def load_trajectory(path: Path, plan: RolloutPlan) -> np.ndarray:
+def load_trajectory(path: Path, plan: RolloutPlan, limit_bytes: int | None = None) -> np.ndarray:
     """Recorded observations [T, *obs_shape] (or [T, 1, *obs_shape]) in the model's dtype."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such trajectory file")
-    try:
-        recorded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as error:
-        raise InputError(f"{path}: not a .npy file ({error})") from None
+    recorded = userfiles.read_arrays(path, "trajectory", limit_bytes)  # headers checked before any data is read
     if not isinstance(recorded, np.ndarray) or recorded.ndim < 1:
         raise InputError(f"{path}: expected one array of observations [T, *obs_shape]")
     per_step = int(np.prod(recorded.shape[1:], dtype=np.int64))
