@@ -311,7 +311,7 @@ def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str, s
 class RunRecord(BaseModel):
     """run.json: what a resumed run must match (read back from a folder anyone may have edited)."""
 
-    run_id: str = Field(pattern=r"^[0-9a-f]{1,64}$")
+    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     settings: dict = Field(default_factory=dict)
 
