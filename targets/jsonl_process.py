@@ -37,8 +37,11 @@ class JsonLinesProcess:
 
     def call(self, op: str, **request: Any) -> Any:
         """Send one request and return its result; the child's error is raised as a RuntimeError."""
-        self.process.stdin.write(json.dumps({"op": op, **request}) + "\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(json.dumps({"op": op, **request}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # the child is gone: say how it ended
+            raise RuntimeError(self._ending()) from None
         return self.reply()
 
     def reply(self) -> Any:
