@@ -9,10 +9,10 @@ runs out of memory becomes that cell's FAIL row with what is known.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from targets.base import signal_name
 
 from . import isolation
 from .observations import Feeds
@@ -51,7 +53,7 @@ def execute(
     try:
         _prepare_cell_dir(cell_dir, spec)
     except OSError as error:
-        return CellOutcome.failed(START, f"cannot write the cell's files: {error}")
+        return CellOutcome.failed(START, name_tool_io(f"cannot write the cell's files: {error}"))
     if worker is not None:
         ending = worker.serve(cell_dir, {**os.environ, **env}, timeout_s, on_stage)
     else:
@@ -87,7 +89,7 @@ class Ending:
             return f"out of memory (limit {_size(self.memory_limit)}): {tail}"
         if self.returncode < 0:
             number = -self.returncode
-            return f"killed by signal {number} ({_signal_name(number)}) after {self.duration_s:.1f} s" + (f": {tail}" if tail else "")
+            return f"killed by signal {number} ({signal_name(number)}) after {self.duration_s:.1f} s" + (f": {tail}" if tail else "")
         return f"exited with code {self.returncode}" + (f": {tail}" if tail else "")
 
     def _log_tail(self) -> str:
@@ -233,6 +235,39 @@ def name_out_of_memory(message: str, memory_limit: int | None) -> str:
     return message
 
 
+# The tool's own files failing (a full disk, a read-only or failing mount): the tool's problem, not the runtime's.
+TOOL_IO_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+TOOL_IO_PREFIX = "the tool could not write its files"
+
+
+def name_tool_io(message: str, folder: Path | None = None) -> str:
+    """A failure whose words carry a disk errno, or that ended while `folder` cannot take a write (a worker
+    on a full disk cannot even log why it stopped), said as what it is, naming the errno; a resumed run
+    re-runs such cells (orchestrate.Journal.finished)."""
+    found = next((number for number in TOOL_IO_ERRNOS if os.strerror(number) in message), None)
+    if found is None and folder is not None:
+        found = _write_fails(folder)
+    if found is None or message.startswith(TOOL_IO_PREFIX):
+        return message
+    return f"{TOOL_IO_PREFIX} ({errno.errorcode[found]}: {os.strerror(found)}): {message}"
+
+
+def _write_fails(folder: Path) -> int | None:
+    """The disk errno of writing one page into `folder` now, or None when it takes it."""
+    probe = folder / ".write-probe"
+    try:
+        probe.write_bytes(bytes(4096))
+    except OSError as error:
+        return error.errno if error.errno in TOOL_IO_ERRNOS else None
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
+
+
+def failed_on_tool_io(cell: Cell) -> bool:
+    return cell.error is not None and cell.error.message.startswith(TOOL_IO_PREFIX)
+
+
 def _measurement(cell_dir: Path, ending: Ending) -> Measurement:
     """What the worker left (possibly partial: it writes as it goes), plus why it stopped when it
     did not finish on its own."""
@@ -241,10 +276,11 @@ def _measurement(cell_dir: Path, ending: Ending) -> Measurement:
         measurement = Measurement()
     elif measurement.error:
         measurement.error.message = name_out_of_memory(measurement.error.message, ending.memory_limit)
+        measurement.error.message = name_tool_io(measurement.error.message)
     if measurement.stopped_itself or (ending.returncode == 0 and not ending.timed_out and measurement.stage != START):
         return measurement
     stage = measurement.stage if measurement.stage not in (START, DONE) else ending.last_stage
-    return measurement.model_copy(update={"error": CellError(stage=stage, message=ending.describe())})
+    return measurement.model_copy(update={"error": CellError(stage=stage, message=name_tool_io(ending.describe(), cell_dir))})
 
 
 def read_json(path: Path) -> dict:
@@ -254,13 +290,6 @@ def read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "unknown"
 
 
 def _size(nbytes: int) -> str:

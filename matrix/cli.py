@@ -65,6 +65,17 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
+class _ReportFolder(click.Path):
+    """A folder the tool writes: an empty name would silently mean the current folder."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("is empty: name a report folder", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+REPORT_FOLDER = _ReportFolder(path_type=Path)
+
 FAIL_ON = ("fail", "warn", "skip", "never")
 FAIL_ON_OPTION = click.option(
     "--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True,
@@ -124,6 +135,9 @@ def _variants(value: str) -> list[str]:
     unknown = [name for name in names if name not in VARIANTS]
     if unknown or not names:
         raise InputError(f"unknown variant {(unknown or [value])[0]!r}; known: {', '.join(VARIANTS)}")
+    if len(set(names)) < len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise InputError(f"--variants {value}: {twice} is given twice (each variant is one cell per target)")
     return names
 
 
@@ -228,13 +242,13 @@ BROWSER_PATH_OPTION = click.option(
               help="Discrete actions: a flip counts only where the reference's top-1 minus top-2 logit is above this.")
 @click.option("--min-agreement", default=DEFAULT_MIN_AGREEMENT, show_default=True,
               help="Discrete actions: flips that bring agreement with the reference below this share FAIL the cell (above it: WARN).")
-@click.option("--timeout", default=options.DEFAULT_TIMEOUT_S, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
-@click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
+@click.option("--timeout", default=options.DEFAULT_TIMEOUT_S, show_default=True, help="Seconds a cell may take before it is killed and FAILs (at most 10^6).")
+@click.option("--out", type=REPORT_FOLDER, help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
 @click.option("--memory-limit", default=None,
-              help="Memory each worker (and the reference) may allocate, e.g. 4G; beyond it the cell FAILs "
-                   "with 'out of memory'. Default: physical memory, at least 4G.")
-@click.option("--resume", type=click.Path(path_type=Path),
+              help="Memory each worker (and the reference, and the runner while it reads your files) may allocate, "
+                   "e.g. 4G, at most 1024T; beyond it the cell FAILs with 'out of memory'. Default: physical memory, at least 4G.")
+@click.option("--resume", type=REPORT_FOLDER,
               help="Report folder of a killed or interrupted run: keep its finished cells, run only the missing ones.")
 @click.option("--require", default="", help="Comma-separated targets that must run (not only SKIP), else exit 1.")
 @click.option("--env", default=None,
@@ -281,7 +295,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
     """Run the matrix on MODEL and write the report."""
     from . import batch_axes
     from . import candidates as candidate_models
-    from . import decide
+    from . import decide, isolation
     from . import model as model_loader
     from . import results as schema
     from .merge import shard_path as merge_shard_path
@@ -299,7 +313,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
         targets=target_names,
         variants=_variants(_variants_option(variants, precisions)),
         out=_out_dir(out, resume, model),
-        observations=obs,
+        observations=_observations_file(obs),
         n_obs=options.at_least(n_obs, 1, "--n-obs"),
         seed=options.at_least(seed, 0, "--seed"),
         batch_sizes=_ints(batch_sizes, "--batch-sizes"),
@@ -316,14 +330,15 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
         diagnose=diagnose,
         assist=assist,
         settings_grid=settings_grid,
-        model=model_loader.load(model, batch_axes.parse_given(batch_axis)),
+        model=_load_model(model, limit, batch_axes.parse_given(batch_axis)),
         batch_axes_given=batch_axes.parse_given(batch_axis),
     )
     model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
-    settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
     rollout_options = {"env": env, "episodes": episodes, "env_kwargs": env_kwargs, "clip_actions": clip_actions,
                        "return_tolerance": return_tolerance, "trajectory": trajectory, "initial_state": initial_state}
-    settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options)
+    with isolation.capped_runner(limit, "reading the candidates, trajectory and initial state"):
+        settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
+        settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options, settings.limits)
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     with lock_out(settings.out):
@@ -333,7 +348,17 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
             raise InputError(f"cannot write {error.filename or settings.out}: {error.strerror or error}") from None
         results.settings["decision"] = {"budgets": list(budget_specs), "prefer": prefer}
         results.decision = decide.decide_all(results, budgets, prefer)
-        _finish(results, settings.out, fail_on, baseline_results, thresholds, required, as_json, allow_different_inputs)
+        _finish(results, settings.out, fail_on, baseline_results, thresholds, required, as_json, allow_different_inputs,
+                own_run=True)
+
+
+def _load_model(path: Path, limit: int, given_batch_axes: dict[str, int]):
+    """The model, read by the runner itself: under the run's memory cap (matrix.isolation.capped_runner)."""
+    from . import isolation
+    from . import model as model_loader
+
+    with isolation.capped_runner(limit, f"reading the model {path}"):
+        return model_loader.load(path, given_batch_axes, limit_bytes=limit)
 
 
 def _settings_grid(specs: list[str], target_names: list[str]):
@@ -342,6 +367,15 @@ def _settings_grid(specs: list[str], target_names: list[str]):
     from . import grid
 
     return grid.build(grid.parse(specs), [registry.get(name) for name in target_names])
+
+
+def _observations_file(path: Path | None) -> Path | None:
+    """--obs is a regular file (not a FIFO, a device or a folder): checked before anything reads it."""
+    from . import userfiles
+
+    if path is not None:
+        userfiles.check_regular(path, "observation")
+    return path
 
 
 def _out_dir(out: Path | None, resume: Path | None, model: Path) -> Path:
@@ -368,9 +402,9 @@ def _thresholds(drift_factor: float, latency_threshold: float):
                       options.non_negative(latency_threshold, "--latency-threshold"))
 
 
-def _rollout_settings(info, seed: int, given: dict):
+def _rollout_settings(info, seed: int, given: dict, limits):
     """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
-    from . import rollouts
+    from . import env_check, rollouts
     from .rules import DEFAULT_RETURN_TOLERANCE, ReturnTolerance
 
     chosen = {key: value for key, value in given.items() if value is not None}
@@ -391,14 +425,14 @@ def _rollout_settings(info, seed: int, given: dict):
         trajectory=str(Path(trajectory).resolve()) if trajectory else "",
     )
     if chosen.get("initial_state"):
-        rollouts.set_initial_state(plan, Path(chosen["initial_state"]))
-    rollouts.check(plan)
+        rollouts.set_initial_state(plan, Path(chosen["initial_state"]), limits.memory_limit)
+    env_check.check(plan, limits)  # the environment is made in a guarded step: under --timeout and the cap
     return plan, return_tolerance
 
 
 @app.command()
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Folder of the merged report.")
+@click.option("--out", type=REPORT_FOLDER, required=True, help="Folder of the merged report.")
 @FAIL_ON_OPTION
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
@@ -411,13 +445,15 @@ def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor, allow
     from .merge import shard_path as merge_shard_path
 
     from .decide import decide_all, parse_budgets
+    from .orchestrate import lock_out
 
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
     thresholds = _thresholds(drift_factor, latency_threshold)
     merged = merge_shards(list(shards), allow_different_inputs)
     asked = merged.settings.get("decision", {})  # the first shard's budgets decide over every host's cells
     merged.decision = decide_all(merged, parse_budgets(list(asked.get("budgets", []))), asked.get("prefer", "latency"))
-    _finish(merged, options.writable_dir(out), fail_on, baseline_results, thresholds, allow_different_inputs=allow_different_inputs)
+    with lock_out(options.writable_dir(out)):  # never replace the report of a run still writing there
+        _finish(merged, out, fail_on, baseline_results, thresholds, allow_different_inputs=allow_different_inputs)
 
 
 @app.command()
@@ -445,8 +481,9 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_d
 
 
 def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = (), as_json: bool = False,
-            allow_different_inputs: bool = False) -> None:
-    """Compare with the baseline, write the report, print the tally and exit with the verdict."""
+            allow_different_inputs: bool = False, own_run: bool = False) -> None:
+    """Compare with the baseline, write the report, print the tally and exit with the verdict (130/143 when
+    this run itself was interrupted; an interrupted shard in a merge is shown in the report, not the exit code)."""
     from . import results as schema
     from .compare import compare as compare_results
     from .decide import summary_lines
@@ -476,7 +513,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
     if as_json:
         _print_json({"report": str(index), "counts": counts, "required_not_run": results.required_not_run,
                      "decision": [decision.model_dump(mode="json") for decision in results.decision]})
-    if results.interrupted is not None:
+    if own_run and results.interrupted is not None:
         sys.exit(143 if results.interrupted.signal == "SIGTERM" else 130)
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "skip": ("FAIL", "SKIP"), "never": ()}[fail_on]
     failed = any(c.verdict in threshold for c in results.cells)
@@ -597,6 +634,9 @@ def setup(groups: tuple[str, ...]) -> None:
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
     signal.signal(signal.SIGTERM, raise_terminated)  # like Ctrl-C: report what finished, leave nothing running
+    # Python installs its Ctrl-C handler only when SIGINT was not ignored at start; a background job of a
+    # non-interactive shell inherits it ignored, and an interrupt would then do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = app.main(standalone_mode=False, prog_name="policy-matrix")
     except (InputError, click.UsageError) as error:

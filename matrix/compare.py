@@ -137,5 +137,10 @@ def _latency(old: Cell, new: Cell, threshold: float):
         if before and stats.p50_us > before.p50_us * (1 + threshold) and stats.p50_us > before.p90_us:
             yield "latency", (
                 f"batch {stats.batch}: p50 {before.p50_us:.1f} -> {stats.p50_us:.1f} us "
-                f"(+{100 * (stats.p50_us / before.p50_us - 1):.0f}%, beyond the baseline's p90 {before.p90_us:.1f})"
+                f"({_growth(before.p50_us, stats.p50_us)}, beyond the baseline's p90 {before.p90_us:.1f})"
             )
+
+
+def _growth(before: float, after: float) -> str:
+    """+N% slower; from a p50 of 0 (a coarse timer's reading) there is no ratio to give."""
+    return f"+{100 * (after / before - 1):.0f}%" if before > 0 else "from 0"

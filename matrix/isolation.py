@@ -18,6 +18,7 @@ Run as `python -m matrix.isolation RUNNER_PID PGID SECONDS` it is that watchdog.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -25,6 +26,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from .errors import InputError
 
 PR_SET_PDEATHSIG = 1
 WATCHDOG_GRACE_S = 5.0
@@ -58,6 +62,41 @@ def _child_setup(memory_limit: int | None, parent_pid: int, death_signal: bool):
                 os._exit(137)
 
     return setup
+
+
+@contextlib.contextmanager
+def capped_runner(memory_limit: int, doing: str):
+    """The runner itself under the cap while it reads the user's files (the model, its external data,
+    observations, a trajectory): what it holds already plus `memory_limit`, so no file can make the
+    kernel kill it; an allocation beyond it is one line. Scoped, because helpers started later
+    (a browser, npm, the converter environments) must not inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    in_use = _data_in_use()
+    if in_use is None:  # RLIMIT_DATA counts heap and anonymous mappings this way on Linux only
+        yield
+        return
+    cap = in_use + memory_limit if hard == resource.RLIM_INFINITY else min(in_use + memory_limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    try:
+        yield
+    except MemoryError:
+        raise InputError(f"{doing} needs more memory than the limit {memory_limit / (1 << 30):.3g} GiB "
+                         "(--memory-limit): refused") from None
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def _data_in_use() -> int | None:
+    """This process's private data (VmData), the quantity RLIMIT_DATA limits."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def start(command: list[str], *, memory_limit: int | None, timeout_s: float, **popen) -> subprocess.Popen:

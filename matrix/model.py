@@ -7,6 +7,7 @@ CLI turns that into exit code 2.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,9 +15,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper
-from onnx.external_data_helper import uses_external_data
 
-from . import batch_axes, graph_facts
+from . import batch_axes, external_data, graph_facts, userfiles
 from .errors import InputError
 
 # Operator domains some target implements; anything else is a custom op no runtime here has.
@@ -72,15 +72,15 @@ class ModelInfo:
         }
 
 
-def load(path: Path, given_batch_axes: dict[str, int] | None = None) -> ModelInfo:
-    """The checked model; `given_batch_axes` is the user's --batch-axis (the rest is inferred)."""
+def load(path: Path, given_batch_axes: dict[str, int] | None = None, limit_bytes: int = DEFAULT_SIZE_LIMIT_BYTES) -> ModelInfo:
+    """The checked model at `path`, read once (a regular file within `limit_bytes`, with its external data);
+    `given_batch_axes` is the user's --batch-axis (the rest is inferred)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    proto = _parse(path)
+    with userfiles.open_regular(path, "model", min(limit_bytes, external_data.PROTOBUF_LIMIT_BYTES)) as stream:
+        serialized = stream.read()
+    proto = _parse(path, serialized)
     _check_names(proto)
-    _check_external_data(proto, path.parent)
-    _load_external_data(proto, path.parent)
+    external_data.load_all(all_tensors(proto), path.parent, limit_bytes, model_bytes=len(serialized))
     _check_domains(proto)
     try:
         onnx.checker.check_model(proto, full_check=True)
@@ -90,7 +90,7 @@ def load(path: Path, given_batch_axes: dict[str, int] | None = None) -> ModelInf
     excluded = _check_interface(proto)
     info = ModelInfo(
         path=path,
-        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        sha256=hashlib.sha256(serialized).hexdigest(),
         proto=proto,
         inputs=[_spec(v) for v in _graph_inputs(proto)],
         outputs=[_spec(v) for v in proto.graph.output if v.name not in excluded],
@@ -106,9 +106,9 @@ def load(path: Path, given_batch_axes: dict[str, int] | None = None) -> ModelInf
     return info
 
 
-def _parse(path: Path) -> onnx.ModelProto:
+def _parse(path: Path, serialized: bytes) -> onnx.ModelProto:
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        proto = onnx.load_model_from_string(serialized)
     except (DecodeError, ValueError, RuntimeError) as error:
         raise InputError(f"{path}: not an ONNX model (the file does not parse: {_first_line(error)})") from None
     if not proto.graph.node and not proto.graph.output:
@@ -116,36 +116,15 @@ def _parse(path: Path) -> onnx.ModelProto:
     return proto
 
 
-def _check_external_data(proto: onnx.ModelProto, folder: Path) -> None:
-    root = folder.resolve()
-    for tensor in _all_initializers(proto):
-        if not uses_external_data(tensor):
-            continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        resolved = (root / location).resolve()
-        if Path(location).is_absolute() or not resolved.is_relative_to(root):
-            raise InputError(f"tensor {tensor.name!r} points to external data outside the model's folder: refused")
-        if not resolved.is_file():
-            raise InputError(f"tensor {tensor.name!r} needs external data file {location!r}, which is missing")
-
-
-def _load_external_data(proto: onnx.ModelProto, folder: Path) -> None:
-    try:
-        onnx.load_external_data_for_model(proto, str(folder))
-    except (OSError, ValueError) as error:  # e.g. an offset/length past the end of the file
-        raise InputError(f"external data of the model cannot be read: {_first_line(error)}") from None
-
-
-def _all_initializers(proto: onnx.ModelProto):
-    """Every stored tensor, including those inside If/Loop/Scan bodies and functions."""
+def all_tensors(proto: onnx.ModelProto):
+    """Every stored tensor, including those inside If/Loop/Scan bodies and local functions, at any depth."""
     for graph in _all_graphs(proto):
         yield from graph.initializer
         yield from (sparse.values for sparse in graph.sparse_initializer)
         for node in graph.node:
             yield from _node_tensors(node)
-    for function in proto.functions:
-        for node in function.node:
-            yield from _node_tensors(node)
+    for node in _function_nodes(proto):
+        yield from _node_tensors(node)
 
 
 def _node_tensors(node: onnx.NodeProto):
@@ -156,28 +135,49 @@ def _node_tensors(node: onnx.NodeProto):
 
 
 def _all_graphs(proto: onnx.ModelProto):
-    """The main graph and every subgraph nested in it, at any depth."""
-    pending = [proto.graph]
+    """The main graph and every subgraph nested in it or in a local function, at any depth."""
+    pending = [proto.graph, *_subgraphs(_function_nodes(proto))]
     while pending:
         graph = pending.pop()
         yield graph
-        for node in graph.node:
-            for attribute in node.attribute:
-                if attribute.HasField("g"):
-                    pending.append(attribute.g)
-                pending.extend(attribute.graphs)
+        pending.extend(_subgraphs(graph.node))
+
+
+def _subgraphs(nodes):
+    for node in nodes:
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield attribute.g
+            yield from attribute.graphs
+
+
+def _function_nodes(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [node for function in proto.functions for node in function.node]
 
 
 def _check_names(proto: onnx.ModelProto) -> None:
+    for kind, name in _all_names(proto):
+        if len(name) > MAX_NAME_CHARS:
+            raise InputError(
+                f"a {kind} name is {len(name)} characters long (limit {MAX_NAME_CHARS}): refused, it starts {name[:40]!r}"
+            )
+
+
+def _all_names(proto: onnx.ModelProto):
+    """(kind, name) of everything a message or the report may show: graphs' and local functions' alike."""
     for graph in _all_graphs(proto):
-        named = [*graph.node, *graph.input, *graph.output, *graph.initializer, *graph.value_info]
-        for item in named:
-            if len(item.name) > MAX_NAME_CHARS:
-                kind = type(item).__name__.removesuffix("Proto").lower()
-                raise InputError(
-                    f"a {kind} name is {len(item.name)} characters long (limit {MAX_NAME_CHARS}): "
-                    f"refused, it starts {item.name[:40]!r}"
-                )
+        for item in [*graph.node, *graph.input, *graph.output, *graph.initializer, *graph.value_info]:
+            yield type(item).__name__.removesuffix("Proto").lower(), item.name
+    for function in proto.functions:
+        yield "function", function.name
+        yield "domain", function.domain
+        yield from (("function input", name) for name in [*function.input, *function.output])
+    for graph_nodes in [*(graph.node for graph in _all_graphs(proto)), _function_nodes(proto)]:
+        for node in graph_nodes:
+            yield "node", node.name
+            yield "operator", node.op_type
+            yield "domain", node.domain
+            yield from (("tensor", name) for name in [*node.input, *node.output])
 
 
 def _check_interface(proto: onnx.ModelProto) -> dict[str, str]:
@@ -195,6 +195,8 @@ def _check_interface(proto: onnx.ModelProto) -> dict[str, str]:
             raise InputError(f"input {value.name!r} has no declared shape: observations cannot be made for it")
         if not tensor.shape.dim and position == 0:  # the first input defines the batch; a rank-0 side input is fed whole
             raise InputError(f"input {value.name!r} has rank 0: a policy's observation input needs a batch dimension")
+        if any(d.HasField("dim_value") and d.dim_value < 0 for d in tensor.shape.dim):
+            raise InputError(f"input {value.name!r} declares a negative dimension {_dims(tensor)}: not a shape")
         # An empty side input is legitimate (ReduceMean's axes=[]); an empty observation is not.
         if position == 0 and any(d.HasField("dim_value") and d.dim_value <= 0 for d in tensor.shape.dim):
             raise InputError(f"input {value.name!r} declares a zero-sized dimension {_dims(tensor)}: nothing can be fed")
@@ -244,16 +246,20 @@ def _dims(tensor) -> list:
 
 
 def check_declared_sizes(info: "ModelInfo", limit_bytes: int, n_obs: int) -> None:
-    """Refuse what cannot fit before anything is allocated: each input per sample, the whole
-    observation set, and every tensor whose size shape inference could fix."""
+    """Refuse what cannot fit before anything is allocated: each input per sample (an input without a
+    batch axis, fed whole to every call, at its full declared shape), the whole observation set, and
+    every tensor whose size shape inference could fix."""
     for spec in info.inputs:
+        if spec.name not in info.batch_axes:  # fed whole to every call: at its full declared shape
+            _check_whole_input(spec, limit_bytes)
+            continue
         per_sample = _nbytes(batch_axes.without_batch(spec, info.batch_axes), spec.dtype)
         if per_sample > limit_bytes:
-            raise InputError(f"input {spec.name!r} needs {_size(per_sample)} per sample, above the limit {_size(limit_bytes)}")
+            raise InputError(f"input {spec.name!r} needs {userfiles.size_text(per_sample)} per sample, above the limit {userfiles.size_text(limit_bytes)}")
         if per_sample * n_obs > limit_bytes:
             raise InputError(
-                f"input {spec.name!r} needs {_size(per_sample)} per sample: {n_obs} observations need "
-                f"{_size(per_sample * n_obs)}, above the limit {_size(limit_bytes)} (use fewer with --n-obs, or --memory-limit)"
+                f"input {spec.name!r} needs {userfiles.size_text(per_sample)} per sample: {n_obs} observations need "
+                f"{userfiles.size_text(per_sample * n_obs)}, above the limit {userfiles.size_text(limit_bytes)} (use fewer with --n-obs, or --memory-limit)"
             )
     for graph in _all_graphs(info.proto):
         for value in [*graph.value_info, *graph.output]:
@@ -262,7 +268,14 @@ def check_declared_sizes(info: "ModelInfo", limit_bytes: int, n_obs: int) -> Non
                 continue
             size = _nbytes([d.dim_value if d.HasField("dim_value") else 1 for d in tensor.shape.dim], _numpy_dtype(tensor.elem_type))
             if size > limit_bytes:
-                raise InputError(f"tensor {value.name[:80]!r} is declared {_dims(tensor)}: {_size(size)}, above the limit {_size(limit_bytes)}")
+                raise InputError(f"tensor {value.name[:80]!r} is declared {_dims(tensor)}: {userfiles.size_text(size)}, above the limit {userfiles.size_text(limit_bytes)}")
+
+
+def _check_whole_input(spec: TensorSpec, limit_bytes: int) -> None:
+    size = _nbytes(spec.shape, spec.dtype)
+    if size > limit_bytes:
+        raise InputError(f"input {spec.name!r} is fed whole to every call at its declared shape {spec.shape}: "
+                         f"{userfiles.size_text(size)}, above the limit {userfiles.size_text(limit_bytes)}")
 
 
 def _nbytes(dims: list, dtype) -> int:
@@ -270,13 +283,6 @@ def _nbytes(dims: list, dtype) -> int:
     for d in dims:
         count *= d if isinstance(d, int) else 1  # a symbolic dimension counts as 1 per sample
     return count * np.dtype(dtype).itemsize
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} bytes"
 
 
 def _check_domains(proto: onnx.ModelProto) -> None:
@@ -303,4 +309,4 @@ def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
 
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return userfiles.one_line(text.splitlines()[0]) if text else type(error).__name__

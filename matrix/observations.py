@@ -13,7 +13,6 @@ and recorded arrays keep the model's own layout: the batch on its axis.
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 from targets.base import Feeds  # named arrays, inputs and outputs alike: one name across the code
 from targets.base import head  # noqa: F401 (the first observations along each batch axis: targets need it too)
 
+from . import outdir, userfiles
 from .batch_axes import BatchAxes, batch_dim
 from .errors import InputError
 from .model import ModelInfo, TensorSpec
@@ -69,11 +69,10 @@ def _values(spec: TensorSpec, shape: list[int], rng: np.random.Generator) -> np.
 
 
 def load(path: Path, model: ModelInfo, limit_bytes: int | None = None) -> Feeds:
-    """A user's recorded observations, checked before anything is allocated or unpickled."""
+    """A user's recorded observations, checked before anything is allocated or unpickled (matrix.userfiles):
+    of an .npz only the model's inputs are read."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such observation file")
-    arrays = _read_checked(path, limit_bytes)
+    arrays = userfiles.read_arrays(path, "observation", limit_bytes, wanted=[spec.name for spec in model.inputs])
     if isinstance(arrays, np.ndarray):
         if len(model.inputs) != 1:
             raise InputError(f"{path}: a .npy holds one array but the model has {len(model.inputs)} inputs; use .npz")
@@ -83,41 +82,6 @@ def load(path: Path, model: ModelInfo, limit_bytes: int | None = None) -> Feeds:
     rows = {name: array.shape[axes[name]] for name, array in feeds.items() if name in axes}
     _check_rows(rows, path, batch_multiple(model))
     return feeds
-
-
-def _read_checked(path: Path, limit_bytes: int | None):
-    """Every array's header is read and checked first: dtype, declared size against the bytes
-    present (a header may claim 10^11 rows) and against the limit; object arrays are refused."""
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                for member in archive.infolist():
-                    with archive.open(member) as stream:
-                        _check_header(stream, member.file_size, f"{path}: array {member.filename.removesuffix('.npy')!r}", limit_bytes)
-            with np.load(path, allow_pickle=False) as loaded:
-                return {name: loaded[name] for name in loaded.files}
-        with path.open("rb") as stream:
-            _check_header(stream, path.stat().st_size, f"{path}", limit_bytes)
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise InputError(f"{path}: not a readable .npy/.npz file ({_one_line(error)})") from None
-
-
-def _check_header(stream, stored_bytes: int, label: str, limit_bytes: int | None) -> None:
-    version = np.lib.format.read_magic(stream)
-    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, _, dtype = read_header(stream, max_header_size=10_000)  # a huge header is refused, not parsed
-    if dtype.hasobject:
-        raise InputError(f"{label} is a pickled object array: refused (pickles are never loaded)")
-    if dtype.kind not in "biuf":
-        what = {"U": "unicode strings", "S": "byte strings", "c": "complex numbers", "V": "raw records", "M": "dates",
-                "m": "time spans"}.get(dtype.kind, f"dtype {dtype}")
-        raise InputError(f"{label} holds {what} ({dtype.str}): observations must be real numbers")
-    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    if declared > stored_bytes:
-        raise InputError(f"{label}: its header declares shape {list(shape)} ({declared} bytes) but the file holds {stored_bytes}")
-    if limit_bytes is not None and declared > limit_bytes:
-        raise InputError(f"{label} needs {declared / 1e9:.1f} GB, above the limit {limit_bytes / 1e9:.1f} GB")
 
 
 def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path) -> np.ndarray:
@@ -146,17 +110,9 @@ def _check_rows(rows: dict[str, int], path: Path, step: int) -> None:
         raise InputError(f"{path}: holds {total} observations; the model's fixed batch {step} needs a multiple of it")
 
 
-def _one_line(error: Exception) -> str:
-    text = " ".join(str(error).split())[:300]
-    return text or type(error).__name__
-
-
 def save(feeds: Feeds, path: Path) -> None:
     """Written whole or not at all: a run killed while saving leaves no half file behind."""
-    partial = path.with_name(f".{path.name}.partial")
-    with partial.open("wb") as stream:
-        np.savez(stream, **feeds)
-    partial.replace(path)
+    outdir.write_atomic_with(path, lambda stream: np.savez(stream, **feeds))
 
 
 def read(path: Path) -> Feeds:

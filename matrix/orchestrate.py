@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from filelock import FileLock, Timeout
+from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -32,7 +33,8 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, action_range, assist, batch_axes, cells, grid, guarded, observations, reference, reference_job, rollouts, sources, variants
+from . import (__version__, action_range, assist, batch_axes, cells, grid, guarded, isolation, observations, outdir, reference,
+               reference_job, rollouts, sources, userfiles, validated, variants)
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -40,6 +42,7 @@ from . import options
 from .options import default_memory_limit
 from .judge import Evidence, Judge
 from .protocol import SERVICE, STAGES, CellInputs, CellSpec
+from .outdir import write_atomic
 from .reference import Reference
 from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, settings_label, upgrade_v1_cell
 from .runtime_versions import base_name
@@ -116,12 +119,14 @@ def _cpu_name() -> str:
 
 
 RUN_FILE = "run.json"  # the run id and what a resumed run must match
-LOCK_FILE = ".policy-matrix.lock"
+LOCK_FILE = outdir.LOCK_FILE
 
 
 @contextlib.contextmanager
 def lock_out(out: Path):
-    """One run per report folder: a second one is told who holds it instead of interleaving."""
+    """One run (or merge) per report folder: a second one is told who holds it instead of interleaving;
+    a folder with links planted where the tool writes is refused first (matrix.outdir)."""
+    outdir.check_owned(out)
     lock = FileLock(str(out / LOCK_FILE), timeout=0)
     try:
         lock.acquire()
@@ -139,7 +144,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     model = config.model
     identity = run_identity(config)
     run_id, finished = resume_state(config.out, identity) if config.resume else (uuid.uuid4().hex[:12], {})
-    (config.out / RUN_FILE).write_text(json.dumps({"run_id": run_id, **identity}, indent=2))
+    write_atomic(config.out / RUN_FILE, json.dumps({"run_id": run_id, **identity}, indent=2))
     judge = config.judge()  # once: every cell, fix attempt, candidate and release is judged by it
     source = judge.observations
     obs_path = config.out / "observations.npz"
@@ -284,9 +289,9 @@ def run_identity(config: RunConfig) -> dict:
     source = {"seed": config.seed, "n_obs": config.n_obs}
     if config.observations:
         try:
-            source = {"observations_sha256": hashlib.sha256(Path(config.observations).read_bytes()).hexdigest()}
-        except OSError:
-            raise InputError(f"{config.observations}: no such observation file") from None
+            source = {"observations_sha256": userfiles.sha256(Path(config.observations), "observation")}
+        except OSError as error:
+            raise InputError(f"{config.observations}: cannot read the observation file ({error.strerror or error})") from None
     elif config.observation_source.kind != sources.SYNTHETIC:  # the rollout or trajectory the states come from
         source["observations_from"] = config.rollout.describe()
     return {
@@ -314,20 +319,27 @@ def _grid_identity(config: RunConfig) -> dict:
 
 def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str, str, str], Cell]]:
     """The run id recorded in `out` and its finished cells, after checking they are comparable."""
-    try:
-        recorded = json.loads((out / RUN_FILE).read_text())
-        run_id = recorded["run_id"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise InputError(f"--resume {out}: no run to resume there ({RUN_FILE} missing or unreadable)") from None
-    if recorded.get("model_sha256") != identity["model_sha256"]:
-        raise InputError(f"--resume {out}: that run measured another model (sha256 {str(recorded.get('model_sha256'))[:12]}…)")
+    if not (out / RUN_FILE).exists():
+        raise InputError(f"--resume {out}: no run to resume there ({RUN_FILE} missing)")
+    recorded = validated.model(RunRecord, validated.json_file(out / RUN_FILE, "run record"), f"--resume {out / RUN_FILE}")
+    if recorded.model_sha256 != identity["model_sha256"]:
+        raise InputError(f"--resume {out}: that run measured another model (sha256 {recorded.model_sha256[:12]}…)")
     # A run recorded before `precisions` was called `variants` resumes like one recorded after.
-    before, now = renamed(recorded.get("settings", {}), "precisions", "variants"), identity["settings"]
+    before, now = renamed(recorded.settings, "precisions", "variants"), identity["settings"]
     changed = [key for key in now if before.get(key) != now[key]]
     if changed:
         key = changed[0]
-        raise InputError(f"--resume {out}: settings differ from that run ({key}: {before.get(key)!r} then, {now[key]!r} now)")
-    return run_id, Journal.finished(out / "results.jsonl", run_id, identity["model_sha256"])
+        then = userfiles.one_line(repr(before.get(key)), 100)
+        raise InputError(f"--resume {out}: settings differ from that run ({key}: {then} then, {now[key]!r} now)")
+    return recorded.run_id, Journal.finished(out / "results.jsonl", recorded.run_id, identity["model_sha256"])
+
+
+class RunRecord(BaseModel):
+    """run.json: what a resumed run must match (read back from a folder anyone may have edited)."""
+
+    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    settings: dict = Field(default_factory=dict)
 
 
 class Journal:
@@ -337,6 +349,7 @@ class Journal:
     def __init__(self, path: Path, run_id: str, model_sha256: str, console: Console):
         self.path, self.stamp, self.console = path, {"run_id": run_id, "model_sha256": model_sha256}, console
         self.broken = False
+        _drop_cut_line(path)
         earlier = {line.get("run_id") for line in _json_lines(path)} - {run_id}
         if earlier:
             console.print(f"[dim]{path.name} keeps the lines of {len(earlier)} earlier run(s); this run's lines carry run_id {run_id}[/]")
@@ -351,13 +364,26 @@ class Journal:
 
     @staticmethod
     def finished(path: Path, run_id: str, model_sha256: str) -> dict[tuple[str, str, str, str], Cell]:
-        cells = {}
+        found = {}
         for line in _json_lines(path):
             if line.get("run_id") == run_id and line.get("model_sha256") == model_sha256:
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, RecursionError):  # not a cell (edited, or nested too deep)
                     cell = Cell.model_validate(upgrade_v1_cell(line))
-                    cells[(cell.target, cell.variant, cell.candidate, cell.settings_label)] = cell
-        return cells
+                    if not cells.failed_on_tool_io(cell):  # a full disk is no verdict: run it again
+                        found[(cell.target, cell.variant, cell.candidate, cell.settings_label)] = cell
+        return found
+
+
+def _drop_cut_line(path: Path) -> None:
+    """A line cut short (a full disk, a kill mid-write) is dropped, so the next line is not glued onto it
+    and lost too; its cell is not among the finished ones and runs again."""
+    try:
+        with path.open("rb+") as stream:
+            data = stream.read()
+            if data and not data.endswith(b"\n"):
+                stream.truncate(data.rfind(b"\n") + 1)
+    except FileNotFoundError:
+        pass
 
 
 def _json_lines(path: Path) -> list[dict]:
@@ -368,7 +394,7 @@ def _json_lines(path: Path) -> list[dict]:
         return []
     lines = []
     for raw in text.splitlines():
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):  # a line cut short, or nested past parsing
             data = json.loads(raw)
             if isinstance(data, dict):
                 lines.append(data)
@@ -425,14 +451,16 @@ def _reference_rollout(config: RunConfig, folder: Path, report: dict, ending) ->
 
 
 def _observation_set(config: RunConfig, source: sources.ObservationSource) -> observations.Feeds:
-    """The set the core makes itself: recorded, sampled from a trajectory, or seeded (visited states come from the reference job)."""
-    if source.kind == sources.RECORDED:
-        return observations.load(config.observations, config.model, config.memory_limit)
-    if source.kind == sources.TRAJECTORY:
-        recorded = rollouts.load_trajectory(Path(config.rollout.trajectory), config.rollout)
-        return sources.visited_feeds([recorded], config.rollout, config.n_obs, observations.batch_multiple(config.model))
-    seeded = observations.seeded(config.model, config.n_obs, config.seed)
-    return sources.inside_space(seeded, config.rollout, config.seed) if source.kind == sources.SPACE else seeded
+    """The set the core makes itself: recorded, sampled from a trajectory, or seeded (visited states come from the
+    reference job), under the run's memory cap."""
+    with isolation.capped_runner(config.memory_limit, f"making the observation set ({source.kind})"):
+        if source.kind == sources.RECORDED:
+            return observations.load(config.observations, config.model, config.memory_limit)
+        if source.kind == sources.TRAJECTORY:
+            recorded = rollouts.load_trajectory(Path(config.rollout.trajectory), config.rollout)
+            return sources.visited_feeds([recorded], config.rollout, config.n_obs, observations.batch_multiple(config.model))
+        seeded = observations.seeded(config.model, config.n_obs, config.seed)
+        return sources.inside_space(seeded, config.rollout, config.seed) if source.kind == sources.SPACE else seeded
 
 
 def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge) -> RunResults:

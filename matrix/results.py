@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from . import outdir
 
 # What ran where and on which backend: defined once, by the target interface that reports them.
 from targets.base import BackendInfo as Backend
@@ -18,6 +21,10 @@ from targets.base import PlacementRow as Placement
 
 SCHEMA_VERSION = 2  # 2: variants, vs_dev_runtime_max_abs, interrupted (v1 files are read through upgrade_v1)
 VERDICTS = ("PASS", "WARN", "FAIL", "SKIP", "CONVERTED")
+Verdict = Literal["PASS", "WARN", "FAIL", "SKIP", "CONVERTED"]
+# A latency is a finite number of microseconds >= 0 (a coarse browser timer can read 0): NaN, a negative
+# or an infinite one in a shard would break every comparison and chart that reads it.
+Microseconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Record(BaseModel):
@@ -28,14 +35,14 @@ class Record(BaseModel):
 
 
 class LatencyStats(Record):
-    batch: int
-    n: int
-    p50_us: float
-    p90_us: float
-    p99_us: float
-    mean_us: float
-    std_us: float
-    min_us: float
+    batch: int = Field(ge=1)
+    n: int = Field(ge=0)
+    p50_us: Microseconds
+    p90_us: Microseconds
+    p99_us: Microseconds
+    mean_us: Microseconds
+    std_us: Microseconds
+    min_us: Microseconds
 
 
 class OutputParity(Record):
@@ -159,7 +166,7 @@ class Cell(Record):
     host: str
     target: str
     variant: str
-    verdict: str
+    verdict: str  # one of VERDICTS (a file's cells are checked by ResultsShape; code may fill it in later)
     reasons: list[str] = Field(default_factory=list)
     runtime_version: str = ""
     predicts: bool = True
@@ -281,8 +288,8 @@ class Regression(Record):
 class Interruption(Record):
     """A run stopped before its last cell (Ctrl-C or SIGTERM): the report holds the finished cells."""
 
-    after_cells: int
-    signal: str  # "SIGINT" | "SIGTERM"
+    after_cells: int = Field(ge=0)
+    signal: Literal["SIGINT", "SIGTERM"]
 
     def describe(self) -> str:
         return f"interrupted ({self.signal}) after {self.after_cells} cells: this report holds the finished cells only"
@@ -307,41 +314,101 @@ class RunResults(Record):
     # `--require`d targets whose every cell SKIPped: the run fails for them (exit 1, junit, summary.md).
     required_not_run: list[str] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _cells_are_unique(self) -> "RunResults":
+        seen = set()
+        for cell in self.cells:
+            if cell.key in seen:
+                raise ValueError(f"cell {' '.join(filter(None, cell.key))} appears twice")
+            seen.add(cell.key)
+        return self
+
     def save(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2))
 
 
-def load(path: Path) -> RunResults:
-    from .errors import InputError
+class ModelSummary(BaseModel):
+    """The keys of `RunResults.model` that merge, compare and the report rely on (others are kept as they are)."""
 
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
-        raise InputError(f"{path}: not a results file ({error})") from None
+    model_config = ConfigDict(extra="allow")
+    name: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    node_names: list[str] = Field(default_factory=list)
+
+
+class AskedDecision(BaseModel):
+    budgets: list[str] = Field(default_factory=list)
+    prefer: Literal["latency", "size", "accuracy"] = "latency"
+
+
+class SettingsSummary(BaseModel):
+    """The keys of `RunResults.settings` that readers use, each optional (older files lack some)."""
+
+    model_config = ConfigDict(extra="allow")
+    batch_sizes: list[Annotated[int, Field(ge=1)]] | None = None
+    warmup: int | None = Field(None, ge=0)
+    iters: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1)
+    targets: list[str] | None = None
+    variants: list[str] | None = None
+    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    tolerances: dict[str, Annotated[float, Field(ge=0)]] | None = None
+    tie_margin: float | None = Field(None, ge=0, allow_inf_nan=False)
+    min_agreement: float | None = Field(None, ge=0, le=1)
+    decision: AskedDecision | None = None
+    rollout: dict | None = None
+    run_id: str | None = None
+    shards: list[str] | None = None
+
+
+class CellShape(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    verdict: Verdict
+
+
+class ResultsShape(BaseModel):
+    """What a results file must hold beyond RunResults' own types: checked first, so a shard's
+    malformed `model` or `settings`, or an unknown verdict, is one line naming the field, not an
+    error deep in merge, compare or the report."""
+
+    model_config = ConfigDict(extra="allow")
+    model: ModelSummary
+    settings: SettingsSummary
+    cells: list[CellShape]
+
+
+def load(path: Path) -> RunResults:
+    """A results file the user gave (a shard, a baseline): bounded, every field validated (matrix.validated)."""
+    from . import validated
+    from .errors import InputError
+    from .userfiles import one_line
+
+    data = validated.json_file(Path(path), "results")
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a results file (a JSON {type(data).__name__}, not an object)")
     if data.get("schema_version") == 1:
         data = upgrade_v1(data)
     if data.get("schema_version") != SCHEMA_VERSION:
         raise InputError(
-            f"{path}: results schema version {data.get('schema_version')!r}, this policy-matrix reads {SCHEMA_VERSION}"
+            f"{path}: results schema version {one_line(repr(data.get('schema_version')), 40)}, this policy-matrix reads {SCHEMA_VERSION}"
         )
-    try:
-        return RunResults.model_validate(data)
-    except ValueError as error:  # pydantic's ValidationError: name the first bad field only
-        raise InputError(f"{path}: not a valid results file ({' '.join(str(error).split())[:300]})") from None
+    validated.model(ResultsShape, data, f"{path}: not a valid results file")
+    return validated.model(RunResults, data, f"{path}: not a valid results file")
 
 
 def upgrade_v1(data: dict) -> dict:
     """A version-1 results file in version 2's names, so compare and merge read an old baseline:
     `precisions` became `variants`, `vs_baseline_max_abs` (ORT CPU fp32) `vs_dev_runtime_max_abs`
     ("baseline" now only means an earlier results.json), and the interruption a field of its own."""
-    settings = renamed(dict(data.get("settings") or {}), "precisions", "variants")
+    settings, cells = data.get("settings") or {}, data.get("cells") or []
+    if not isinstance(settings, dict) or not isinstance(cells, list):
+        return {**data, "schema_version": 2}  # validation names what is wrong with them
+    settings = renamed(dict(settings), "precisions", "variants")
     interrupted = None
     if "interrupted_after_cells" in settings:
         interrupted = {"after_cells": settings.pop("interrupted_after_cells"),
                        "signal": settings.pop("interrupted_by", "SIGINT")}
-    cells = [upgrade_v1_cell(cell) for cell in data.get("cells") or []]
+    cells = [upgrade_v1_cell(cell) for cell in cells]
     return {**data, "schema_version": 2, "settings": settings, "cells": cells, "interrupted": interrupted}
 
 
@@ -349,8 +416,10 @@ def upgrade_v1_cell(cell: dict) -> dict:
     """One cell in version 2's names (results.json, and results.jsonl lines of an earlier run)."""
     if not isinstance(cell, dict):
         return cell  # validation names what is wrong with it
-    parity = [renamed(p, "vs_baseline_max_abs", "vs_dev_runtime_max_abs") for p in cell.get("parity") or []]
-    return {**cell, "parity": parity}
+    parity = cell.get("parity") or []
+    if not isinstance(parity, list):
+        return cell
+    return {**cell, "parity": [renamed(p, "vs_baseline_max_abs", "vs_dev_runtime_max_abs") for p in parity]}
 
 
 def renamed(record, old: str, new: str):
@@ -365,7 +434,5 @@ def append_jsonl(path: Path, cell: Cell, **stamp: str) -> None:
     """One line per finished cell, flushed at once: partial results survive a killed run.
     `stamp` (run id, model hash) goes first on the line so runs sharing the file stay apart."""
     line = json.dumps({**stamp, **cell.model_dump(mode="json")}) if stamp else cell.model_dump_json()
-    with path.open("a") as stream:
-        stream.write(line + "\n")
-        stream.flush()
+    outdir.append_line(path, line + "\n")
 

@@ -19,20 +19,19 @@ a rollout is asked for (the `rl` extra).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import json
 import math
 import os
 import sys
 import time
-import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from . import graph_facts, stats
+from . import graph_facts, stats, userfiles, validated
 from .errors import InputError
 from .batch_axes import batch_dim, without_batch
 from .model import ModelInfo, TensorSpec
@@ -141,10 +140,7 @@ def _fixed_dims(spec: TensorSpec, model: ModelInfo) -> list[int]:
 
 
 def parse_env_kwargs(text: str) -> dict:
-    try:
-        value = json.loads(text or "{}")
-    except json.JSONDecodeError as error:
-        raise InputError(f"--env-kwargs {text!r}: not JSON ({error.msg})") from None
+    value = validated.json_value(text or "{}", "--env-kwargs")  # bounded nesting, one line when it is not JSON
     if not isinstance(value, dict):
         raise InputError(f"--env-kwargs {text!r}: expected a JSON object, e.g. '{{\"g\": 9.81}}'")
     return value
@@ -159,7 +155,7 @@ def make_env(env: str, kwargs: dict):
     except ImportError:
         raise InputError("--env needs Gymnasium: pip install 'policy-matrix[rl]' (make setup installs it)") from None
     module_name, sep, attribute = env.partition(":")
-    if sep and attribute.isidentifier():
+    if sep and module_name and attribute.isidentifier():
         if os.getcwd() not in sys.path:  # a user's env module beside them, as `python -m` would find it
             sys.path.append(os.getcwd())
         try:
@@ -175,10 +171,10 @@ def make_env(env: str, kwargs: dict):
         raise InputError(f"--env {env!r}: {error}") from None
 
 
-def check(plan: RolloutPlan) -> None:
+def check(plan: RolloutPlan, limit_bytes: int | None = None) -> None:
     """Fail early, with one line, when the environment and the model do not fit together."""
     if plan.open_loop:
-        recorded = load_trajectory(Path(plan.trajectory), plan)
+        recorded = load_trajectory(Path(plan.trajectory), plan, limit_bytes)
         if not len(recorded):
             raise InputError(f"{plan.trajectory}: the trajectory holds no observations")
         return
@@ -187,21 +183,38 @@ def check(plan: RolloutPlan) -> None:
     try:
         env = make_env(plan.env, plan.env_kwargs)
     except TypeError as error:
-        raise InputError(f"--env {plan.env!r} does not take these --env-kwargs: {error}") from None
+        raise InputError(f"--env {plan.env!r} does not take these --env-kwargs: {userfiles.one_line(error)}") from None
+    except InputError:
+        raise
+    except Exception as error:  # the user's environment code: whatever it raises is one line
+        raise InputError(f"--env {userfiles.one_line(plan.env, 100)!r} could not be made: {_described(error)}") from None
     try:
-        if env.observation_space.shape is None:
-            raise InputError(f"--env {plan.env!r}: observation space {env.observation_space} is not supported (Box, Discrete)")
-        obs_size = int(np.prod(env.observation_space.shape or (1,)))
-        if obs_size != int(np.prod(plan.obs_shape)):
-            raise InputError(
-                f"--env {plan.env!r}: observations have shape {env.observation_space.shape}, "
-                f"the model's {plan.obs_input!r} expects {plan.obs_shape}"
-            )
-        if _action_kind(env.action_space) == "continuous":
-            plan.action_low = env.action_space.low.astype(np.float64).ravel().tolist()
-            plan.action_high = env.action_space.high.astype(np.float64).ravel().tolist()
+        _check_spaces(env, plan)
+    except InputError:
+        raise
+    except Exception as error:
+        raise InputError(f"--env {userfiles.one_line(plan.env, 100)!r}: its spaces cannot be read: {_described(error)}") from None
     finally:
-        env.close()
+        with contextlib.suppress(Exception):  # a failing close() changes nothing the check found
+            env.close()
+
+
+def _described(error: Exception) -> str:
+    return f"{type(error).__name__}: {userfiles.one_line(error)}"
+
+
+def _check_spaces(env, plan: RolloutPlan) -> None:
+    if env.observation_space.shape is None:
+        raise InputError(f"--env {plan.env!r}: observation space {env.observation_space} is not supported (Box, Discrete)")
+    obs_size = int(np.prod(env.observation_space.shape or (1,)))
+    if obs_size != int(np.prod(plan.obs_shape)):
+        raise InputError(
+            f"--env {plan.env!r}: observations have shape {env.observation_space.shape}, "
+            f"the model's {plan.obs_input!r} expects {plan.obs_shape}"
+        )
+    if _action_kind(env.action_space) == "continuous":
+        plan.action_low = env.action_space.low.astype(np.float64).ravel().tolist()
+        plan.action_high = env.action_space.high.astype(np.float64).ravel().tolist()
 
 
 def _action_kind(space) -> str:
@@ -263,20 +276,15 @@ def initial_state(plan: RolloutPlan) -> Feeds:
             else np.asarray(s.initial, dtype=s.dtype).reshape(s.fed_shape) for s in plan.states}
 
 
-def set_initial_state(plan: RolloutPlan, path: Path) -> None:
+def set_initial_state(plan: RolloutPlan, path: Path, limit_bytes: int | None = None) -> None:
     """--initial-state FILE.npz: one array per state input, with or without its batch of 1 (on the state's
     batch axis: [1, 1, 128] or [1, 128] for an LSTM's [layers, batch, hidden]); others start at zeros."""
     pairs = {s.input: s for s in plan.states}
     if not pairs:
         raise InputError(f"--initial-state {path.name}: the model has no recurrent state pair to start")
-    try:
-        data = np.load(path, allow_pickle=False)  # a user's file: never unpickled
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not named arrays")
-        with data:
-            given = {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise InputError(f"--initial-state {path}: not a readable .npz file ({error})") from None
+    given = userfiles.read_arrays(path, "initial state", limit_bytes)  # headers checked first, never unpickled
+    if not isinstance(given, dict):
+        raise InputError(f"--initial-state {path}: not a readable .npz file (a single array, not named arrays)")
     for name, value in given.items():
         pair = pairs.get(name)
         if pair is None:
@@ -321,14 +329,9 @@ def run_episodes(step: Step, plan: RolloutPlan, on_episode: Callable[[int], None
         env.close()
 
 
-def load_trajectory(path: Path, plan: RolloutPlan) -> np.ndarray:
+def load_trajectory(path: Path, plan: RolloutPlan, limit_bytes: int | None = None) -> np.ndarray:
     """Recorded observations [T, *obs_shape] (or [T, 1, *obs_shape]) in the model's dtype."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such trajectory file")
-    try:
-        recorded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as error:
-        raise InputError(f"{path}: not a .npy file ({error})") from None
+    recorded = userfiles.read_arrays(path, "trajectory", limit_bytes)  # headers checked before any data is read
     if not isinstance(recorded, np.ndarray) or recorded.ndim < 1:
         raise InputError(f"{path}: expected one array of observations [T, *obs_shape]")
     per_step = int(np.prod(recorded.shape[1:], dtype=np.int64))

@@ -141,7 +141,7 @@ def test_a_given_initial_state_starts_every_episode_of_the_cell_and_the_referenc
     ({"c_in": np.zeros(1)}, "'c_in' is not a recurrent state input; those are ['h_in']"),
     ({"h_in": np.zeros(3)}, "'h_in' is float64 [3]; the state is float32 [1, 1]"),
     ({"h_in": np.array([np.nan])}, "'h_in' holds non-finite values"),
-    ({"h_in": np.array(["on"])}, "'h_in' is <U2 [1]"),
+    ({"h_in": np.array(["on"])}, "'h_in' holds unicode strings"),
 ])
 def test_a_wrong_initial_state_is_one_line(policy_dir, tmp_path, arrays, message):
     np.savez(tmp_path / "start.npz", **arrays)
@@ -151,7 +151,7 @@ def test_a_wrong_initial_state_is_one_line(policy_dir, tmp_path, arrays, message
 
 def test_an_initial_state_is_refused_where_it_cannot_apply(policy_dir, tmp_path):
     np.save(tmp_path / "pickled.npy", np.array([{"h_in": 1}], dtype=object))  # not an .npz, and a pickle inside
-    with pytest.raises(InputError, match="not a readable .npz file"):
+    with pytest.raises(InputError, match="pickled object array: refused"):
         rollouts.set_initial_state(plan(policy_dir / "recurrent.onnx", "CartPole-v1"), tmp_path / "pickled.npy")
     np.save(tmp_path / "plain.npy", np.ones(1))
     with pytest.raises(InputError, match="not a readable .npz file"):

@@ -243,8 +243,15 @@ def test_page_is_cross_origin_isolated_and_server_serves_only_the_harness(tmp_pa
 
 def _own_browsers(flag: str) -> list[psutil.Process]:
     """This process's Chromium main processes launched with `flag` (their helpers are their children)."""
-    return [p for p in psutil.Process().children(recursive=True)
-            if flag in p.cmdline() and not any(a.startswith("--type=") for a in p.cmdline())]
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:  # a child that ended (a zombie not yet reaped, or gone) has no command line to read
+            command = process.cmdline()
+        except psutil.Error:
+            continue
+        if flag in command and not any(a.startswith("--type=") for a in command):
+            found.append(process)
+    return found
 
 
 def test_a_dead_browser_costs_only_its_cells(monkeypatch, cache_dir):
