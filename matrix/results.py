@@ -36,6 +36,13 @@ class LatencyStats(Record):
     mean_us: float
     std_us: float
     min_us: float
+    # the p50's noise band over the timed calls (matrix/noise.py); None in results written before it existed
+    p50_low_us: float | None = None
+    p50_high_us: float | None = None
+
+    @property
+    def p50_band(self) -> tuple[float, float] | None:
+        return (self.p50_low_us, self.p50_high_us) if self.p50_low_us is not None and self.p50_high_us is not None else None
 
 
 class OutputParity(Record):
