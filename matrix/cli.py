@@ -8,6 +8,7 @@ about as fast as Python itself.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -557,6 +558,118 @@ def setup(groups: tuple[str, ...]) -> None:
     from .installer import setup as run_setup
 
     sys.exit(0 if run_setup(list(groups) or ["all"], console, _verbosity()) else 1)
+
+
+@app.command(epilog="Exit 0: a change was found; 1: no change between OLD and NEW; 2: bad input. Each visited release's "
+                     "own run is kept under OUT/releases/RELEASE; OUT/bisect.md lists them and OUT/index.html shows the "
+                     "two neighbours side by side.")
+@click.argument("target")
+@click.argument("release_range", metavar="OLD..NEW")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--measure", type=click.Choice(["verdict", "drift", "agreement", "return", "p50", "placement"]),
+              default="verdict", show_default=True,
+              help="What must change: the cell's verdict, max-abs drift from the reference, agreement of discrete actions, "
+                   "mean return (needs --env), p50 at the smallest batch (beyond its noise band) or the nodes that fall back.")
+@click.option("--threshold", type=float, default=None,
+              help="How much is a change: drift: growth factor (default 10); agreement: share (0.01); return: return "
+                   "units (5% of the old release's reference return); p50: fraction beyond the noise band (0.25).")
+@click.option("--variant", default="fp32", show_default=True, help="The precision whose cell is compared.")
+@click.option("--out", type=click.Path(path_type=Path), help="Bisect folder (default reports/bisect-<model name>).")
+@click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
+@click.option("--n-obs", default=options.DEFAULT_N_OBS, show_default=True, help="Size of the seeded observation set when --obs is not given.")
+@click.option("--seed", default=options.DEFAULT_SEED, show_default=True, help="Seed of the observation set and of the first episode.")
+@click.option("--batch-sizes", default=",".join(map(str, options.DEFAULT_BATCH_SIZES)), show_default=True, help="Batch sizes to time.")
+@click.option("--warmup", default=options.DEFAULT_WARMUP, show_default=True, help="Untimed calls before timing.")
+@click.option("--iters", default=options.DEFAULT_ITERS, show_default=True, help="Timed calls per batch size.")
+@click.option("--threads", default=options.DEFAULT_THREADS, show_default=True, help="Intra-op threads given to the runtime.")
+@click.option("--tolerance", multiple=True, help="TARGET:VARIANT=VALUE max-abs drift allowed (as in `run`).")
+@click.option("--timeout", default=options.DEFAULT_TIMEOUT_S, show_default=True, help="Seconds a cell may take.")
+@click.option("--memory-limit", default=None, help="Memory each worker may allocate, e.g. 4G.")
+@click.option("--env", default=None, help="Gymnasium id or module:Class: each release drives episodes (the return measure).")
+@click.option("--episodes", default=None, type=int, help="Episodes per release with --env.  [default: 10]")
+@click.option("--env-kwargs", default=None, help="JSON object of keyword arguments for the environment.")
+@BROWSER_ENDPOINT_OPTION
+@BROWSER_PATH_OPTION
+def bisect(target, release_range, model, measure, threshold, variant, out, obs, n_obs, seed, batch_sizes, warmup, iters,
+           threads, tolerance, timeout, memory_limit, env, episodes, env_kwargs):
+    """The first release of TARGET's runtime between OLD and NEW where MODEL's MEASURE changed, in log2 steps."""
+    from . import bisect as releases
+    from . import model as model_loader
+    from .orchestrate import RunConfig, lock_out
+
+    old, new = releases.parse_range(release_range)
+    chosen = releases.MEASURES[measure]
+    if threshold is not None and not threshold >= 0:
+        raise InputError(f"--threshold {threshold}: expected a number >= 0")
+    if measure == "return" and not env:
+        raise InputError("--measure return needs --env (an environment whose episodes give a return)")
+    names = _target_names(target)
+    if len(names) != 1 or "@" in names[0]:
+        raise InputError(f"bisect: {target!r}: name one target, without @RELEASE (the range gives the releases)")
+    offered = _offered_releases(names[0])
+    limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
+    config = RunConfig(
+        targets=names, variants=_variants(variant), out=out or Path("reports") / f"bisect-{model.stem}", observations=obs,
+        n_obs=options.at_least(n_obs, 1, "--n-obs"), seed=options.at_least(seed, 0, "--seed"),
+        batch_sizes=_ints(batch_sizes, "--batch-sizes"), warmup=options.at_least(warmup, 0, "--warmup"),
+        iters=options.at_least(iters, 1, "--iters"), threads=options.at_least(threads, 1, "--threads"),
+        timeout_s=options.seconds(timeout, "--timeout"), tolerances=_tolerances(list(tolerance)), memory_limit=limit,
+        model=model_loader.load(model),
+    )
+    config.rollout, config.return_tolerance = _rollout_settings(
+        config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs})
+    span = releases.releases_between(offered, old, new, _release_floor(names[0]))
+    options.writable_dir(config.out)
+    with lock_out(config.out):
+        _bisect(config, names[0], span, chosen, threshold)
+
+
+def _offered_releases(name: str) -> list[str]:
+    import subprocess
+
+    import targets as registry
+    from targets import versions
+
+    try:
+        return versions.supported_versions(registry.get(name))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
+        raise InputError(f"bisect {name}: cannot list releases: {error}") from None
+
+
+def _release_floor(name: str) -> str:
+    import targets as registry
+    from targets import versions
+
+    return versions.release_of(registry.get(name)).floor
+
+
+def _bisect(config, target: str, span: list[str], measure, threshold: float | None) -> None:
+    """Visit releases, one line each, then the one-line answer, the report and the exit code."""
+    import targets as registry
+    from targets import versions
+
+    from . import bisect as releases
+
+    package = versions.release_of(registry.get(target)).package
+    runs = {}
+    console.print(f"[bold]bisect[/]: {len(span)} releases of {package} ({span[0]} … {span[-1]}), "
+                  f"measure {measure.name}: at most {1 + math.ceil(math.log2(len(span)))} runs", highlight=False, soft_wrap=True)
+
+    def probe(release: str):
+        runs[release] = releases.run_release(config, target, config.variants[0], release, console)
+        return runs[release].cells[0]
+
+    def on_visit(visit, step: int, bound: int) -> None:
+        against = {True: "changed", False: "same as the oldest", None: "skipped"}[visit.changed]
+        console.print(f"  {step}/{bound} {escape(releases.describe(visit, measure))} -> {against}", highlight=False,
+                      soft_wrap=True)
+
+    outcome = releases.search(span, probe, measure, threshold, on_visit)
+    line = releases.conclusion(outcome, measure, package)
+    index = releases.write_report(outcome, runs, measure, package, config.out)
+    click.echo(line)
+    console.print(f"bisect report: [bold]{config.out / 'bisect.md'}[/]" + (f", neighbours: [bold]{index}[/]" if index else ""))
+    sys.exit(0 if outcome.first_changed else 1)
 
 
 def main() -> None:

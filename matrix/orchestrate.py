@@ -163,7 +163,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     configurations = _configurations(config)
     results.grid = _grid_record(config, len(configurations))
     _print_grid(config, len(configurations), console)
-    _install_releases(config.targets, console)
+    install_releases(config.targets, console)
     jsonl = Journal(config.out / "results.jsonl", run_id, model.sha256, console)
     if finished:
         console.print(f"[bold]resume[/]: keeping {len(finished)} finished cells of run {run_id}")
@@ -248,7 +248,7 @@ def _print_grid(config: RunConfig, size: int, console: Console) -> None:
         console.print(f"[dim]not run: {escape(pruned)} (that target has no such setting)[/]", highlight=False)
 
 
-def _install_releases(labels: list[str], console: Console) -> None:
+def install_releases(labels: list[str], console: Console) -> None:
     """Pinned releases (`ort-cpu@1.20.1`) are installed before the first cell, said aloud: a first npm install
     takes tens of seconds, and one that cannot be installed is known before its cells SKIP."""
     for target in (registry.get(label) for label in labels):
