@@ -41,7 +41,7 @@ from .options import default_memory_limit
 from .protocol import SERVICE, STAGES, CellInputs, CellSpec
 from .reference import Reference
 from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, settings_label, upgrade_v1_cell
-from .runtime_versions import base_name
+from .runtime_versions import tolerance_for
 from .verdict import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, Tolerances
 
 
@@ -478,7 +478,7 @@ class CellRunner:
         cell = cells.judge(
             outcome, host=self.host, target=target.name, variant=spec.variant, predicts=target.predicts,
             model=config.model, reference=self.ref, dev_runtime=self.dev_runtime,
-            tolerance=config.tolerances.get(base_name(target.name), spec.variant), tie_margin=config.tie_margin,
+            tolerance=tolerance_for(config.tolerances, target.name, spec.variant), tie_margin=config.tie_margin,
             min_agreement=config.min_agreement, reference_rollout=self.ref_rollout, rollout_plan=config.rollout,
             return_tolerance=config.return_tolerance, parity_judged=not judged_by_behaviour,
         )
