@@ -27,7 +27,7 @@ from .paths import cache_dir
 from .results import VERDICTS, Cell, LatencyStats, RunResults
 from .verdict import DEFAULT_TOLERANCE
 
-from . import assist_report, decide, report_behaviour, report_decision, runtime_versions
+from . import assist_report, decide, noise, report_behaviour, report_decision, runtime_versions
 
 COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
 
@@ -274,6 +274,7 @@ def render_html(results: RunResults) -> str:
         behaviour=_behaviour_context(results),
         assist=assist_report.context(results),
         versions=runtime_versions.comparisons(results), quality=runtime_versions.quality,
+        return_delta=runtime_versions.return_delta, band_differs=noise.differs,
     )
 
 

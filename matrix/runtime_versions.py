@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from .errors import InputError
+from .noise import ratio_band
 from .results import Cell, RunResults
 
 _RELEASE = re.compile(r"\d+(?:\.\d+)+[^\s,;()]*")
@@ -117,6 +118,16 @@ class VersionComparison:
         before = {s.batch: s.p50_us for s in self.reference.latency}
         return {s.batch: s.p50_us / before[s.batch] for s in self.other.latency if before.get(s.batch)}
 
+    @property
+    def latency_bands(self) -> dict[int, tuple[float, float]]:
+        """Batch -> the noise band of that ratio (matrix/noise.py), where both p50s carry theirs."""
+        before = {s.batch: s.p50_band for s in self.reference.latency if s.p50_band}
+        return {s.batch: ratio_band(before[s.batch], s.p50_band) for s in self.other.latency if s.p50_band and s.batch in before}
+
+    @property
+    def behaviour_compared(self) -> bool:
+        return any(cell.rollout and cell.rollout.return_delta is not None for cell in (self.reference, self.other))
+
 
 def comparisons(results: RunResults) -> list[VersionComparison]:
     """Every pinned release against its target's reference release (empty when no target ran at two releases)."""
@@ -142,6 +153,13 @@ def quality(cell: Cell) -> str:
         return f"{cell.max_drift:.2e}"
     agreement = [p.agreement for p in cell.parity if p.agreement is not None]
     return f"{min(agreement):.1%} agree" if agreement else "–"
+
+
+def return_delta(cell: Cell) -> str:
+    """The cell's mean return minus the float64 reference's (same seeds), as the report states it."""
+    if cell.rollout is None or cell.rollout.return_delta is None:
+        return "–"
+    return f"{cell.rollout.return_delta:+.4g}"
 
 
 def placement_diff(reference: Cell, other: Cell) -> tuple[list[tuple[str, str, str]], int]:

@@ -279,3 +279,32 @@ def test_a_budget_on_a_target_covers_its_releases_and_one_on_a_release_only_that
     plain, pinned = parse_budgets(["ort-cpu=p50:200us", "ort-cpu@1.20.1=size:1MB"])
     assert plain.applies_to("ort-cpu") and plain.applies_to("ort-cpu@1.20.1") and not plain.applies_to("ort-node")
     assert pinned.applies_to("ort-cpu@1.20.1") and not pinned.applies_to("ort-cpu") and not pinned.applies_to("ort-cpu@1.21.0")
+
+
+def test_the_versions_table_shows_each_releases_return_delta_and_the_p50_noise_band(shard):
+    from matrix.metrics import latency_stats
+    from matrix.report import render_html
+    from matrix.results import Rollout
+
+    results = _with_release(shard, "1.20.1", 1.0, None)
+    default, pinned = results.cells[0], results.cells[-1]
+    calls = [20_000 + 37 * (i % 50) for i in range(200)]  # ns: one release's calls, then the same calls 3x slower
+    default.latency = [latency_stats(1, calls)]
+    pinned.latency = [latency_stats(1, [3 * c for c in calls])]
+    ran = {"mode": "closed-loop", "env": "CartPole-v1", "reference_mean_return": 500.0, "reference_std_return": 0.0,
+           "std_return": 0.0, "length_delta": 0.0, "action_agreement": 1.0, "steps": 1500, "step_us": 30.0}
+    default.rollout = Rollout(**ran, mean_return=500.0, return_delta=0.0, return_delta_rel=0.0)
+    pinned.rollout = Rollout(**ran, mean_return=487.5, return_delta=-12.5, return_delta_rel=-0.025)
+    row = runtime_versions.comparisons(results)[0]
+    low, high = row.latency_bands[1]
+    assert 2.5 < low <= row.latency_ratios[1] <= high < 3.5
+    section = render_html(results).split('id="versions"')[1].split("</section>")[0]
+    assert "return Δ" in section and "+0 → -12.5" in section
+    assert f"<b>{row.latency_ratios[1]:.2f}×</b>" in section and f"({low:.2f}–{high:.2f})" in section
+
+
+def test_without_env_the_versions_table_has_no_return_column(shard):
+    from matrix.report import render_html
+
+    section = render_html(_with_release(shard, "1.20.1", 1.5, None)).split('id="versions"')[1].split("</section>")[0]
+    assert "return Δ" not in section
