@@ -462,8 +462,9 @@ def _print_regressions(found) -> None:
 @app.command("targets")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list on stdout (name, runtime, available, reason, summary).")
 @click.option("--versions", "versions_of", metavar="TARGET",
-              help="List the releases of TARGET's runtime the registry offers (PyPI or npm) that the harness supports: "
-                   "run one with --targets TARGET@VERSION.")
+              help="List the releases of TARGET's runtime the registry offers (PyPI or npm) that the harness supports, "
+                   "marking the default and those already installed: run one with --targets TARGET@VERSION. "
+                   "With --json: a list of {release, default, installed}.")
 def list_targets(as_json: bool, versions_of: str | None) -> None:
     """Every known target, and whether it can run here (or what to do about it)."""
     import targets as registry
@@ -492,6 +493,8 @@ def _list_versions(name: str, as_json: bool) -> None:
     import targets as registry
     from targets import versions
 
+    from .runtime_versions import release_number
+
     if name not in registry.REGISTRY:
         raise InputError(f"--versions: unknown target {name!r}; known: {', '.join(registry.REGISTRY)}")
     target = registry.get(name)
@@ -499,12 +502,20 @@ def _list_versions(name: str, as_json: bool) -> None:
         offered = versions.supported_versions(target)
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
         raise InputError(f"--versions {name}: cannot list releases: {error}") from None
-    if as_json:
-        _print_json(offered)
-        return
     release = versions.release_of(target)
-    click.echo(f"{name} runs {release.package}; releases from {release.floor} on ({release.why_floor}):")
-    click.echo(" ".join(offered))
+    default = release_number(_safe_version(target))  # what the unsuffixed target runs ('-' when not installed)
+    rows = [{"release": v, "default": v == default, "installed": v == default or release.installed(v)} for v in offered]
+    if as_json:
+        _print_json(rows)
+        return
+    click.echo(f"{name} runs {release.package}; releases from {release.floor} on ({release.why_floor}); "
+               f"default: the one {name} runs without @RELEASE, installed: ready in the cache, no download:")
+    click.echo(" ".join(row["release"] + _marks(row) for row in rows))
+
+
+def _marks(row: dict) -> str:
+    marks = [mark for mark in ("default", "installed") if row[mark] and not (mark == "installed" and row["default"])]
+    return f" ({', '.join(marks)})" if marks else ""
 
 
 def _print_json(data) -> None:

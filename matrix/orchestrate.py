@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -253,8 +254,24 @@ def install_releases(labels: list[str], console: Console) -> None:
     takes tens of seconds, and one that cannot be installed is known before its cells SKIP."""
     for target in (registry.get(label) for label in labels):
         if versions.is_pinned(target) and target.unavailable_reason() is None:
-            console.print(f"[bold]release[/]: {escape(target.name)}: "
-                          f"{escape(versions.install_problem(target) or 'ready')}", highlight=False)
+            console.print(f"[bold]release[/]: {escape(target.name)}: {escape(_install(target, console))}", highlight=False,
+                          soft_wrap=True)
+
+
+def _install(target: Target, console: Console) -> str:
+    """Install the release (a spinner on a terminal, a line before it otherwise); 'ready …' or why not."""
+    release = versions.release_of(target)
+    if release.installed(target.pinned_version) or versions.below_floor(target):
+        return versions.install_problem(target) or "ready (installed before)"
+    doing = f"installing {release.package} {target.pinned_version} from the package registry"
+    started = time.monotonic()
+    if console.is_terminal:
+        with console.status(f"release: {escape(target.name)}: {doing}…"):
+            problem = versions.install_problem(target)
+    else:
+        console.print(f"[bold]release[/]: {escape(target.name)}: {doing}…", highlight=False, soft_wrap=True)
+        problem = versions.install_problem(target)
+    return problem or f"ready (installed in {time.monotonic() - started:.0f} s)"
 
 
 def _cell_label(target: str, variant: str, candidate: str, knobs: dict[str, str]) -> str:

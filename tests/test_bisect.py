@@ -34,8 +34,14 @@ def _visited(out) -> list[str]:
     return sorted(path.name for path in (out / "releases").iterdir())
 
 
-def test_bisect_names_the_release_that_first_runs_the_policy(policy, tmp_path):
-    done = _bisect(policy, tmp_path, f"{RANGE[0]}..{RANGE[-1]}")
+@pytest.fixture(scope="module")
+def bisected(policy, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bisect")
+    return _bisect(policy, out, f"{RANGE[0]}..{RANGE[-1]}"), out
+
+
+def test_bisect_names_the_release_that_first_runs_the_policy(bisected):
+    done, tmp_path = bisected
     assert done.returncode == 0, done.stderr[-2000:]
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith("first changed in onnxruntime 1.23.0 (1.22.1: FAIL, open: ")
@@ -68,3 +74,17 @@ def test_no_change_in_the_range_exits_1(policy, tmp_path):
 def test_bad_input_is_one_line_and_exit_2(policy, tmp_path, args, words):
     done = run_cli("bisect", *args, policy, "--out", tmp_path)
     assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_release_list_marks_the_default_and_the_releases_the_bisect_installed(bisected):
+    import onnxruntime
+
+    done = run_cli("targets", "--versions", "ort-cpu", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {row["release"]: row for row in json.loads(done.stdout)}
+    assert rows[onnxruntime.__version__]["default"] and rows[onnxruntime.__version__]["installed"]
+    assert [r for r in rows if rows[r]["default"]] == [onnxruntime.__version__]
+    for release in _visited(bisected[1]):
+        assert rows[release]["installed"] and not rows[release]["default"]
+    text = run_cli("targets", "--versions", "ort-cpu").stdout
+    assert f"{onnxruntime.__version__} (default)" in text and "1.23.0 (installed)" in text
