@@ -18,12 +18,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .compare import DRIFT_NOISE_FLOOR
 from .errors import InputError
 from .noise import differs, ratio_band
-from .results import Cell
+from .results import Cell, RunResults
 from .rollouts import RETURN_FLOOR
+
+if TYPE_CHECKING:  # the orchestration (numpy, every target) is imported only when a bisect runs
+    from .orchestrate import RunConfig
 
 RANGE_SEPARATOR = ".."
 
@@ -143,8 +148,7 @@ def releases_between(offered: list[str], old: str, new: str, floor: str) -> list
     """The offered releases from `old` to `new` (oldest first), both ends included."""
     for end in (old, new):
         if end not in offered:
-            hint = f" (the floor is {floor})" if offered and end not in offered else ""
-            raise InputError(f"bisect: release {end} is not among the releases offered{hint}: "
+            raise InputError(f"bisect: release {end} is not among the releases offered (the floor is {floor}): "
                              f"{offered[0] if offered else '-'} … {offered[-1] if offered else '-'}")
     first, last = offered.index(old), offered.index(new)
     if last - first < 1:
@@ -244,8 +248,8 @@ def _short(text: str, limit: int = 160) -> str:
 RELEASES_FOLDER = "releases"  # <out>/releases/<release>/: each visited release's own run
 
 
-def run_release(config, target: str, variant: str, release: str, console) -> "RunResults":
-    """One cell, TARGET@RELEASE at `variant`, run exactly as `policy-matrix run` runs it, in its own folder."""
+def run_release(config: RunConfig, target: str, release: str, console) -> RunResults:
+    """One cell, TARGET@RELEASE at the config's one variant, run exactly as `policy-matrix run` runs it, in its own folder."""
     from dataclasses import replace
 
     from rich.console import Console
@@ -253,19 +257,21 @@ def run_release(config, target: str, variant: str, release: str, console) -> "Ru
     from .orchestrate import install_releases, run
 
     label = f"{target}@{release}"
-    step = replace(config, targets=[label], variants=[variant], out=config.out / RELEASES_FOLDER / release)
+    step = replace(config, targets=[label], out=config.out / RELEASES_FOLDER / release)
     install_releases([label], console)
     results = run(step, Console(stderr=True, quiet=True))  # the bisect prints one line per release instead
+    if results.interrupted is not None:  # Ctrl-C or SIGTERM inside the run: the bisect stops as a run would
+        raise KeyboardInterrupt
     results.save(step.out / "results.json")
     return results
 
 
-def write_report(outcome: Outcome, runs: dict, measure: Measure, package: str, out) -> "Path | None":
+def write_report(outcome: Outcome, runs: dict[str, RunResults], measure: Measure, package: str, out: Path) -> Path | None:
     """bisect.md (the visited releases) and, when a change was found, the usual report of the two neighbours."""
     from .report import write_all
 
     lines = [f"# bisect: {package} {outcome.releases[0]}..{outcome.releases[-1]}, measure {measure.name}", "",
-             conclusion(outcome, measure, package).replace("|", "\\|"), "",
+             _markdown(conclusion(outcome, measure, package)), "",
              "| release | verdict | measure | against the oldest | run |", "|---|---|---|---|---|"]
     for release in outcome.releases:
         visit = next((v for v in outcome.visits if v.release == release), None)

@@ -621,7 +621,7 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
     offered = _offered_releases(names[0])
     limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
     config = RunConfig(
-        targets=names, variants=_variants(variant), out=out or Path("reports") / f"bisect-{model.stem}", observations=obs,
+        targets=names, variants=_one_variant(variant), out=out or Path("reports") / f"bisect-{model.stem}", observations=obs,
         n_obs=options.at_least(n_obs, 1, "--n-obs"), seed=options.at_least(seed, 0, "--seed"),
         batch_sizes=_ints(batch_sizes, "--batch-sizes"), warmup=options.at_least(warmup, 0, "--warmup"),
         iters=options.at_least(iters, 1, "--iters"), threads=options.at_least(threads, 1, "--threads"),
@@ -634,6 +634,13 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
     options.writable_dir(config.out)
     with lock_out(config.out):
         _bisect(config, names[0], span, chosen, threshold)
+
+
+def _one_variant(value: str) -> list[str]:
+    chosen = _variants(value)
+    if len(chosen) != 1:
+        raise InputError(f"--variant {value!r}: a bisect compares one variant's cell, e.g. --variant fp32")
+    return chosen
 
 
 def _offered_releases(name: str) -> list[str]:
@@ -668,7 +675,7 @@ def _bisect(config, target: str, span: list[str], measure, threshold: float | No
                   f"measure {measure.name}: at most {1 + math.ceil(math.log2(len(span)))} runs", highlight=False, soft_wrap=True)
 
     def probe(release: str):
-        runs[release] = releases.run_release(config, target, config.variants[0], release, console)
+        runs[release] = releases.run_release(config, target, release, console)
         return runs[release].cells[0]
 
     def on_visit(visit, step: int, bound: int) -> None:

@@ -70,9 +70,11 @@ def test_no_change_in_the_range_exits_1(policy, tmp_path):
     (["ort-cpu", "1.10.0..1.23.0"], "not among the releases offered"),
     (["ort-cpu@1.20.1", "1.21.0..1.23.0"], "without @RELEASE"),
     (["ort-cpu", "1.21"], "expected OLD..NEW"),
+    (["ort-cpu", "1.21.0..1.23.0", "--variant", "fp32,int8"], "one variant"),
+    (["ort-cpu", "1.21.0..1.23.0", "--measure", "return"], "needs --env"),
 ])
 def test_bad_input_is_one_line_and_exit_2(policy, tmp_path, args, words):
-    done = run_cli("bisect", *args, policy, "--out", tmp_path)
+    done = run_cli("bisect", *args[:2], policy, *args[2:], "--out", tmp_path)
     assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
 
 
