@@ -88,8 +88,8 @@ def _quantized(cell: Cell, count: str) -> int | None:
     return counted.get(count) if counted else None
 
 
-LATENCY_COLUMNS = ["host", "target", "variant", "candidate", "settings", "verdict", "batch", "n", "p50_us", "p90_us", "p99_us", "mean_us",
-                   "std_us", "min_us", "emulated"]
+LATENCY_COLUMNS = ["host", "target", "variant", "candidate", "settings", "verdict", "batch", "n", "p50_us", "p50_low_us", "p50_high_us",
+                   "p90_us", "p99_us", "mean_us", "std_us", "min_us", "emulated"]
 
 
 def latency_table(results: RunResults) -> pd.DataFrame:
