@@ -45,7 +45,7 @@ class Measure:
     show: Callable[[object], str]
     changed: Callable[[object, object, float], bool]
     default_threshold: float
-    threshold_means: str
+    threshold_means: str  # "" for a measure whose values are equal or not (verdict, placement)
 
 
 def _drift(cell: Cell) -> float | None:
@@ -109,7 +109,7 @@ def _show_number(label: str, form: str) -> Callable[[object], str]:
 
 
 MEASURES = {
-    "verdict": Measure("verdict", lambda cell: cell.verdict, str, lambda old, new, _: old != new, 0.0, "unused"),
+    "verdict": Measure("verdict", lambda cell: cell.verdict, str, lambda old, new, _: old != new, 0.0, ""),
     "drift": Measure("drift", _drift, _show_number("drift", ".2g"), _drift_changed, 10.0,
                      "factor by which max-abs drift from the reference grows or shrinks"),
     "agreement": Measure("agreement", _agreement, _show_number("agreement", ".1%"), _number_changed, 0.01,
@@ -118,8 +118,18 @@ MEASURES = {
                       "difference in mean episode return (default: 5% of |the old release's reference return|)"),
     "p50": Measure("p50", _p50, _show_p50, _p50_changed, 0.25,
                    "fraction by which the p50's noise band must lie beyond 1 on either side"),
-    "placement": Measure("placement", _placement, _show_placement, lambda old, new, _: old != new, 0.0, "unused"),
+    "placement": Measure("placement", _placement, _show_placement, lambda old, new, _: old != new, 0.0, ""),
 }
+
+
+def check_threshold(measure: Measure, given: float | None) -> None:
+    """A threshold is a number >= 0, and only for a measure that has degrees."""
+    if given is None:
+        return
+    if not measure.threshold_means:
+        raise InputError(f"--threshold: the {measure.name} measure changes or not; it takes no threshold")
+    if not given >= 0 or math.isinf(given):
+        raise InputError(f"--threshold {given}: expected a finite number >= 0 ({measure.threshold_means})")
 
 
 def threshold_for(measure: Measure, given: float | None, old: Cell) -> float:

@@ -611,8 +611,7 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
 
     old, new = releases.parse_range(release_range)
     chosen = releases.MEASURES[measure]
-    if threshold is not None and not threshold >= 0:
-        raise InputError(f"--threshold {threshold}: expected a number >= 0")
+    releases.check_threshold(chosen, threshold)
     if measure == "return" and not env:
         raise InputError("--measure return needs --env (an environment whose episodes give a return)")
     names = _target_names(target)

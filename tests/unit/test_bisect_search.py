@@ -122,3 +122,13 @@ def test_the_range_must_be_offered_and_ordered():
         bisect.releases_between(offered, "1.18.0", "1.21.0", "1.19.0")
     with pytest.raises(InputError, match="OLD must be older"):
         bisect.releases_between(offered, "1.21.0", "1.19.0", "1.19.0")
+
+
+def test_a_threshold_is_for_measures_with_degrees_only():
+    bisect.check_threshold(bisect.MEASURES["drift"], 2.0)
+    bisect.check_threshold(bisect.MEASURES["verdict"], None)
+    with pytest.raises(InputError, match="takes no threshold"):
+        bisect.check_threshold(bisect.MEASURES["verdict"], 0.5)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InputError, match="finite number >= 0"):
+            bisect.check_threshold(bisect.MEASURES["p50"], bad)
