@@ -154,6 +154,20 @@ def parse_range(text: str) -> tuple[str, str]:
     return check_version(f"x@{old}"), check_version(f"x@{new}")
 
 
+def offered(target_name: str) -> tuple[list[str], str]:
+    """The releases the registry offers for the target from its floor on (oldest first), and that floor."""
+    import subprocess
+
+    import targets as registry
+    from targets import versions
+
+    target = registry.get(target_name)
+    try:
+        return versions.supported_versions(target), versions.release_of(target).floor
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
+        raise InputError(f"bisect {target_name}: cannot list releases: {error}") from None
+
+
 def releases_between(offered: list[str], old: str, new: str, floor: str) -> list[str]:
     """The offered releases from `old` to `new` (oldest first), both ends included."""
     for end in (old, new):
@@ -189,12 +203,17 @@ class Outcome:
         return [visit for visit in self.visits if visit.changed is None]
 
 
+def visit_bound(count: int) -> int:
+    """The most releases a search of `count` visits: the oldest, then a binary search over the rest."""
+    return 1 + math.ceil(math.log2(count))
+
+
 def search(releases: list[str], probe: Callable[[str], Cell], measure: Measure, threshold: float | None,
            on_visit: Callable[[Visit, int, int], None] = lambda visit, step, bound: None) -> Outcome:
     """The first release whose measure differs from the oldest's; `probe(release)` runs the policy there,
     `on_visit(visit, step, bound)` hears of each visit as it ends (bound: the most visits the search can take)."""
     outcome = Outcome(releases)
-    bound = 1 + math.ceil(math.log2(len(releases)))
+    bound = visit_bound(len(releases))
     old = Visit(releases[0], probe(releases[0]))
     if old.cell.verdict == "SKIP":
         raise InputError(f"bisect: the old end {releases[0]} did not run here: {'; '.join(old.cell.reasons) or 'SKIP'}")
@@ -256,6 +275,35 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 RELEASES_FOLDER = "releases"  # <out>/releases/<release>/: each visited release's own run
+
+
+def bisect(config: RunConfig, target: str, span: list[str], measure: Measure, threshold: float | None, console) -> bool:
+    """Visit releases with a line each, then the one-line answer (stdout), the report; True when a change was found."""
+    import click
+    from rich.markup import escape
+
+    import targets as registry
+    from targets import versions
+
+    package = versions.release_of(registry.get(target)).package
+    runs: dict[str, RunResults] = {}
+    console.print(f"[bold]bisect[/]: {len(span)} releases of {package} ({span[0]} … {span[-1]}), "
+                  f"measure {measure.name}: at most {visit_bound(len(span))} runs", highlight=False, soft_wrap=True)
+
+    def probe(release: str) -> Cell:
+        runs[release] = run_release(config, target, release, console)
+        return runs[release].cells[0]
+
+    def on_visit(visit: Visit, step: int, bound: int) -> None:
+        against = {True: "changed", False: "same as the oldest", None: "skipped"}[visit.changed]
+        console.print(f"  {step}/{bound} {escape(describe(visit, measure))} -> {against}", highlight=False, soft_wrap=True)
+
+    outcome = search(span, probe, measure, threshold, on_visit)
+    index = write_report(outcome, runs, measure, package, config.out)
+    click.echo(conclusion(outcome, measure, package))
+    console.print(f"bisect report: [bold]{escape(str(config.out / 'bisect.md'))}[/]"
+                  + (f", neighbours: [bold]{escape(str(index))}[/]" if index else ""), soft_wrap=True)
+    return outcome.first_changed is not None
 
 
 def run_release(config: RunConfig, target: str, release: str, console) -> RunResults:

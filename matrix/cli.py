@@ -8,7 +8,6 @@ about as fast as Python itself.
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
@@ -617,7 +616,7 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
     names = _target_names(target)
     if len(names) != 1 or "@" in names[0]:
         raise InputError(f"bisect: {target!r}: name one target, without @RELEASE (the range gives the releases)")
-    offered = _offered_releases(names[0])
+    offered, floor = releases.offered(names[0])
     limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
     config = RunConfig(
         targets=names, variants=_one_variant(variant), out=out or Path("reports") / f"bisect-{model.stem}", observations=obs,
@@ -629,10 +628,11 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
     )
     config.rollout, config.return_tolerance = _rollout_settings(
         config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs})
-    span = releases.releases_between(offered, old, new, _release_floor(names[0]))
+    span = releases.releases_between(offered, old, new, floor)
     options.writable_dir(config.out)
     with lock_out(config.out):
-        _bisect(config, names[0], span, chosen, threshold)
+        found = releases.bisect(config, names[0], span, chosen, threshold, console)
+    sys.exit(0 if found else 1)
 
 
 def _one_variant(value: str) -> list[str]:
@@ -640,54 +640,6 @@ def _one_variant(value: str) -> list[str]:
     if len(chosen) != 1:
         raise InputError(f"--variant {value!r}: a bisect compares one variant's cell, e.g. --variant fp32")
     return chosen
-
-
-def _offered_releases(name: str) -> list[str]:
-    import subprocess
-
-    import targets as registry
-    from targets import versions
-
-    try:
-        return versions.supported_versions(registry.get(name))
-    except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
-        raise InputError(f"bisect {name}: cannot list releases: {error}") from None
-
-
-def _release_floor(name: str) -> str:
-    import targets as registry
-    from targets import versions
-
-    return versions.release_of(registry.get(name)).floor
-
-
-def _bisect(config, target: str, span: list[str], measure, threshold: float | None) -> None:
-    """Visit releases, one line each, then the one-line answer, the report and the exit code."""
-    import targets as registry
-    from targets import versions
-
-    from . import bisect as releases
-
-    package = versions.release_of(registry.get(target)).package
-    runs = {}
-    console.print(f"[bold]bisect[/]: {len(span)} releases of {package} ({span[0]} … {span[-1]}), "
-                  f"measure {measure.name}: at most {1 + math.ceil(math.log2(len(span)))} runs", highlight=False, soft_wrap=True)
-
-    def probe(release: str):
-        runs[release] = releases.run_release(config, target, release, console)
-        return runs[release].cells[0]
-
-    def on_visit(visit, step: int, bound: int) -> None:
-        against = {True: "changed", False: "same as the oldest", None: "skipped"}[visit.changed]
-        console.print(f"  {step}/{bound} {escape(releases.describe(visit, measure))} -> {against}", highlight=False,
-                      soft_wrap=True)
-
-    outcome = releases.search(span, probe, measure, threshold, on_visit)
-    line = releases.conclusion(outcome, measure, package)
-    index = releases.write_report(outcome, runs, measure, package, config.out)
-    click.echo(line)
-    console.print(f"bisect report: [bold]{config.out / 'bisect.md'}[/]" + (f", neighbours: [bold]{index}[/]" if index else ""))
-    sys.exit(0 if outcome.first_changed else 1)
 
 
 def main() -> None:
