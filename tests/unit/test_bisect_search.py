@@ -132,3 +132,25 @@ def test_a_threshold_is_for_measures_with_degrees_only():
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(InputError, match="finite number >= 0"):
             bisect.check_threshold(bisect.MEASURES["p50"], bad)
+
+
+def test_the_report_lists_every_release_and_escapes_the_runtimes_words(tmp_path):
+    from saved import FIXTURES
+
+    from matrix import results as schema
+
+    shard = schema.load(FIXTURES / "shard_continuous_mlp.json")
+    fp32 = next(c for c in shard.cells if c.variant == "fp32")
+    passed = fp32.model_copy(update={"target": "ort-cpu@1.14.0"})
+    failed = fp32.model_copy(update={"target": "ort-cpu@1.15.0", "verdict": "FAIL",
+                                     "reasons": ["open: <script>alert(1)</script> | bad node"]})
+    runs = {"1.14.0": shard.model_copy(update={"cells": [passed]}), "1.15.0": shard.model_copy(update={"cells": [failed]})}
+    probe, _ = _prober(5, passed, failed)
+    outcome = bisect.search(RELEASES, probe, bisect.MEASURES["verdict"], None)
+    runs.update({v.release: runs["1.15.0" if v.changed else "1.14.0"] for v in outcome.visits})
+    index = bisect.write_report(outcome, runs, bisect.MEASURES["verdict"], "onnxruntime", tmp_path)
+    table = (tmp_path / "bisect.md").read_text()
+    assert "<script>" not in table and "&lt;script&gt;" in table and "\\| bad node" in table
+    assert all(f"| {release} |" in table for release in RELEASES)
+    html = index.read_text()
+    assert "ort-cpu@1.14.0" in html and "ort-cpu@1.15.0" in html and "<script>alert(1)" not in html
