@@ -307,21 +307,44 @@ def bisect(config: RunConfig, target: str, span: list[str], measure: Measure, th
 
 
 def run_release(config: RunConfig, target: str, release: str, console) -> RunResults:
-    """One cell, TARGET@RELEASE at the config's one variant, run exactly as `policy-matrix run` runs it, in its own folder."""
+    """One cell, TARGET@RELEASE at the config's one variant, run exactly as `policy-matrix run` runs it, in its own
+    folder; a finished run of the same model and settings there (an earlier bisect in the same --out) is kept."""
     from dataclasses import replace
 
     from rich.console import Console
+    from rich.markup import escape
 
     from .orchestrate import install_releases, run
 
     label = f"{target}@{release}"
     step = replace(config, targets=[label], out=config.out / RELEASES_FOLDER / release)
+    kept = _finished_run(step)
+    if kept is not None:
+        console.print(f"[bold]release[/]: {label}: kept from an earlier bisect in {escape(str(step.out))}", highlight=False,
+                      soft_wrap=True)
+        return kept
     install_releases([label], console)
     results = run(step, Console(stderr=True, quiet=True))  # the bisect prints one line per release instead
     if results.interrupted is not None:  # Ctrl-C or SIGTERM inside the run: the bisect stops as a run would
         raise KeyboardInterrupt
     results.save(step.out / "results.json")
     return results
+
+
+def _finished_run(step: RunConfig) -> RunResults | None:
+    """The step folder's results when they were measured with this model and these settings, else None."""
+    import json
+
+    from .orchestrate import RUN_FILE, run_identity
+    from .results import load
+
+    try:
+        recorded = json.loads((step.out / RUN_FILE).read_text())
+        recorded.pop("run_id")
+        results = load(step.out / "results.json")
+    except (OSError, ValueError, KeyError, AttributeError, InputError):  # no earlier run there, or not one of ours
+        return None
+    return results if recorded == json.loads(json.dumps(run_identity(step))) and len(results.cells) == 1 else None
 
 
 def write_report(outcome: Outcome, runs: dict[str, RunResults], measure: Measure, package: str, out: Path) -> Path | None:

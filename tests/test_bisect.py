@@ -58,11 +58,17 @@ def test_bisect_names_the_release_that_first_runs_the_policy(bisected):
     assert "/4 " in done.stderr and "1.22.1: FAIL" in done.stderr  # each step printed as it went
 
 
-def test_no_change_in_the_range_exits_1(policy, tmp_path):
+def test_no_change_in_the_range_exits_1_and_a_second_bisect_keeps_the_runs(policy, tmp_path):
     done = _bisect(policy, tmp_path, f"{RANGE[0]}..{RANGE[3]}")
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith("no change in verdict from onnxruntime 1.21.0 to 1.22.1")
     assert RANGE[3] in _visited(tmp_path) and len(_visited(tmp_path)) <= 3
+    again = _bisect(policy, tmp_path, f"{RANGE[0]}..{RANGE[3]}")
+    assert again.returncode == 1 and again.stdout == done.stdout
+    assert again.stderr.count("kept from an earlier bisect") == len(_visited(tmp_path))
+    other = run_cli("bisect", "ort-cpu", f"{RANGE[0]}..{RANGE[3]}", policy, "--out", tmp_path, "--iters", "11", "--warmup", "1",
+                    "--n-obs", "16", timeout=900)
+    assert other.returncode == 1 and "kept from an earlier bisect" not in other.stderr  # other settings: measured again
 
 
 @pytest.mark.parametrize("args, words", [
