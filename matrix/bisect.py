@@ -332,7 +332,8 @@ def run_release(config: RunConfig, target: str, release: str, console) -> RunRes
 
 
 def _finished_run(step: RunConfig) -> RunResults | None:
-    """The step folder's results when they were measured with this model and these settings, else None."""
+    """The step folder's results when they were measured with this model and these settings, else None (also for a
+    SKIP: a release that could not be installed then may be now)."""
     import json
 
     from .orchestrate import RUN_FILE, run_identity
@@ -344,7 +345,8 @@ def _finished_run(step: RunConfig) -> RunResults | None:
         results = load(step.out / "results.json")
     except (OSError, ValueError, KeyError, AttributeError, InputError):  # no earlier run there, or not one of ours
         return None
-    return results if recorded == json.loads(json.dumps(run_identity(step))) and len(results.cells) == 1 else None
+    same = recorded == json.loads(json.dumps(run_identity(step)))
+    return results if same and len(results.cells) == 1 and results.cells[0].verdict != "SKIP" else None
 
 
 def write_report(outcome: Outcome, runs: dict[str, RunResults], measure: Measure, package: str, out: Path) -> Path | None:
