@@ -25,7 +25,6 @@ from .judge import Evidence, Judge
 from .model import ModelInfo
 from .protocol import CellInputs
 from .results import Cell, RunResults
-from .runtime_versions import base_name
 
 
 @dataclass
@@ -102,7 +101,7 @@ def fix_judge(context: AssistContext, predicts: bool):
     def judge(outcome: cells.CellOutcome, failing: Cell, info: ModelInfo) -> Cell:
         evidence = replace(context.evidence, model=info)
         return context.judge.cell(outcome, evidence, host=failing.host, target=failing.target, variant=failing.variant,
-                                  predicts=predicts, tolerance_of=base_name(failing.target))
+                                  predicts=predicts)
     return judge
 
 

@@ -176,12 +176,13 @@ def _tolerances(specs: list[str]):
     from targets.base import VARIANTS
 
     from .rules import Tolerances
+    from .runtime_versions import release_key
 
     tolerances = Tolerances.parse(specs, click.get_current_context().meta.get("config_tolerances", {}))
     for key, value in [*tolerances.overrides.items(), *tolerances.rtol_overrides.items()]:
         where = f"tolerance {key!r}"
         options.tolerance_value(value, where)
-        options.tolerance_key(key, list(registry.REGISTRY), VARIANTS, where)
+        options.tolerance_key(release_key(key, where), list(registry.REGISTRY), VARIANTS, where)
     return tolerances
 
 
@@ -530,8 +531,9 @@ def _print_regressions(found) -> None:
 @app.command("targets")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list on stdout (name, runtime, available, reason, summary).")
 @click.option("--versions", "versions_of", metavar="TARGET",
-              help="List the releases of TARGET's runtime the registry offers (PyPI or npm) that the harness supports: "
-                   "run one with --targets TARGET@VERSION.")
+              help="List the releases of TARGET's runtime the registry offers (PyPI or npm) that the harness supports, "
+                   "marking the default and those already installed: run one with --targets TARGET@VERSION. "
+                   "With --json: a list of {release, default, installed}.")
 def list_targets(as_json: bool, versions_of: str | None) -> None:
     """Every known target, and whether it can run here (or what to do about it)."""
     import targets as registry
@@ -560,6 +562,8 @@ def _list_versions(name: str, as_json: bool) -> None:
     import targets as registry
     from targets import versions
 
+    from .runtime_versions import release_number
+
     if name not in registry.REGISTRY:
         raise InputError(f"--versions: unknown target {name!r}; known: {', '.join(registry.REGISTRY)}")
     target = registry.get(name)
@@ -567,12 +571,20 @@ def _list_versions(name: str, as_json: bool) -> None:
         offered = versions.supported_versions(target)
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
         raise InputError(f"--versions {name}: cannot list releases: {error}") from None
-    if as_json:
-        _print_json(offered)
-        return
     release = versions.release_of(target)
-    click.echo(f"{name} runs {release.package}; releases from {release.floor} on ({release.why_floor}):")
-    click.echo(" ".join(offered))
+    default = release_number(_safe_version(target))  # what the unsuffixed target runs ('-' when not installed)
+    rows = [{"release": v, "default": v == default, "installed": v == default or release.installed(v)} for v in offered]
+    if as_json:
+        _print_json(rows)
+        return
+    click.echo(f"{name} runs {release.package}; releases from {release.floor} on ({release.why_floor}); "
+               f"default: the one {name} runs without @RELEASE, installed: ready in the cache, no download:")
+    click.echo(" ".join(row["release"] + _marks(row) for row in rows))
+
+
+def _marks(row: dict) -> str:
+    marks = [mark for mark in ("default", "installed") if row[mark] and not (mark == "installed" and row["default"])]
+    return f" ({', '.join(marks)})" if marks else ""
 
 
 def _print_json(data) -> None:
@@ -629,6 +641,77 @@ def setup(groups: tuple[str, ...]) -> None:
     from .installer import setup as run_setup
 
     sys.exit(0 if run_setup(list(groups) or ["all"], console, _verbosity()) else 1)
+
+
+@app.command(epilog="Exit 0: a change was found; 1: no change between OLD and NEW; 2: bad input. Each visited release's "
+                     "own run is kept under OUT/releases/RELEASE; OUT/bisect.md lists them and OUT/index.html shows the "
+                     "two neighbours side by side.")
+@click.argument("target")
+@click.argument("release_range", metavar="OLD..NEW")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--measure", type=click.Choice(["verdict", "drift", "agreement", "return", "p50", "placement"]),
+              default="verdict", show_default=True,
+              help="What must change: the cell's verdict, max-abs drift from the reference, agreement of discrete actions, "
+                   "mean return (needs --env), p50 at the smallest batch (beyond its noise band) or the nodes that fall back.")
+@click.option("--threshold", type=float, default=None,
+              help="How much is a change: drift: growth factor (default 10); agreement: share (0.01); return: return "
+                   "units (5% of the old release's reference return); p50: fraction beyond the noise band (0.25).")
+@click.option("--variant", default="fp32", show_default=True, help="The precision whose cell is compared.")
+@click.option("--out", type=click.Path(path_type=Path), help="Bisect folder (default reports/bisect-<model name>).")
+@click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
+@click.option("--n-obs", default=options.DEFAULT_N_OBS, show_default=True, help="Size of the seeded observation set when --obs is not given.")
+@click.option("--seed", default=options.DEFAULT_SEED, show_default=True, help="Seed of the observation set and of the first episode.")
+@click.option("--batch-sizes", default=",".join(map(str, options.DEFAULT_BATCH_SIZES)), show_default=True, help="Batch sizes to time.")
+@click.option("--warmup", default=options.DEFAULT_WARMUP, show_default=True, help="Untimed calls before timing.")
+@click.option("--iters", default=options.DEFAULT_ITERS, show_default=True, help="Timed calls per batch size.")
+@click.option("--threads", default=options.DEFAULT_THREADS, show_default=True, help="Intra-op threads given to the runtime.")
+@click.option("--tolerance", multiple=True, help="TARGET:VARIANT=VALUE max-abs drift allowed (as in `run`).")
+@click.option("--timeout", default=options.DEFAULT_TIMEOUT_S, show_default=True, help="Seconds a cell may take.")
+@click.option("--memory-limit", default=None, help="Memory each worker may allocate, e.g. 4G.")
+@click.option("--env", default=None, help="Gymnasium id or module:Class: each release drives episodes (the return measure).")
+@click.option("--episodes", default=None, type=int, help="Episodes per release with --env.  [default: 10]")
+@click.option("--env-kwargs", default=None, help="JSON object of keyword arguments for the environment.")
+@BROWSER_ENDPOINT_OPTION
+@BROWSER_PATH_OPTION
+def bisect(target, release_range, model, measure, threshold, variant, out, obs, n_obs, seed, batch_sizes, warmup, iters,
+           threads, tolerance, timeout, memory_limit, env, episodes, env_kwargs):
+    """The first release of TARGET's runtime between OLD and NEW where MODEL's MEASURE changed, in log2 steps."""
+    from . import bisect as releases
+    from . import model as model_loader
+    from .orchestrate import RunConfig, lock_out
+
+    old, new = releases.parse_range(release_range)
+    chosen = releases.MEASURES[measure]
+    releases.check_threshold(chosen, threshold)
+    if measure == "return" and not env:
+        raise InputError("--measure return needs --env (an environment whose episodes give a return)")
+    names = _target_names(target)
+    if len(names) != 1 or "@" in names[0]:
+        raise InputError(f"bisect: {target!r}: name one target, without @RELEASE (the range gives the releases)")
+    offered, floor = releases.offered(names[0])
+    limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
+    config = RunConfig(
+        targets=names, variants=_one_variant(variant), out=out or Path("reports") / f"bisect-{model.stem}", observations=obs,
+        n_obs=options.at_least(n_obs, 1, "--n-obs"), seed=options.at_least(seed, 0, "--seed"),
+        batch_sizes=_ints(batch_sizes, "--batch-sizes"), warmup=options.at_least(warmup, 0, "--warmup"),
+        iters=options.at_least(iters, 1, "--iters"), threads=options.at_least(threads, 1, "--threads"),
+        timeout_s=options.seconds(timeout, "--timeout"), tolerances=_tolerances(list(tolerance)), memory_limit=limit,
+        model=model_loader.load(model),
+    )
+    config.rollout, config.return_tolerance = _rollout_settings(
+        config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs})
+    span = releases.releases_between(offered, old, new, floor)
+    options.writable_dir(config.out)
+    with lock_out(config.out):
+        found = releases.bisect(config, names[0], span, chosen, threshold, console)
+    sys.exit(0 if found else 1)
+
+
+def _one_variant(value: str) -> list[str]:
+    chosen = _variants(value)
+    if len(chosen) != 1:
+        raise InputError(f"--variant {value!r}: a bisect compares one variant's cell, e.g. --variant fp32")
+    return chosen
 
 
 def main() -> None:

@@ -1,6 +1,9 @@
 """Regressions of a run (or merged runs) against a baseline, cell by cell.
 
-Cells are matched by (host, target, variant, candidate, settings). A regression is one of:
+Cells are matched by (host, runtime, release, variant, candidate, settings), not by label: a baseline's
+`ort-web-wasm@1.22.0` is compared with a current plain `ort-web-wasm` that ran 1.22.0 (its line says
+"as ort-web-wasm@1.22.0 in the baseline"); a label whose release changed is still compared with itself.
+A regression is one of:
 - verdict: the cell passed (PASS/WARN/CONVERTED) and now FAILs;
 - drift: max drift grew by more than `drift_factor` (and above float32 noise),
   or crossed the tolerance;
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 from .errors import InputError
 from .results import Cell, Regression, RunResults
-from .runtime_versions import version_change
+from .runtime_versions import paired_cells, version_change
 
 DRIFT_NOISE_FLOOR = 1e-6  # below this, growth is float32 rounding, not a change
 
@@ -38,16 +41,14 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
     _same_model(baseline, current)
     differences = checked_inputs(baseline, current, allow_different_inputs, "the baseline", "the current run")
     caveat = f" (inputs differ: {'; '.join(differences)})" if differences else ""
-    before = {cell.key: cell for cell in baseline.cells}
     found = []
-    for cell in current.cells:
-        old = before.get(cell.key)
-        if old is not None:
-            change = version_change(cell.target, old.runtime_version, cell.runtime_version)
-            found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind,
-                                 detail=(f"{change}: {detail}" if change else detail) + caveat,
-                                 configuration=cell.configuration)
-                      for kind, detail in _changes(old, cell, thresholds)]
+    for old, cell in paired_cells(baseline.cells, current.cells):
+        change = version_change(cell.target, old.runtime_version, cell.runtime_version)
+        label = f"as {old.target} in the baseline" if old.target != cell.target else ""
+        prefix = ", ".join(part for part in (change, label) if part)
+        found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind,
+                             detail=(f"{prefix}: {detail}" if prefix else detail) + caveat, configuration=cell.configuration)
+                  for kind, detail in _changes(old, cell, thresholds)]
     return found
 
 

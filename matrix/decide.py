@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from . import rules
 from .errors import InputError
 from .results import Cell, Decision, DecisionChoice, FixAttempt, RunResults, settings_label
+from .runtime_versions import base_name
 
 PREFER = ("latency", "size", "accuracy")
 METRICS = ("p50", "p99", "size")
@@ -48,7 +49,8 @@ class Budget:
     limit: float
 
     def applies_to(self, target: str) -> bool:
-        return fnmatch.fnmatchcase(target, self.targets)
+        """`ort-cpu` covers its pinned releases (`ort-cpu@1.20.1`); `ort-cpu@1.20.1` only that one."""
+        return any(fnmatch.fnmatchcase(name, self.targets) for name in (target, base_name(target)))
 
     def describe(self) -> str:
         shown = duration(self.limit) if self.metric != "size" else size_text(self.limit)

@@ -42,7 +42,7 @@ class Judge:
     observations: ObservationSource = ObservationSource(SYNTHETIC, "synthetic rows")
 
     def context(self, target: str, variant: str) -> rules.Context:
-        """The rules' view of one cell. `target` is the base name: ort-cpu@1.20.1 is judged as ort-cpu."""
+        """The rules' view of one cell. A pinned release (ort-cpu@1.20.1) takes its own tolerance keys first, then ort-cpu's."""
         return rules.Context(tolerance=self.tolerances.get(target, variant), min_agreement=self.min_agreement,
                              tie_margin=self.tie_margin, return_tolerance=self.return_tolerance,
                              synthetic_inputs=self.observations.synthetic)
@@ -52,11 +52,9 @@ class Judge:
         return {"tolerances": self.tolerances.overrides, "rtol": self.tolerances.rtol_overrides,
                 "tie_margin": self.tie_margin, "min_agreement": self.min_agreement}
 
-    def cell(self, outcome, evidence: Evidence, *, host: str, target: str, variant: str, predicts: bool,
-             tolerance_of: str = "") -> Cell:
-        """What the worker measured (a cells.CellOutcome), judged; `tolerance_of`: the target name whose
-        tolerances apply (a pinned release's base name), default `target`."""
-        context = self.context(tolerance_of or target, variant)
+    def cell(self, outcome, evidence: Evidence, *, host: str, target: str, variant: str, predicts: bool) -> Cell:
+        """What the worker measured (a cells.CellOutcome), judged."""
+        context = self.context(target, variant)
         m = _unfinished(outcome.measurement, outcome.duration_s)
         cell = Cell(
             host=host, target=target, variant=variant, verdict="SKIP", predicts=predicts,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .noise import p50_band
 from .results import LatencyStats, OutputParity
 from .rules import Tolerance, share
 
@@ -28,9 +29,10 @@ REL_FLOOR = 1e-3
 def latency_stats(batch: int, samples_ns: list[int]) -> LatencyStats:
     us = np.asarray(samples_ns, dtype=np.float64) / 1e3
     p50, p90, p99 = np.percentile(us, [50, 90, 99])
+    low, high = p50_band(us)
     return LatencyStats(
         batch=batch, n=len(us), p50_us=p50, p90_us=p90, p99_us=p99,
-        mean_us=float(us.mean()), std_us=float(us.std()), min_us=float(us.min()),
+        mean_us=float(us.mean()), std_us=float(us.std()), min_us=float(us.min()), p50_low_us=low, p50_high_us=high,
     )
 
 

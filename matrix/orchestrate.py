@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -45,7 +46,6 @@ from .protocol import SERVICE, STAGES, CellInputs, CellSpec
 from .outdir import write_atomic
 from .reference import Reference
 from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, settings_label, upgrade_v1_cell
-from .runtime_versions import base_name
 from .rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, ReturnTolerance, Tolerances
 
 
@@ -182,7 +182,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     configurations = _configurations(config)
     results.grid = _grid_record(config, len(configurations))
     _print_grid(config, len(configurations), console)
-    _install_releases(config.targets, console)
+    install_releases(config.targets, console)
     jsonl = Journal(config.out / "results.jsonl", run_id, model.sha256, console)
     if finished:
         console.print(f"[bold]resume[/]: keeping {len(finished)} finished cells of run {run_id}")
@@ -271,13 +271,29 @@ def _print_grid(config: RunConfig, size: int, console: Console) -> None:
         console.print(f"[dim]not run: {escape(pruned)} (that target has no such setting)[/]", highlight=False)
 
 
-def _install_releases(labels: list[str], console: Console) -> None:
+def install_releases(labels: list[str], console: Console) -> None:
     """Pinned releases (`ort-cpu@1.20.1`) are installed before the first cell, said aloud: a first npm install
     takes tens of seconds, and one that cannot be installed is known before its cells SKIP."""
     for target in (registry.get(label) for label in labels):
         if versions.is_pinned(target) and target.unavailable_reason() is None:
-            console.print(f"[bold]release[/]: {escape(target.name)}: "
-                          f"{escape(versions.install_problem(target) or 'ready')}", highlight=False)
+            console.print(f"[bold]release[/]: {escape(target.name)}: {escape(_install(target, console))}", highlight=False,
+                          soft_wrap=True)
+
+
+def _install(target: Target, console: Console) -> str:
+    """Install the release (a spinner on a terminal, a line before it otherwise); 'ready …' or why not."""
+    release = versions.release_of(target)
+    if release.installed(target.pinned_version) or versions.below_floor(target):
+        return versions.install_problem(target) or "ready (installed before)"
+    doing = f"installing {release.package} {target.pinned_version} from the package registry"
+    started = time.monotonic()
+    if console.is_terminal:
+        with console.status(f"release: {escape(target.name)}: {doing}…"):
+            problem = versions.install_problem(target)
+    else:
+        console.print(f"[bold]release[/]: {escape(target.name)}: {doing}…", highlight=False, soft_wrap=True)
+        problem = versions.install_problem(target)
+    return problem or f"ready (installed in {time.monotonic() - started:.0f} s)"
 
 
 def _cell_label(target: str, variant: str, candidate: str, knobs: dict[str, str]) -> str:
@@ -532,7 +548,7 @@ class CellRunner:
 
     def _judge(self, target: Target, spec: CellSpec, outcome: cells.CellOutcome) -> Cell:
         cell = self.judge.cell(outcome, self.evidence, host=self.host, target=target.name, variant=spec.variant,
-                               predicts=target.predicts, tolerance_of=base_name(target.name))
+                               predicts=target.predicts)  # a pinned release's own tolerance keys first (rules.Tolerances)
         if spec.candidate:
             cell.notes.append(f"candidate: judged against {self.config.model.path.name}'s float64 reference")
         return cell

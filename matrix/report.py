@@ -28,7 +28,7 @@ from .paths import cache_dir
 from .results import VERDICTS, Cell, LatencyStats, RunResults
 from .rules import DEFAULT_RTOL, DEFAULT_TOLERANCE
 
-from . import assist_report, decide, report_behaviour, report_decision, runtime_versions
+from . import assist_report, decide, noise, report_behaviour, report_decision, runtime_versions
 
 COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
 
@@ -96,8 +96,8 @@ def _quantized(cell: Cell, count: str) -> int | None:
     return counted.get(count) if counted else None
 
 
-LATENCY_COLUMNS = ["host", "target", "variant", "candidate", "settings", "verdict", "batch", "n", "p50_us", "p90_us", "p99_us", "mean_us",
-                   "std_us", "min_us", "emulated"]
+LATENCY_COLUMNS = ["host", "target", "variant", "candidate", "settings", "verdict", "batch", "n", "p50_us", "p50_low_us", "p50_high_us",
+                   "p90_us", "p99_us", "mean_us", "std_us", "min_us", "emulated"]
 
 
 def latency_table(results: RunResults) -> pd.DataFrame:
@@ -282,6 +282,7 @@ def render_html(results: RunResults) -> str:
         behaviour=_behaviour_context(results),
         assist=assist_report.context(results),
         versions=runtime_versions.comparisons(results), quality=runtime_versions.quality,
+        return_delta=runtime_versions.return_delta, band_differs=noise.differs,
     )
 
 

@@ -43,6 +43,13 @@ class LatencyStats(Record):
     mean_us: Microseconds
     std_us: Microseconds
     min_us: Microseconds
+    # the p50's noise band over the timed calls (matrix/noise.py); None in results written before it existed
+    p50_low_us: Microseconds | None = None
+    p50_high_us: Microseconds | None = None
+
+    @property
+    def p50_band(self) -> tuple[float, float] | None:
+        return (self.p50_low_us, self.p50_high_us) if self.p50_low_us is not None and self.p50_high_us is not None else None
 
 
 class OutputParity(Record):

@@ -93,7 +93,10 @@ class Tolerances:
 
 
 def _lookup(overrides: dict[str, float], target: str, variant: str, defaults: dict[str, float]) -> float:
-    for key in (f"{target}:{variant}", f"{target}:*", f"*:{variant}"):
+    """A pinned release's own keys (`ort-cpu@1.20.1:fp32`, `ort-cpu@1.20.1`) first, then its target's, then any target's."""
+    base = target.partition("@")[0]
+    names = [target, base] if base != target else [target]
+    for key in (*(f"{name}:{variant}" for name in names), *(f"{name}:*" for name in names), f"*:{variant}"):
         if key in overrides:
             return overrides[key]
     return defaults.get(variant, defaults["fp32"])

@@ -2,9 +2,10 @@
 
 A pinned target's cells carry the label NAME@VERSION as their target (targets/versions.py
 runs them); the Versions view groups them by NAME and compares each release with the
-project's default (the unsuffixed label; else the first release run): drift, nodes that
-moved between devices, latency ratio. `compare` names a release change of one target
-between baseline and current. Pure functions of results: no runtime is imported here.
+project's default (the unsuffixed label; else the first release run): drift, return, nodes
+that moved between devices, latency ratio with its noise band. `compare` pairs cells by
+runtime and release (not label) and names a release change of one target between baseline
+and current. Tolerance and budget keys take TARGET@RELEASE; a plain TARGET covers its releases. Pure functions of results: no runtime is imported here.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .errors import InputError
+from .noise import ratio_band
 from .results import Cell, RunResults
 
 _RELEASE = re.compile(r"\d+(?:\.\d+)+[^\s,;()]*")
+_RELEASE_FORM = re.compile(r"^\d+\.\d+\.\d+([-+.]?[0-9A-Za-z]+)*$")  # as targets/versions.py takes it
+SEPARATOR = "@"
 
 
 def base_name(label: str) -> str:
     """'ort-cpu@1.20.1' -> 'ort-cpu' (the target a pinned label runs)."""
-    return label.partition("@")[0]
+    return label.partition(SEPARATOR)[0]
 
 
 def release_number(runtime_version: str) -> str:
@@ -37,6 +42,47 @@ def version_change(target: str, before: str, after: str) -> str:
     if old != new:
         return f"{base_name(target)} {old} -> {new}"
     return f"{base_name(target)} {before} -> {after}"
+
+
+def release_key(key: str, where: str) -> str:
+    """A TARGET@RELEASE:VARIANT key (tolerance, budget) with its release checked and removed, for the target checks."""
+    target, colon, variant = key.partition(":")
+    name, separator, release = target.partition(SEPARATOR)
+    if separator and not _RELEASE_FORM.match(release):
+        raise InputError(f"{where}: {release!r} is not a release number (expected TARGET@X.Y.Z, e.g. ort-cpu@1.20.1)")
+    return f"{name}{colon}{variant}"
+
+
+def paired_cells(baseline: list[Cell], current: list[Cell]) -> list[tuple[Cell, Cell]]:
+    """(baseline cell, current cell) pairs for compare: the same runtime at the same release first, whatever the
+    label (a baseline's `ort-web-wasm@1.22.0` is a current plain `ort-web-wasm` that ran 1.22.0), then the same
+    label whose release changed (a nightly after an upgrade). Each cell is paired once."""
+    passes = (lambda old, new: old.target == new.target and _release(old) == _release(new),
+              lambda old, new: bool(_release(new)) and _release(old) == _release(new),
+              lambda old, new: old.target == new.target)
+    slots: dict[tuple, list[Cell]] = {}
+    for cell in baseline:
+        slots.setdefault(_slot(cell), []).append(cell)
+    pairs: dict[int, tuple[Cell, Cell]] = {}  # index in current -> its pair
+    for same in passes:
+        for index, new in enumerate(current):
+            if index in pairs:
+                continue
+            waiting = slots.get(_slot(new), [])
+            old = next((old for old in waiting if same(old, new)), None)
+            if old is not None:
+                pairs[index] = (old, new)
+                waiting.remove(old)
+    return [pairs[index] for index in sorted(pairs)]
+
+
+def _release(cell: Cell) -> str:
+    return release_number(cell.runtime_version) if cell.runtime_version else ""
+
+
+def _slot(cell: Cell) -> tuple:
+    """Everything but the label and the release: host, runtime, precision, candidate, settings."""
+    return cell.host, base_name(cell.target), cell.variant, cell.candidate, cell.settings_label
 
 
 @dataclass
@@ -63,6 +109,16 @@ class VersionComparison:
         before = {s.batch: s.p50_us for s in self.reference.latency}
         return {s.batch: s.p50_us / before[s.batch] for s in self.other.latency if before.get(s.batch)}
 
+    @property
+    def latency_bands(self) -> dict[int, tuple[float, float]]:
+        """Batch -> the noise band of that ratio (matrix/noise.py), where both p50s carry theirs."""
+        before = {s.batch: s.p50_band for s in self.reference.latency if s.p50_band}
+        return {s.batch: ratio_band(before[s.batch], s.p50_band) for s in self.other.latency if s.p50_band and s.batch in before}
+
+    @property
+    def behaviour_compared(self) -> bool:
+        return any(cell.rollout and cell.rollout.return_delta is not None for cell in (self.reference, self.other))
+
 
 def comparisons(results: RunResults) -> list[VersionComparison]:
     """Every pinned release against its target's reference release (empty when no target ran at two releases)."""
@@ -88,6 +144,13 @@ def quality(cell: Cell) -> str:
         return f"{cell.max_drift:.2e}"
     agreement = [p.agreement for p in cell.parity if p.agreement is not None]
     return f"{min(agreement):.1%} agree" if agreement else "–"
+
+
+def return_delta(cell: Cell) -> str:
+    """The cell's mean return minus the float64 reference's (same seeds), as the report states it."""
+    if cell.rollout is None or cell.rollout.return_delta is None:
+        return "–"
+    return f"{cell.rollout.return_delta:+.4g}"
 
 
 def placement_diff(reference: Cell, other: Cell) -> tuple[list[tuple[str, str, str]], int]:

@@ -6,7 +6,10 @@ lock named `<entry>.lock` beside the entry is held while the entry is checked
 and built, and the entry appears in one step (a rename of a finished staging
 copy), so a reader sees all of it or none and a killed build leaves only a
 staging copy nobody reads. The lock is filelock's (flock on Unix): it is
-released when its holder dies, so a crashed build never blocks the next one.
+released when its holder dies, so a crashed build never blocks the next one. A lock file
+outlives its build (deleting it while another process waits on it would let a third build
+beside the one that waits): a cache whose folder is read as a list of entries (the runtime
+releases) keeps its locks in a folder of their own.
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ from filelock import FileLock
 
 
 @contextlib.contextmanager
-def exclusive(entry: Path) -> Iterator[None]:
-    """Hold the entry's lock: one builder at a time, across processes."""
+def exclusive(entry: Path, lock: Path | None = None) -> Iterator[None]:
+    """Hold the entry's lock (`<entry>.lock` unless `lock` names another file): one builder at a time, across processes."""
+    lock = lock or entry.with_name(f"{entry.name}.lock")
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{entry}.lock"):
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock)):
         yield
 
 
-def build_once(entry: Path, build: Callable[[Path], None], ready: Callable[[Path], bool] = Path.exists) -> bool:
+def build_once(entry: Path, build: Callable[[Path], None], ready: Callable[[Path], bool] = Path.exists,
+               lock: Path | None = None) -> bool:
     """Make `entry` unless `ready(entry)`; True when this call made it.
 
     `build(staging)` writes the whole entry (a file or a folder) at `staging`, a
@@ -38,7 +44,7 @@ def build_once(entry: Path, build: Callable[[Path], None], ready: Callable[[Path
     """
     if ready(entry):
         return False
-    with exclusive(entry):
+    with exclusive(entry, lock):
         if ready(entry):  # another process built it while this one waited
             return False
         staging = entry.with_name(f"{entry.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")

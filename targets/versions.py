@@ -81,10 +81,16 @@ class Release:
     floor: str
     why_floor: str
 
+    def installed(self, version: str) -> bool:
+        """The release is in the cache, whole (build_once renames a finished folder into place; a lock is a file)."""
+        return self.directory(version).is_dir()
+
     def install(self, version: str) -> Path:
-        """The release's folder, installed once (build_once: under a lock, swapped in whole)."""
-        build_once(self.directory(version), functools.partial(self._install, version))
-        return self.directory(version)
+        """The release's folder, installed once (build_once: under a lock, swapped in whole). The lock lives in
+        `.locks`, so a failed install leaves nothing beside the releases: no lock, no half-made folder."""
+        directory = self.directory(version)
+        build_once(directory, functools.partial(self._install, version), lock=directory.parent / ".locks" / f"{directory.name}.lock")
+        return directory
 
 
 @dataclass(frozen=True)
@@ -206,7 +212,7 @@ def install_problem(target: Target) -> str | None:
     if not is_pinned(target):
         return None
     release = release_of(target)
-    if _release_key(target.pinned_version) < _release_key(release.floor):
+    if below_floor(target):
         return (f"not run: {target.name} is older than the harness supports "
                 f"({release.package} >= {release.floor}: {release.why_floor})")
     if target.name not in _INSTALL_FAILED:
@@ -219,6 +225,11 @@ def install_problem(target: Target) -> str | None:
         else:
             return None
     return _INSTALL_FAILED[target.name]
+
+
+def below_floor(target: Target) -> bool:
+    """The pinned release is older than the harness supports (never installed: install_problem says why)."""
+    return _release_key(target.pinned_version) < _release_key(release_of(target).floor)
 
 
 def worker_env(target: Target) -> dict[str, str]:

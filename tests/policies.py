@@ -17,12 +17,12 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 
 
-def _model(nodes, inputs, outputs, inits, metadata=None, name="policy") -> onnx.ModelProto:
+def _model(nodes, inputs, outputs, inits, metadata=None, name="policy", opset=OPSET, ir_version=8) -> onnx.ModelProto:
     for index, node in enumerate(nodes):  # exporters name their nodes (torch: "/actor/Gemm")
         node.name = node.name or f"/policy/{node.op_type}_{index}"
     graph = helper.make_graph(nodes, name, inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tests")
-    model.ir_version = 8
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
+    model.ir_version = ir_version
     helper.set_model_props(model, metadata or {})
     onnx.checker.check_model(model, full_check=True)
     return model
@@ -101,7 +101,7 @@ def side_input_policy() -> onnx.ModelProto:
     return _model(nodes, [_float("obs", ["batch", 8]), _float("rng", [1])], [_float("action", ["batch", 2])], inits)
 
 
-def gemm_add_mlp() -> onnx.ModelProto:
+def gemm_add_mlp(opset: int = OPSET, ir_version: int = 8) -> onnx.ModelProto:
     """jax2onnx style: Gemm without a bias, then a separate Add, weights as Constant nodes
     (not initializers), which ORT's dynamic quantization cannot see: it quantizes nothing."""
     rng = np.random.default_rng(11)
@@ -114,7 +114,14 @@ def gemm_add_mlp() -> onnx.ModelProto:
         helper.make_node("Gemm", ["a0", "fc1_w"], ["m1"]), helper.make_node("Add", ["m1", "fc1_b"], ["h1"]),
         helper.make_node("Tanh", ["h1"], ["action"]),
     ]
-    return _model(nodes, [_float("obs", ["batch", 8])], [_float("action", ["batch", 4])], inits)
+    return _model(nodes, [_float("obs", ["batch", 8])], [_float("action", ["batch", 4])], inits, opset=opset,
+                  ir_version=ir_version)
+
+
+def jax2onnx_default_mlp() -> onnx.ModelProto:
+    """As jax2onnx writes it by default: opset 23 with IR 10. onnxruntime refuses opset 23 before 1.23.0
+    (measured: 1.21.0, 1.21.1, 1.22.0 and 1.22.1 fail to load it, "Opset 23 is under development"; 1.23.0 runs it)."""
+    return gemm_add_mlp(opset=23, ir_version=10)
 
 
 def close_call_discrete() -> onnx.ModelProto:

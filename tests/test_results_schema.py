@@ -52,6 +52,7 @@ def test_latency_csv_has_one_row_per_cell_and_batch(ort_cpu_runs):
     cells = load_results(out)["cells"]
     long = pd.read_csv(out / "latency.csv")
     assert len(long) == sum(len(cell["latency"]) for cell in cells) > 0
+    assert (long["p50_low_us"] <= long["p50_us"]).all() and (long["p50_us"] <= long["p50_high_us"]).all()  # the noise band
     wide = long.pivot_table(index=["host", "target", "variant"], columns="batch", values="p50_us")
     for cell in cells:
         for stats in cell["latency"]:

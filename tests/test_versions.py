@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import onnxruntime
 import pytest
@@ -94,4 +95,6 @@ def test_the_report_compares_each_target_across_releases(run):
     section = section[:section.index("</section>")]
     for label in ("ort-cpu@1.20.1", "ort-web-wasm@1.22.0", "ort-node@1.20.1", BOGUS):
         assert label in section
-    assert section.count("×</td>") >= 2 * 3  # a p50 ratio per batch for each release that ran
+    ratios = re.findall(r"\d+\.\d\d×(?:</b>)?<br><span class=\"note\">\((\d+\.\d\d)–(\d+\.\d\d)\)</span></td>", section)
+    assert len(ratios) >= 2 * 3  # a p50 ratio per batch for each release that ran, each with its noise band
+    assert all(float(low) <= float(high) for low, high in ratios)

@@ -206,11 +206,13 @@ def test_fix_attempts_honour_the_runs_tie_margin_and_min_agreement(tmp_path):
 
 
 def test_a_pinned_release_is_judged_with_its_runtimes_tolerances():
-    judge = Judge(Tolerances.parse(["ort-cpu:fp32=0.5"]))
+    judge = Judge(Tolerances.parse(["ort-cpu:fp32=0.5", "ort-cpu@1.21.0:fp32=0.7"]))
     outcome = cells.CellOutcome(Measurement(stage=DONE), {"outputs/action": np.array([0.3])}, 0.1)
     evidence = Evidence(model_loader.load(example("continuous_mlp")), Reference({"action": np.array([0.0])}, {}))
-    cell = judge.cell(outcome, evidence, host="h", target="ort-cpu@1.20.1", variant="fp32", predicts=True, tolerance_of="ort-cpu")
+    cell = judge.cell(outcome, evidence, host="h", target="ort-cpu@1.20.1", variant="fp32", predicts=True)
     assert (cell.tolerance, cell.rtol) == (0.5, rules.DEFAULT_RTOL["fp32"])
+    cell = judge.cell(outcome, evidence, host="h", target="ort-cpu@1.21.0", variant="fp32", predicts=True)
+    assert cell.tolerance == 0.7  # a release's own key wins over its runtime's
 
 
 # --- observations from the policy's own states ----------------------------------------------------------

@@ -214,3 +214,97 @@ def test_a_skipped_release_has_no_placement_to_compare(shard):
     row = runtime_versions.comparisons(results)[0]
     assert not row.placement_compared and row.latency_ratios == {}
     assert runtime_versions.quality(skipped) == "–" and runtime_versions.quality(row.reference).endswith("e-07")
+
+
+# --- compare pairs by runtime and release ------------------------------------------------------------
+
+def _as(shard: schema.RunResults, label: str, runtime_version: str, slower: float = 1.0) -> schema.RunResults:
+    """The shard with its fp32 cell alone, under `label`, reporting `runtime_version`, `slower` x its latency."""
+    results = shard.model_copy(deep=True)
+    cell = next(c for c in results.cells if c.variant == "fp32")
+    cell.target, cell.runtime_version = label, runtime_version
+    for stats in cell.latency:
+        stats.p50_us, stats.p90_us = stats.p50_us * slower, stats.p90_us * slower
+    results.cells = [cell]
+    return results
+
+
+def test_a_pinned_baseline_is_compared_with_a_plain_cell_of_the_same_release(shard):
+    baseline = _as(shard, "ort-web-wasm@1.22.0", "onnxruntime-web 1.22.0, Chromium 156.0")
+    current = _as(shard, "ort-web-wasm", "onnxruntime-web 1.22.0, Chromium 156.0", slower=3.0)
+    found = compare(baseline, current)
+    assert found and {r.kind for r in found} == {"latency"}
+    assert all(r.target == "ort-web-wasm" and r.detail.startswith("as ort-web-wasm@1.22.0 in the baseline: batch ") for r in found)
+
+
+def test_the_same_release_is_preferred_over_the_same_label(shard):
+    """Baseline: the default (1.32.0) and a pinned 1.20.1; current: the new default (1.33.0) and 1.32.0 pinned."""
+    baseline = _as(shard, "ort-cpu", "onnxruntime 1.32.0")
+    baseline.cells += _as(shard, "ort-cpu@1.20.1", "onnxruntime 1.20.1").cells
+    current = _as(shard, "ort-cpu", "onnxruntime 1.33.0")
+    current.cells += _as(shard, "ort-cpu@1.32.0", "onnxruntime 1.32.0").cells
+    pairs = [(old.target, new.target) for old, new in runtime_versions.paired_cells(baseline.cells, current.cells)]
+    assert pairs == [("ort-cpu", "ort-cpu@1.32.0")]  # 1.32.0 with 1.32.0; 1.20.1 and 1.33.0 have no counterpart
+
+
+def test_a_label_whose_release_changed_is_still_its_own_pair(shard):
+    baseline, current = _as(shard, "ort-cpu", "onnxruntime 1.32.0"), _as(shard, "ort-cpu", "onnxruntime 1.33.0")
+    assert [(o.runtime_version, n.runtime_version) for o, n in runtime_versions.paired_cells(baseline.cells, current.cells)] == [
+        ("onnxruntime 1.32.0", "onnxruntime 1.33.0")]
+
+
+# --- tolerance and budget keys name releases --------------------------------------------------------
+
+def test_a_release_key_wins_over_its_targets_key_which_covers_every_release():
+    from matrix.rules import Tolerances
+
+    tolerances = Tolerances.parse(["ort-cpu:fp32=1e-3", "ort-cpu@1.20.1:fp32=5e-2", "ort-web-wasm@1.22.0=0.1"])
+    assert tolerances.get("ort-cpu@1.20.1", "fp32").atol == 5e-2
+    assert tolerances.get("ort-cpu@1.21.0", "fp32").atol == 1e-3
+    assert tolerances.get("ort-cpu", "fp32").atol == 1e-3
+    assert tolerances.get("ort-web-wasm@1.22.0", "fp16").atol == 0.1
+    assert tolerances.get("ort-web-wasm", "fp16") == Tolerances().get("ort-web-wasm", "fp16")
+
+
+def test_release_keys_are_checked_then_checked_as_their_target():
+    assert runtime_versions.release_key("ort-cpu@1.20.1:fp32", "--tolerance") == "ort-cpu:fp32"
+    assert runtime_versions.release_key("ort-cpu@1.20.1", "--tolerance") == "ort-cpu"
+    with pytest.raises(InputError, match="not a release number"):
+        runtime_versions.release_key("ort-cpu@latest:fp32", "--tolerance")
+
+
+def test_a_budget_on_a_target_covers_its_releases_and_one_on_a_release_only_that():
+    from matrix.decide import parse_budgets
+
+    plain, pinned = parse_budgets(["ort-cpu=p50:200us", "ort-cpu@1.20.1=size:1MB"])
+    assert plain.applies_to("ort-cpu") and plain.applies_to("ort-cpu@1.20.1") and not plain.applies_to("ort-node")
+    assert pinned.applies_to("ort-cpu@1.20.1") and not pinned.applies_to("ort-cpu") and not pinned.applies_to("ort-cpu@1.21.0")
+
+
+def test_the_versions_table_shows_each_releases_return_delta_and_the_p50_noise_band(shard):
+    from matrix.metrics import latency_stats
+    from matrix.report import render_html
+    from matrix.results import Rollout
+
+    results = _with_release(shard, "1.20.1", 1.0, None)
+    default, pinned = results.cells[0], results.cells[-1]
+    calls = [20_000 + 37 * (i % 50) for i in range(200)]  # ns: one release's calls, then the same calls 3x slower
+    default.latency = [latency_stats(1, calls)]
+    pinned.latency = [latency_stats(1, [3 * c for c in calls])]
+    ran = {"mode": "closed-loop", "env": "CartPole-v1", "reference_mean_return": 500.0, "reference_std_return": 0.0,
+           "std_return": 0.0, "length_delta": 0.0, "action_agreement": 1.0, "steps": 1500, "step_us": 30.0}
+    default.rollout = Rollout(**ran, mean_return=500.0, return_delta=0.0, return_delta_rel=0.0)
+    pinned.rollout = Rollout(**ran, mean_return=487.5, return_delta=-12.5, return_delta_rel=-0.025)
+    row = runtime_versions.comparisons(results)[0]
+    low, high = row.latency_bands[1]
+    assert 2.5 < low <= row.latency_ratios[1] <= high < 3.5
+    section = render_html(results).split('id="versions"')[1].split("</section>")[0]
+    assert "return Δ" in section and "+0 → -12.5" in section
+    assert f"<b>{row.latency_ratios[1]:.2f}×</b>" in section and f"({low:.2f}–{high:.2f})" in section
+
+
+def test_without_env_the_versions_table_has_no_return_column(shard):
+    from matrix.report import render_html
+
+    section = render_html(_with_release(shard, "1.20.1", 1.5, None)).split('id="versions"')[1].split("</section>")[0]
+    assert "return Δ" not in section
