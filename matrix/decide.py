@@ -8,8 +8,9 @@ action contract, and the return tolerance when rollouts ran), and it is not an
 `--budget 'ort-cpu=p50:200us'`, `'*=p99:2ms'`, `'tflite=size:1MB'` (latency at
 the smallest timed batch). Among configurations meeting all of them (those
 needing no preparation first, then a PASS before a WARN), `--prefer` orders:
-latency, size or accuracy. Latency is compared with its noise: p50s within
-SAME_SPEED count as equally fast, a p99 above TAIL_FACTOR times the best cannot
+latency, size or accuracy. Latency is compared with its noise: p50s whose
+noise bands (matrix/noise.py) do not show a difference beyond SAME_SPEED count
+as equally fast, a p99 above TAIL_FACTOR times the best cannot
 win, and equals go to the simpler configuration (TIE_RULE). Emulated adapters'
 latency never decides. Every configuration leaves with its outcome: why it
 ships, why it lost to the one ranked above it, or what it misses.
@@ -23,7 +24,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from . import rules
+from . import noise, rules
 from .errors import InputError
 from .results import Cell, Decision, DecisionChoice, FixAttempt, RunResults, settings_label
 from .runtime_versions import base_name
@@ -34,7 +35,7 @@ SAME_SPEED = 0.10  # p50s within 10% of the fastest count as equally fast
 TAIL_FACTOR = 3.0  # a p99 more than 3x the best qualifying p99 cannot win on latency
 QUALIFIES = ("PASS", "WARN")
 VARIANT_ORDER = {"fp32": 0, "fp16": 1, "int8": 2}  # simpler first: the tie-break after speed
-TIE_RULE = (f"equally fast: p50 within {SAME_SPEED:.0%} of the fastest; a p99 more than {TAIL_FACTOR:g}x the best "
+TIE_RULE = (f"equally fast: p50s whose noise bands (95% bootstrap) cannot tell them apart beyond {SAME_SPEED:.0%}; a p99 more than {TAIL_FACTOR:g}x the best "
             "cannot win on latency; ties go to the simpler configuration: no graph preparation, the first model before "
             "a candidate, fp32 before fp16 before int8, fewer threads, default settings")
 _LATENCY_UNITS = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
@@ -132,6 +133,7 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
     choice = DecisionChoice(
         candidate=cell.candidate, variant=cell.variant, settings=cell.settings, verdict=cell.verdict,
         batch=timed.batch if timed else None, p50_us=timed.p50_us if timed else None, p99_us=timed.p99_us if timed else None,
+        p50_low_us=timed.p50_low_us if timed else None, p50_high_us=timed.p50_high_us if timed else None,
         size_bytes=cell.artifact.size_bytes if cell.artifact else None, drift=cell.max_drift,
         agreement=min(p.agreement for p in discrete) if discrete else None,
         flips=sum(p.flips or 0 for p in discrete) if discrete else None,
@@ -202,14 +204,28 @@ def _best(choices: list[DecisionChoice], prefer: str) -> DecisionChoice:
 
 
 def _equally_fast(choices: list[DecisionChoice]) -> list[DecisionChoice]:
-    """The configurations that count as the fastest: a steady tail, and a p50 within SAME_SPEED of the best.
-    Emulated adapters' latency is no latency: they all count as equally fast."""
+    """The configurations that count as the fastest: a steady tail, and a p50 the fastest's cannot be told
+    apart from (matrix/noise.py: their noise bands' ratio does not lie beyond SAME_SPEED). Emulated
+    adapters' latency is no latency: they all count as equally fast."""
     timed = [c for c in choices if not c.emulated and c.p50_us is not None]
     if not timed:
         return choices
     steady = [c for c in timed if not _unsteady(c, timed)]
-    fastest = min(_p50(c) for c in steady)
-    return [c for c in steady if _p50(c) <= fastest * (1 + SAME_SPEED)]
+    fastest = min(steady, key=_p50)
+    return [c for c in steady if not _slower(c, fastest)]
+
+
+def _slower(choice: DecisionChoice, fastest: DecisionChoice) -> bool:
+    """Measurably slower than `fastest`: by the noise bands when both have one, else by SAME_SPEED alone."""
+    bands = [_band(c) for c in (fastest, choice)]
+    if None in bands:
+        return _p50(choice) > _p50(fastest) * (1 + SAME_SPEED)
+    return noise.differs(noise.ratio_band(*bands), SAME_SPEED)
+
+
+def _band(choice: DecisionChoice) -> tuple[float, float] | None:
+    low, high = choice.p50_low_us, choice.p50_high_us
+    return (low, high) if low is not None and high is not None else None
 
 
 def _unsteady(choice: DecisionChoice, timed: list[DecisionChoice]) -> bool:
@@ -237,7 +253,7 @@ def _why_best(best: DecisionChoice, rivals: list[DecisionChoice], prefer: str) -
         return "emulated latency does not rank: the simplest configuration of those that qualify"
     tied = [c for c in _equally_fast(rivals) if c is not best]
     if tied:
-        return f"as fast as {len(tied)} other{'s' if len(tied) > 1 else ''} (p50 within {SAME_SPEED:.0%}); the simplest"
+        return f"as fast as {len(tied)} other{'s' if len(tied) > 1 else ''} (p50s within their noise); the simplest"
     return f"fastest p50 of {len(rivals)} that qualify"
 
 
@@ -254,7 +270,7 @@ def _why_not(worse: DecisionChoice, better: DecisionChoice, prefer: str) -> str:
     if prefer == "latency" and not worse.emulated and worse.p50_us is not None:
         if _unsteady(worse, [worse, better]):
             return f"p99 {duration(worse.p99_us)} vs {duration(better.p99_us)}: a tail more than {TAIL_FACTOR:g}x worse"
-        if better.p50_us is not None and worse.p50_us > better.p50_us * (1 + SAME_SPEED):
+        if better.p50_us is not None and _slower(worse, better):
             return f"slower: p50 {duration(worse.p50_us)} vs {duration(better.p50_us)}"
     return "as good on the preferred measure; the simpler configuration wins the tie"
 

@@ -229,6 +229,8 @@ class DecisionChoice(Record):
     batch: int | None = None  # the smallest timed batch: its p50/p99 are the ones budgets apply to
     p50_us: float | None = None
     p99_us: float | None = None
+    p50_low_us: float | None = None  # the p50's noise band (matrix/noise.py): what "equally fast" is judged by
+    p50_high_us: float | None = None
     size_bytes: int | None = None
     drift: float | None = None  # max |action - float64 reference of the first model| (continuous outputs)
     agreement: float | None = None  # discrete outputs: the lowest share of actions equal to the reference's

@@ -138,3 +138,18 @@ def test_a_reduced_precision_file_larger_than_its_fp32_is_flagged():
     decision = decide.decide_target("h", "t", cells, [], "size")
     int8 = next(c for c in decision.configurations if c.variant == "int8")
     assert int8.flags == ["int8 file 2.4x the size of its fp32"] and "int8 file 2.4x" in decide.evidence(int8)
+
+
+def test_equally_fast_is_judged_by_the_noise_bands_when_the_calls_left_them():
+    """fp16's p50 is 25% above fp32's, but both bands are wide: the difference is noise, and the simpler fp32 ships.
+    With tight bands the same 25% is a real difference and the faster fp16 ships."""
+    def banded(variant, p50, low, high, size):
+        cell = _cell(variant, p50, size, 1e-4)
+        cell.latency[0].p50_low_us, cell.latency[0].p50_high_us = low, high
+        return cell
+
+    noisy = [banded("fp32", 10.0, 7.0, 14.0, 4000), banded("fp16", 8.0, 6.0, 11.0, 2000)]
+    assert decide.decide_target("h", "t", noisy, [], "latency").chosen.variant == "fp32"
+    tight = [banded("fp32", 10.0, 9.9, 10.1, 4000), banded("fp16", 8.0, 7.9, 8.1, 2000)]
+    decision = decide.decide_target("h", "t", tight, [], "latency")
+    assert decision.chosen.variant == "fp16" and decision.runner_up.lost == "slower: p50 10 µs vs 8 µs"
