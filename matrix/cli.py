@@ -512,7 +512,8 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
     _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
     if as_json:
-        _print_json({"report": str(index), "counts": counts, "required_not_run": results.required_not_run,
+        _print_json({"report": str(index), "counts": counts, "observations": results.model.get("observation_source"),
+                     "required_not_run": results.required_not_run,
                      "decision": [decision.model_dump(mode="json") for decision in results.decision]})
     if own_run and results.interrupted is not None:
         sys.exit(143 if results.interrupted.signal == "SIGTERM" else 130)

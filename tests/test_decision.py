@@ -55,7 +55,7 @@ def test_the_student_is_shipped_when_it_meets_budget_and_quality(distilled_run):
     assert "decision ort-cpu: ship student.onnx fp32" in done.stderr and "runner-up teacher.onnx fp32" in done.stderr
     printed = json.loads(done.stdout)  # --json: the same decision, machine-readable
     assert printed["decision"][0]["chosen"]["candidate"] == "student.onnx" and printed["counts"]["PASS"] == 2
-    assert printed["decision"][0]["runner_up"]["lost"]
+    assert printed["decision"][0]["runner_up"]["lost"] and "synthetic" in printed["observations"]
     assert results.grid["configurations"] == 2 and results.grid["candidates"] == ["student.onnx"]
     assert "grid: 2 configurations" in done.stderr
     html = (out / "index.html").read_text()
