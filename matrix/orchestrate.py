@@ -32,7 +32,7 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, grid, guarded, observations, reference, reference_job, rollouts, variants
+from . import __version__, assist, cells, grid, guarded, observations, reference, reference_job, rollouts, source, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -71,6 +71,7 @@ class RunConfig:
     assist: bool = False  # graph preparations tried on failing cells (matrix/preparations.py)
     candidates: list[ModelInfo] = field(default_factory=list)  # --candidate: same interface, judged against `model`
     settings_grid: grid.Grid = field(default_factory=lambda: grid.Grid({}))  # --settings: runtime knobs per target
+    source: source.SourceSpec | None = None  # --source: the policy in its training framework, one more column
 
     @property
     def limits(self) -> guarded.Limits:
@@ -169,6 +170,10 @@ def run(config: RunConfig, console: Console) -> RunResults:
         console.print(f"[bold]resume[/]: keeping {len(finished)} finished cells of run {run_id}")
     services = Services(config.out)
     try:
+        if config.source:  # first: its returns are the top row of Behaviour
+            results.settings["source"] = config.source.describe()
+            results.cells.append(_source_cell(config, results.hosts[0].label, obs_path, chunk, (ref, dev_runtime, ref_rollout), console))
+            jsonl.append(results.cells[-1])
         with _progress(console) as progress:
             workers = TargetWorkers(config, configurations)
             runner = CellRunner(config, results.hosts[0].label, ref, dev_runtime, ref_rollout, services, progress)
@@ -195,6 +200,20 @@ def run(config: RunConfig, console: Console) -> RunResults:
     finally:
         services.stop_all()
     return results
+
+
+def _source_cell(config: RunConfig, host: str, obs_path: Path, chunk: int, references, console: Console) -> Cell:
+    """The source column (matrix/source.py), judged by this run's tolerances and return tolerance."""
+    ref, dev_runtime, ref_rollout = references
+    inputs = source.ColumnInputs(config.model, obs_path, chunk, config.warmup, config.iters, config.timeout_s,
+                                 config.memory_limit, config.rollout)
+    rules = source.Judging(host, ref, dev_runtime, config.tolerances.get(source.TARGET, config.source.kind),
+                           config.tie_margin, config.min_agreement, ref_rollout, config.rollout, config.return_tolerance)
+    console.print(f"[bold]source[/]: {escape(config.source.describe()['source'])} in {escape(config.source.python)}",
+                  highlight=False)
+    cell = source.run_column(config.source, inputs, rules, config.out / "source", lambda stage: None)
+    console.print(f"cell source {escape(cell.variant)}: {cell.verdict} ({cell.duration_s:.1f} s)", highlight=False)
+    return cell
 
 
 def _candidate_inputs(template: CellInputs, candidate_variants: dict[str, tuple]) -> dict[str, CellInputs]:
