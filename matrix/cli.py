@@ -150,13 +150,14 @@ def _tolerances(specs: list[str]):
     import targets as registry
     from targets.base import VARIANTS
 
+    from .source import TARGET as SOURCE_TARGET
     from .verdict import Tolerances
 
     tolerances = Tolerances.parse(specs, click.get_current_context().meta.get("config_tolerances", {}))
     for key, value in tolerances.overrides.items():
         where = f"tolerance {key!r}"
         options.tolerance_value(value, where)
-        options.tolerance_key(key, list(registry.REGISTRY), VARIANTS, where)
+        options.tolerance_key(key, [*registry.REGISTRY, SOURCE_TARGET], VARIANTS, where)
     return tolerances
 
 

@@ -9,6 +9,7 @@ current directory so `python:trained_policy:FUNC` imports it, as a user's own mo
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -83,3 +84,88 @@ def mlp_with_source(folder: Path) -> Path:
     path = folder / "policy.onnx"
     onnx.save(mlp_onnx(weights), str(path))
     return path
+
+
+# --- torch and Stable-Baselines3 sources, built and exported in an interpreter that has them ---
+
+TORCH_MODULE = '''
+"""The training code's policy as an nn.Module factory."""
+import torch
+
+
+def make_policy():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1), torch.nn.Tanh())
+'''
+
+TORCH_EXPORT = '''
+"""Export the module as torch users do: torch.onnx.export (TorchScript path) and torch.jit.trace."""
+import torch
+
+import torch_policy
+
+policy = torch_policy.make_policy().eval()
+example = torch.zeros(1, 3)
+torch.onnx.export(policy, example, "policy.onnx", opset_version=17, input_names=["obs"], output_names=["action"],
+                  dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+torch.jit.trace(policy, example).save("policy.pt")
+'''
+
+# Stable-Baselines3's export guide: the actor (SAC) or the policy (PPO) wrapped in a module that calls it
+# deterministically, exported with torch.onnx.export (dynamo=False: the new exporter fails on SB3's actors).
+SB3_TRAIN_EXPORT = '''
+import sys
+
+import torch as th
+from stable_baselines3 import PPO, SAC
+
+
+class OnnxableSAC(th.nn.Module):
+    def __init__(self, actor):
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, observation):
+        return self.actor(observation, deterministic=True)
+
+
+class OnnxablePPO(th.nn.Module):
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, observation):
+        return self.policy(observation, deterministic=True)[0]
+
+
+def export(module, name):
+    th.onnx.export(module, th.zeros(1, 3), f"{name}.onnx", opset_version=17, input_names=["obs"], output_names=["action"],
+                   dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+
+
+# A short run of each (seconds, not a trained policy: the export contract is the same).
+sac = SAC("MlpPolicy", "Pendulum-v1", learning_starts=100, seed=0, device="cpu")
+sac.learn(100)
+sac.save("sac.zip")
+export(OnnxableSAC(sac.policy.actor), "sac")
+
+ppo = PPO("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
+ppo.learn(64)
+with th.no_grad():
+    ppo.policy.action_net.bias += 2.5  # a mean that leaves [-2, 2], as a trained Pendulum policy's often does
+ppo.save("ppo.zip")
+export(OnnxablePPO(ppo.policy), "ppo")
+'''
+
+
+def torch_with_source(folder: Path, python: Path) -> None:
+    """policy.onnx and policy.pt exported from torch_policy.make_policy by `python` (an interpreter with torch)."""
+    (folder / "torch_policy.py").write_text(TORCH_MODULE)
+    (folder / "export.py").write_text(TORCH_EXPORT)
+    subprocess.run([str(python), "export.py"], cwd=folder, check=True, capture_output=True, timeout=600)
+
+
+def sb3_with_sources(folder: Path, python: Path) -> None:
+    """sac.zip/sac.onnx and ppo.zip/ppo.onnx, saved and exported the documented way by `python` (with SB3)."""
+    (folder / "train_export.py").write_text(SB3_TRAIN_EXPORT)
+    subprocess.run([str(python), "train_export.py"], cwd=folder, check=True, capture_output=True, timeout=900)
