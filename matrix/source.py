@@ -123,7 +123,7 @@ def _last_json(stdout: str) -> dict | None:
 
 
 def _judge_check(spec: SourceSpec, answer: dict | None, stderr: str) -> None:
-    where = f"--source {spec.kind}:{spec.describe()['source'].split(':', 1)[1]}"
+    where = f"--source {spec.describe()['source']}"
     if answer is None:
         tail = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "no output")
         if "No module named 'numpy'" in tail:
@@ -132,6 +132,9 @@ def _judge_check(spec: SourceSpec, answer: dict | None, stderr: str) -> None:
     if not answer["ok"]:
         raise InputError(f"{where}: {answer['error']}")
     missing = answer["result"].get("missing")
+    if missing and spec.kind == "python":
+        raise InputError(f"{where}: {spec.python} cannot find the module {missing!r} "
+                         f"(run from the folder that holds it, or install it in the training environment)")
     if missing:
         raise InputError(f"{where}: {spec.python} lacks the package {missing!r} "
                          "(install it in the training environment, or pass that environment's --source-python)")
@@ -198,6 +201,9 @@ def judge(spec: SourceSpec, outcome: cells.CellOutcome, facts: dict, rules: Judg
         cell.parity = cells._parity(outputs, rules.reference, rules.dev_runtime, rules.tie_margin)
         cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, rules.reference_rollout, rules.rollout)
         cell.notes.append(f"compared outputs: {', '.join(p.output for p in cell.parity)} (what the source returns)")
+    elif m.error is None:  # the tool could not pair the answers with the graph's outputs: not the export's verdict
+        cell.reasons = [unpaired_reason(outcome.arrays, rules.reference.outputs)]
+        return cell
     cell.verdict, cell.reasons = decide(cell, rules.tolerance, rules.min_agreement)
     cell.verdict, cell.reasons = rollouts.with_behaviour(cell.verdict, cell.reasons, cell.rollout, rules.return_tolerance)
     explanation = name_difference(outputs, outcome.arrays, facts, rules)
@@ -214,6 +220,13 @@ def shaped_outputs(arrays: dict, reference: dict) -> dict:
         if answer is not None and answer.size == expected.size:
             shaped[f"outputs/{name}"] = answer.reshape(expected.shape)
     return shaped
+
+
+def unpaired_reason(arrays: dict, reference: dict) -> str:
+    given = ", ".join(f"{k.removeprefix('outputs/')} {list(v.shape[1:])}" for k, v in arrays.items() if k.startswith("outputs/"))
+    expected = ", ".join(f"{name} {list(value.shape[1:])}" for name, value in reference.items())
+    return (f"the source's answers per observation ({given or 'none'}) fit none of the ONNX outputs ({expected}): "
+            "export parity cannot be measured")
 
 
 def name_difference(outputs: dict, arrays: dict, facts: dict, rules: Judging) -> Explanation | None:

@@ -20,7 +20,10 @@ import numpy as np
 import pytest
 
 from matrix import source
+from matrix.cells import CellOutcome
 from matrix.errors import InputError
+from matrix.protocol import Measurement
+from matrix.reference import Reference
 from matrix.source_fit import DIVIDE_255, NORMALIZE, Bounds, explain, rescale
 from tests.source_policies import mlp_with_source
 
@@ -72,6 +75,35 @@ def test_without_an_action_space_an_affine_map_is_fitted_and_said_as_such():
     reference = _tanh_outputs()
     found = explain(3.0 * reference + 0.5, reference, TOLERANCE)
     assert found.transform == "affine" and "x 3 + 0.5" in found.text
+
+
+# --- judging the column -----------------------------------------------------------------------------
+
+def _rules(reference: np.ndarray) -> source.Judging:
+    return source.Judging(host="h", reference=Reference({"action": reference}, {}), dev_runtime=None, tolerance=TOLERANCE,
+                          tie_margin=1e-3, min_agreement=0.99, reference_rollout=None, rollout=None, return_tolerance=None)
+
+
+def _judged(answers: np.ndarray, reference: np.ndarray, facts: dict | None = None):
+    spec = source.SourceSpec("python", "trained_policy:act", sys.executable)
+    outcome = CellOutcome(Measurement(stage="done"), {"outputs/action": answers}, 1.0)
+    return source.judge(spec, outcome, facts or {}, _rules(reference))
+
+
+def test_the_column_is_judged_by_the_cell_rules_and_names_the_difference_first():
+    reference = _tanh_outputs()
+    cell = _judged(rescale(reference, PENDULUM).reshape(len(reference), -1).astype(np.float32), reference,
+                   {"action_space": {"low": [-2.0], "high": [2.0]}})
+    assert (cell.target, cell.variant, cell.verdict) == ("source", "python", "FAIL")
+    assert cell.reasons[0].startswith("export: the source rescales [-1, 1] to the action space [-2, 2]")
+    assert cell.reasons[1].startswith("action: drift")
+
+
+def test_answers_that_fit_no_output_are_a_skip_not_the_exports_verdict():
+    reference = _tanh_outputs()
+    cell = _judged(np.zeros((len(reference), 2)), reference)
+    assert cell.verdict == "SKIP" and not cell.parity
+    assert "fit none of the ONNX outputs (action [1])" in cell.reasons[0]
 
 
 # --- the column through the CLI -------------------------------------------------------------------
