@@ -118,6 +118,8 @@ import sys
 
 import torch as th
 from stable_baselines3 import PPO, SAC
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecNormalize
 
 
 class OnnxableSAC(th.nn.Module):
@@ -155,6 +157,13 @@ with th.no_grad():
     ppo.policy.action_net.bias += 2.5  # a mean that leaves [-2, 2], as a trained Pendulum policy's often does
 ppo.save("ppo.zip")
 export(OnnxablePPO(ppo.policy), "ppo")
+
+# Trained under VecNormalize: its statistics are saved beside the zip and stay outside the exported graph.
+venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0), norm_reward=False)
+normalized = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu").learn(64)
+normalized.save("ppo_normalized.zip")
+venv.save("vecnormalize.pkl")
+export(OnnxablePPO(normalized.policy), "ppo_normalized")
 '''
 
 
@@ -166,6 +175,7 @@ def torch_with_source(folder: Path, python: Path) -> None:
 
 
 def sb3_with_sources(folder: Path, python: Path) -> None:
-    """sac.zip/sac.onnx and ppo.zip/ppo.onnx, saved and exported the documented way by `python` (with SB3)."""
+    """sac, ppo and ppo_normalized (.zip/.onnx, plus vecnormalize.pkl), saved and exported the documented way by
+    `python` (an interpreter with SB3)."""
     (folder / "train_export.py").write_text(SB3_TRAIN_EXPORT)
     subprocess.run([str(python), "train_export.py"], cwd=folder, check=True, capture_output=True, timeout=900)

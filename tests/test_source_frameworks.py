@@ -59,8 +59,16 @@ def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(tmp_path
     assert "torch 2." in cell["runtime_version"]
 
 
-def test_sb3_exports_the_documented_way_show_the_rescale_and_the_clip_named(tmp_path, sb3_python):
-    sb3_with_sources(tmp_path, sb3_python)
+@pytest.fixture(scope="module")
+def sb3_policies(tmp_path_factory, sb3_python) -> Path:
+    folder = tmp_path_factory.mktemp("sb3")
+    sb3_with_sources(folder, sb3_python)
+    return folder
+
+
+def test_sb3_exports_the_documented_way_show_the_rescale_and_the_clip_named(sb3_policies, sb3_python, tmp_path):
+    for name in ("sac.zip", "sac.onnx", "ppo.zip", "ppo.onnx"):
+        (tmp_path / name).symlink_to(sb3_policies / name)
     sac = run_in(tmp_path, "run", tmp_path / "sac.onnx", *FAST, "--out", tmp_path / "sac", "--source", "sb3:sac.zip",
                  "--source-python", sb3_python, "--env", "Pendulum-v1", "--episodes", "3")
     assert sac.returncode == 0, sac.stderr
@@ -77,3 +85,13 @@ def test_sb3_exports_the_documented_way_show_the_rescale_and_the_clip_named(tmp_
     assert ppo.returncode == 0, ppo.stderr
     assert source_cell(tmp_path / "ppo")["reasons"][0].startswith(
         "export: the source clips actions to the action space [-2, 2]; the ONNX graph does not")
+
+
+def test_vecnormalize_statistics_missing_from_the_export_are_named(sb3_policies, sb3_python, tmp_path):
+    done = run_in(sb3_policies, "run", "ppo_normalized.onnx", *FAST, "--out", tmp_path / "out",
+                  "--source", "sb3:ppo_normalized.zip", "--source-python", sb3_python,
+                  "--source-normalize", "vecnormalize.pkl")
+    assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["reasons"][0].startswith("export: the source normalises observations with its statistics "
+                                         "(--source-normalize); the ONNX graph does not")
