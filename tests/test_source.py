@@ -1,10 +1,7 @@
-"""`--source`: the policy as its training framework runs it, as one more column.
-
-The fitting of contract differences is pure numpy and tested directly; the column itself runs
-the real CLI with a real training-side module (numpy), torch's nn.Module and TorchScript (in the
-Core ML environment's interpreter, which has torch) and Stable-Baselines3 (installed into a
-cached environment over that torch).
-"""
+"""`--source`: the policy as its training framework runs it, as one more column, through the real CLI
+with a training-side numpy module (tests/source_policies.py). The pure parts (fitting, judging, the
+report's note) are in tests/unit/test_source_column.py; torch and Stable-Baselines3 sources in
+tests/test_source_frameworks.py."""
 
 from __future__ import annotations
 
@@ -16,94 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from matrix import source
-from matrix.cells import CellOutcome
 from matrix.errors import InputError
-from matrix.protocol import Measurement
-from matrix.reference import Reference
-from matrix.source_fit import DIVIDE_255, NORMALIZE, Bounds, explain, rescale
 from tests.source_policies import mlp_with_source
 
-PENDULUM = Bounds(np.array([-2.0]), np.array([2.0]))
-TOLERANCE = 1e-4
 FAST = ("--targets", "ort-cpu", "--variants", "fp32", "--iters", "10", "--warmup", "2", "--batch-sizes", "1",
         "--fail-on", "never")
-
-
-def _tanh_outputs(rows: int = 64, scale: float = 1.0) -> np.ndarray:
-    return np.tanh(np.random.default_rng(0).normal(0, 2, (rows, 1))) * scale
-
-
-# --- naming a contract difference by fitting -------------------------------------------------------
-
-def test_a_rescale_to_the_action_space_is_named_and_a_clip_is_not():
-    reference = _tanh_outputs()
-    found = explain(rescale(reference, PENDULUM), reference, TOLERANCE, PENDULUM)
-    assert found.transform == "rescale"
-    assert found.text == "the source rescales [-1, 1] to the action space [-2, 2]; the ONNX graph does not"
-
-
-def test_a_clip_to_the_action_space_is_named_when_the_graph_leaves_the_space():
-    reference = _tanh_outputs(scale=3.0)  # an unsquashed Gaussian mean, as PPO's documented export returns
-    found = explain(np.clip(reference, -2, 2), reference, TOLERANCE, PENDULUM)
-    assert found.transform == "clip"
-    assert "clips actions to the action space [-2, 2]" in found.text
-
-
-def test_the_other_direction_says_the_graph_does_it():
-    source = _tanh_outputs()
-    assert explain(source, rescale(source, PENDULUM), TOLERANCE, PENDULUM).transform == "onnx-rescales"
-
-
-def test_observation_transforms_are_named_from_the_reference_on_transformed_observations():
-    reference, on_pixels = _tanh_outputs(), _tanh_outputs(scale=0.5)
-    found = explain(on_pixels, reference, TOLERANCE, PENDULUM, {DIVIDE_255: on_pixels, NORMALIZE: reference})
-    assert found.transform == DIVIDE_255 and "divides observations by 255" in found.text
-
-
-def test_nothing_is_named_when_outputs_agree_or_no_transform_explains_them():
-    reference = _tanh_outputs()
-    assert explain(reference + 1e-6, reference, TOLERANCE, PENDULUM) is None
-    noisy = reference + np.random.default_rng(1).normal(0, 0.1, reference.shape)
-    assert explain(noisy, reference, TOLERANCE, PENDULUM, {DIVIDE_255: reference * 0.3}) is None
-
-
-def test_without_an_action_space_an_affine_map_is_fitted_and_said_as_such():
-    reference = _tanh_outputs()
-    found = explain(3.0 * reference + 0.5, reference, TOLERANCE)
-    assert found.transform == "affine" and "x 3 + 0.5" in found.text
-
-
-# --- judging the column -----------------------------------------------------------------------------
-
-def _rules(reference: np.ndarray) -> source.Judging:
-    return source.Judging(host="h", reference=Reference({"action": reference}, {}), dev_runtime=None, tolerance=TOLERANCE,
-                          tie_margin=1e-3, min_agreement=0.99, reference_rollout=None, rollout=None, return_tolerance=None)
-
-
-def _judged(answers: np.ndarray, reference: np.ndarray, facts: dict | None = None):
-    spec = source.SourceSpec("python", "trained_policy:act", sys.executable)
-    outcome = CellOutcome(Measurement(stage="done"), {"outputs/action": answers}, 1.0)
-    return source.judge(spec, outcome, facts or {}, _rules(reference))
-
-
-def test_the_column_is_judged_by_the_cell_rules_and_names_the_difference_first():
-    reference = _tanh_outputs()
-    cell = _judged(rescale(reference, PENDULUM).reshape(len(reference), -1).astype(np.float32), reference,
-                   {"action_space": {"low": [-2.0], "high": [2.0]}})
-    assert (cell.target, cell.variant, cell.verdict) == ("source", "python", "FAIL")
-    assert cell.reasons[0].startswith("export: the source rescales [-1, 1] to the action space [-2, 2]")
-    assert cell.reasons[1].startswith("action: drift")
-
-
-def test_answers_that_fit_no_output_are_a_skip_not_the_exports_verdict():
-    reference = _tanh_outputs()
-    cell = _judged(np.zeros((len(reference), 2)), reference)
-    assert cell.verdict == "SKIP" and not cell.parity
-    assert "fit none of the ONNX outputs (action [1])" in cell.reasons[0]
 
 
 # --- the column through the CLI -------------------------------------------------------------------
