@@ -95,7 +95,9 @@ class SourceJob:
         info = model_loader.load(Path(self.spec["model"]))
         obs_input = self.spec["obs_input"]
         obs = observations.read(Path(self.spec["observations"]))[obs_input]
-        seen = {DIVIDE_255: (obs / 255).astype(obs.dtype)}
+        if obs.dtype.kind != "f":  # an integer input cannot take scaled values: the graph itself must convert
+            return
+        seen = {DIVIDE_255: obs / np.array(255, obs.dtype)}
         if normalizer:
             seen[NORMALIZE] = normalized(obs, normalizer)
         for transform, values in seen.items():

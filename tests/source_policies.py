@@ -46,6 +46,11 @@ def act_rescaled(obs):
     return -2.0 + (_network(obs) + 1.0) * 2.0
 
 
+def act_pixels(obs):
+    """A CNN-style preprocessing: pixels divided by 255 before the network, which the export left out."""
+    return _network(obs / np.float32(255))
+
+
 def act_crashes(obs):
     raise RuntimeError("the checkpoint needs a GPU that is not there")
 

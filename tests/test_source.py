@@ -65,14 +65,20 @@ def test_a_rescale_outside_the_graph_is_named_and_its_returns_are_the_top_behavi
 
 
 @pytest.mark.slow
-def test_a_normaliser_missing_from_the_export_is_caught_and_named(tmp_path):
+@pytest.mark.parametrize("function, normalize, words", [
+    ("act", True, "export: the source normalises observations with its statistics (--source-normalize); "
+                  "the ONNX graph does not"),
+    ("act_pixels", False, "export: the source divides observations by 255; the ONNX graph does not"),
+])
+def test_preprocessing_missing_from_the_export_is_caught_and_named(tmp_path, function, normalize, words):
     policy = mlp_with_source(tmp_path)
-    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act",
-                  "--source-normalize", tmp_path / "normalizer.npz")
+    statistics = ("--source-normalize", tmp_path / "normalizer.npz") if normalize else ()
+    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--source", f"python:trained_policy:{function}",
+                  *statistics)
     assert done.returncode == 0, done.stderr
     cell = source_cell(tmp_path / "out")
     assert cell["verdict"] == "FAIL"
-    assert cell["reasons"][0].startswith("export: the source normalises observations with its statistics")
+    assert cell["reasons"][0].startswith(words)
 
 
 @pytest.mark.slow
