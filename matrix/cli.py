@@ -317,7 +317,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
     rollout_options = {"env": env, "episodes": episodes, "env_kwargs": env_kwargs, "clip_actions": clip_actions,
                        "return_tolerance": return_tolerance, "trajectory": trajectory, "initial_state": initial_state}
     settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options)
-    settings.source = _source_settings(source_spec, source_python, source_normalize, settings.model, limit)
+    settings.source = _source_settings(source_spec, source_python, source_normalize, settings.model, limit, settings.timeout_s)
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     with lock_out(settings.out):
@@ -362,7 +362,8 @@ def _thresholds(drift_factor: float, latency_threshold: float):
                       options.non_negative(latency_threshold, "--latency-threshold"))
 
 
-def _source_settings(text: str | None, python: str | None, normalize: Path | None, info, memory_limit: int):
+def _source_settings(text: str | None, python: str | None, normalize: Path | None, info, memory_limit: int,
+                     timeout_s: float):
     """--source checked before the run: its form, the model's single input, and that its interpreter has the framework."""
     if text is None:
         if python or normalize:
@@ -372,7 +373,7 @@ def _source_settings(text: str | None, python: str | None, normalize: Path | Non
 
     spec = source.parse(text, python, normalize)
     source.check_model(info)
-    source.preflight(spec, memory_limit)
+    source.preflight(spec, memory_limit, timeout_s)
     return spec
 
 

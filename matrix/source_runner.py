@@ -7,7 +7,7 @@ targets/jsonl_process.py: one request per stdin line ({"op": ..., ...}), one ans
 stdout line ({"ok": true, "result": ...} or {"ok": false, "error": ...}); closing stdin ends it.
 
 Ops:
-- check {spec}: import the framework only; {"missing": package} when it is not installed.
+- check {spec}: import the framework (and a user's module); {"missing": package} when one is not installed.
 - load {spec}: load the policy (this executes the user's code and checkpoint, as training did).
 - predict_file {observations, input, out}: every row of an .npz observation set at batch 1.
 - predict {obs}: one observation (a nested list) -> the action(s), for episodes driven by the core.
@@ -71,16 +71,22 @@ def framework_module(spec: dict) -> str:
 
 
 def check(spec: dict) -> dict:
+    """Whether this interpreter has what the source imports: {"missing": package} when not. A user's
+    module is imported too, so a framework it needs (jax, tensorflow) is named before the run; any other
+    error it raises is left to the source cell, which loads it again and reports it."""
     _user_path()
     module = framework_module(spec)
     top = module.split(".")[0]
     if importlib.util.find_spec(top) is None:
         return {"missing": top}
-    if spec["kind"] != "python":  # a user's module is loaded once, by `load`: importing it runs their code
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as error:
-            return {"missing": error.name or top}
+    try:
+        importlib.import_module(module)
+        if spec["kind"] in ("python", "torch"):
+            importlib.import_module(spec["target"].split(":")[0])
+    except ModuleNotFoundError as error:
+        return {"missing": (error.name or top).split(".")[0]}
+    except Exception:  # noqa: S110 - the cell loads the source again and reports this error as its reason
+        pass
     return {"versions": _versions()}
 
 

@@ -109,6 +109,17 @@ def test_an_interpreter_without_the_framework_is_exit_2_naming_the_package(tmp_p
 
 
 @pytest.mark.slow
+def test_a_framework_the_users_module_imports_and_the_interpreter_lacks_is_exit_2(tmp_path):
+    policy = mlp_with_source(tmp_path)
+    (tmp_path / "flax_policy.py").write_text("import not_an_installed_framework\n\ndef act(obs):\n    return obs\n")
+    done = run_in(tmp_path, "run", policy, "--targets", "ort-cpu", "--source", "python:flax_policy:act")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"policy-matrix: error: --source python:flax_policy:act: {sys.executable} lacks the package "
+                                   "'not_an_installed_framework' (install it in the training environment, or pass that "
+                                   "environment's --source-python)")
+
+
+@pytest.mark.slow
 def test_an_interpreter_without_numpy_is_exit_2_naming_numpy(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp_path / "bare"], check=True)
     policy = mlp_with_source(tmp_path)
