@@ -30,7 +30,7 @@ from .model import ModelInfo
 from .protocol import STAGES_AFTER_PARITY
 from .reference import Reference
 from .results import Cell
-from .source_fit import Bounds, Explanation, explain
+from .source_fit import DIVIDE_255, NORMALIZE, Bounds, Explanation, explain
 from .source_job import FACTS_FILE, RUNNER
 from .verdict import decide
 
@@ -235,13 +235,14 @@ def unpaired_reason(arrays: dict, reference: dict) -> str:
 
 def name_difference(outputs: dict, arrays: dict, facts: dict, rules: Judging) -> Explanation | None:
     """For the continuous action: which transform makes the reference equal the source."""
+    bounds = action_bounds(facts, rules.rollout)
     for name, expected in rules.reference.outputs.items():
         answer = outputs.get(f"outputs/{name}")
         if answer is None or answer.dtype.kind != "f" or expected.dtype.kind != "f":
             continue
-        transformed = {t: arrays[key].reshape(expected.shape) for t in ("normalize", "divide255")
+        transformed = {t: arrays[key].reshape(expected.shape) for t in (NORMALIZE, DIVIDE_255)
                        if (key := f"transform/{t}/{name}") in arrays and arrays[key].size == expected.size}
-        found = explain(answer, expected, rules.tolerance, action_bounds(facts, rules.rollout), transformed)
+        found = explain(answer, expected, rules.tolerance, bounds, transformed)
         if found is not None:
             return found
     return None
@@ -260,7 +261,10 @@ def action_bounds(facts: dict, plan: rollouts.RolloutPlan | None) -> Bounds | No
         space = facts["action_space"]["low"], facts["action_space"]["high"]
     if space is None or space[0] is None:
         return None
-    low, high = np.asarray(space[0], np.float64), np.asarray(space[1], np.float64)
+    try:  # what the source's interpreter said about its space: numbers, or no bounds to name a difference with
+        low, high = np.asarray(space[0], np.float64), np.asarray(space[1], np.float64)
+    except (TypeError, ValueError):
+        return None
     return Bounds(low.reshape(-1), high.reshape(-1)) if np.isfinite(low).all() and np.isfinite(high).all() else None
 
 
