@@ -64,7 +64,7 @@ def _user_path() -> None:
 def framework_module(spec: dict) -> str:
     """The top-level package this source needs; for python:MODULE:FUNC, the user's module itself."""
     if spec["kind"] == "sb3":
-        return _sb3_algorithm_path(Path(spec["target"]))[0]
+        return sb3_algorithm(Path(spec["target"]))[0]
     if spec["kind"] == "python":
         return spec["target"].split(":")[0]
     return FRAMEWORKS[spec["kind"]]
@@ -100,7 +100,7 @@ def _versions() -> dict:
     return found
 
 
-def _sb3_algorithm_path(path: Path) -> tuple[str, str]:
+def sb3_algorithm(path: Path) -> tuple[str, str]:
     """(package, class) of the algorithm that saved the zip, read from its `data` JSON: the policy
     class's module names it (stable_baselines3.sac.policies -> SAC); PPO and A2C share
     common.policies, and PPO alone saves a clip_range."""
@@ -124,7 +124,7 @@ def load(spec: dict) -> tuple[Source, dict]:
 
 
 def _load_sb3(target: str) -> Source:
-    package, name = _sb3_algorithm_path(Path(target))
+    package, name = sb3_algorithm(Path(target))
     model = getattr(importlib.import_module(package), name).load(target, device="cpu")
     space = model.action_space
     bounds = {"low": np.asarray(space.low).tolist(), "high": np.asarray(space.high).tolist()} if hasattr(space, "low") else None

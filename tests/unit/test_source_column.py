@@ -3,11 +3,14 @@ cell rules, and the report's note on what the column is (matrix/source_fit.py, m
 
 from __future__ import annotations
 
+import json
 import sys
+import zipfile
 
 import numpy as np
+import pytest
 
-from matrix import report, source
+from matrix import report, source, source_runner
 from matrix.cells import CellOutcome
 from matrix.protocol import Measurement
 from matrix.reference import Reference
@@ -98,3 +101,16 @@ def test_the_report_says_what_the_source_row_is_with_the_users_strings_escaped()
     html = report.render_html(results)
     assert "Row <b>source</b>: the policy as its training framework runs it" in html
     assert "<code>python:&lt;script&gt;x&lt;/script&gt;</code>" in html and "<script>x</script>" not in html
+
+
+@pytest.mark.parametrize("module, keys, expected", [
+    ("stable_baselines3.sac.policies", {}, ("stable_baselines3", "SAC")),
+    ("stable_baselines3.common.policies", {"clip_range": 0.2}, ("stable_baselines3", "PPO")),
+    ("stable_baselines3.common.policies", {}, ("stable_baselines3", "A2C")),
+    ("sb3_contrib.tqc.policies", {}, ("sb3_contrib", "TQC")),
+])
+def test_the_sb3_algorithm_is_read_from_the_zip(tmp_path, module, keys, expected):
+    path = tmp_path / "model.zip"
+    with zipfile.ZipFile(path, "w") as archive:  # SB3's own layout: a `data` JSON beside the weights
+        archive.writestr("data", json.dumps({"policy_class": {"__module__": module}, **keys}))
+    assert source_runner.sb3_algorithm(path) == expected
