@@ -177,12 +177,13 @@ def _tolerances(specs: list[str]):
 
     from .rules import Tolerances
     from .runtime_versions import release_key
+    from .source import TARGET as SOURCE_TARGET
 
     tolerances = Tolerances.parse(specs, click.get_current_context().meta.get("config_tolerances", {}))
     for key, value in [*tolerances.overrides.items(), *tolerances.rtol_overrides.items()]:
         where = f"tolerance {key!r}"
         options.tolerance_value(value, where)
-        options.tolerance_key(release_key(key, where), list(registry.REGISTRY), VARIANTS, where)
+        options.tolerance_key(release_key(key, where), [*registry.REGISTRY, SOURCE_TARGET], VARIANTS, where)
     return tolerances
 
 
@@ -275,6 +276,17 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--settings", "settings_specs", multiple=True,
               help="Runtime settings grid, TARGET:KNOB=V1,V2 (repeatable; TARGET may be a glob): ort-cpu/ort-cuda threads=N "
                    "and opt=disable|basic|extended|all; tflite threads=N and xnnpack=on|off. A knob a target lacks is not run on it.")
+@click.option("--source", "source_spec", default=None, metavar="SPEC",
+              help="The policy as its training framework runs it, as one more column (export parity, the contract "
+                   "difference named, returns, latency): sb3:PATH.zip, torch:MODULE:ATTR, torchscript:PATH.pt or "
+                   "python:MODULE:FUNC. Loading it executes your own code and checkpoint, as training did; no other "
+                   "input is ever executed or unpickled.")
+@click.option("--source-python", default=None, metavar="PYTHON",
+              help="Interpreter of the training environment that runs --source (it needs numpy and the framework; "
+                   "default: this one).")
+@click.option("--source-normalize", type=click.Path(path_type=Path), default=None,
+              help="Observation statistics applied before --source, as in deployment: SB3 VecNormalize file, or .npz "
+                   "with mean and var (optional epsilon, clip_obs).")
 @click.option("--budget", "budget_specs", multiple=True,
               help="TARGET=METRIC:VALUE the decision must meet (repeatable; '*' globs): p50:200us, p99:2ms (smallest timed "
                    "batch), size:1MB.")
@@ -291,8 +303,9 @@ BROWSER_PATH_OPTION = click.option(
 @BROWSER_PATH_OPTION
 def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
         min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
-        return_tolerance, trajectory, initial_state, batch_axis, diagnose, assist, candidate_paths, settings_specs, budget_specs, prefer,
-        as_json, fail_on, baseline, latency_threshold, drift_factor, allow_different_inputs):
+        return_tolerance, trajectory, initial_state, batch_axis, diagnose, assist, candidate_paths, settings_specs, source_spec,
+        source_python, source_normalize, budget_specs, prefer, as_json, fail_on, baseline, latency_threshold, drift_factor,
+        allow_different_inputs):
     """Run the matrix on MODEL and write the report."""
     from . import batch_axes
     from . import candidates as candidate_models
@@ -340,6 +353,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
     with isolation.capped_runner(limit, "reading the candidates, trajectory and initial state"):
         settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
         settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options, settings.limits)
+    settings.source = _source_settings(source_spec, source_python, source_normalize, settings.model, limit, settings.timeout_s)
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     with lock_out(settings.out):
@@ -401,6 +415,21 @@ def _thresholds(drift_factor: float, latency_threshold: float):
 
     return Thresholds(options.non_negative(drift_factor, "--drift-factor"),
                       options.non_negative(latency_threshold, "--latency-threshold"))
+
+
+def _source_settings(text: str | None, python: str | None, normalize: Path | None, info, memory_limit: int,
+                     timeout_s: float):
+    """--source checked before the run: its form, the model's single input, and that its interpreter has the framework."""
+    if text is None:
+        if python or normalize:
+            raise InputError("--source-python and --source-normalize need --source")
+        return None
+    from . import source
+
+    spec = source.parse(text, python, normalize)
+    source.check_model(info)
+    source.preflight(spec, memory_limit, timeout_s)
+    return spec
 
 
 def _rollout_settings(info, seed: int, given: dict, limits):

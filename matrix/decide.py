@@ -94,7 +94,7 @@ def check_budget_targets(budgets: list[Budget], targets: list[str]) -> None:
 def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latency") -> list[Decision]:
     by_target: dict[tuple[str, str], list[Cell]] = defaultdict(list)
     for cell in results.cells:
-        if cell.verdict != "SKIP" and cell.predicts:
+        if cell.verdict != "SKIP" and cell.predicts and cell.target != "source":  # the training framework is not shipped
             by_target[(cell.host, cell.target)].append(cell)
     behaviour = "rollout" in results.settings
     not_ready = [f"{lint.id}: {lint.message}" for lint in results.lints if lint.level == "error"]

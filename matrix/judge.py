@@ -19,7 +19,7 @@ from .observations import Feeds
 from .protocol import DONE, START, STAGES_AFTER_PARITY, Measurement
 from .reference import Reference
 from .results import Cell, CellError
-from .sources import ObservationSource, SYNTHETIC
+from .observation_sources import ObservationSource, SYNTHETIC
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Judge:
             cell.reasons = [m.skip]
             return cell
         if predicts and _measured_parity(cell.error, outcome.arrays):
-            cell.parity = _parity(outcome.arrays, evidence, context)
+            cell.parity = parity(outcome.arrays, evidence, context)
             cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)
             cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
         cell.verdict, cell.reasons = rules.verdict(cell, context)
@@ -88,7 +88,8 @@ def _measured_parity(error: CellError | None, arrays: dict) -> bool:
     return error is None or (error.stage in STAGES_AFTER_PARITY and any(k.startswith("outputs/") for k in arrays))
 
 
-def _parity(arrays, evidence: Evidence, context: rules.Context):
+def parity(arrays, evidence: Evidence, context: rules.Context):
+    """Every output's parity against the float64 reference (and the development runtime), by the context's tolerance."""
     reference, dev_runtime = evidence.reference, evidence.dev_runtime
     return [
         metrics.parity(

@@ -35,7 +35,7 @@ from targets import versions
 from targets.base import RunService, Target
 
 from . import (__version__, action_range, assist, batch_axes, cells, grid, guarded, isolation, observations, outdir, reference,
-               reference_job, rollouts, sources, userfiles, validated, variants)
+               reference_job, rollouts, source, observation_sources, userfiles, validated, variants)
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -76,10 +76,11 @@ class RunConfig:
     candidates: list[ModelInfo] = field(default_factory=list)  # --candidate: same interface, judged against `model`
     settings_grid: grid.Grid = field(default_factory=lambda: grid.Grid({}))  # --settings: runtime knobs per target
     batch_axes_given: dict[str, int] = field(default_factory=dict)  # --batch-axis (model.batch_axes holds the result)
+    source: source.SourceSpec | None = None  # --source: the policy in its training framework, one more column
 
     @property
-    def observation_source(self) -> sources.ObservationSource:
-        return sources.choose(self.observations, self.rollout, self.model, self.seed)
+    def observation_source(self) -> observation_sources.ObservationSource:
+        return observation_sources.choose(self.observations, self.rollout, self.model, self.seed)
 
     def judge(self) -> Judge:
         """The run's one Judge: every cell, fix attempt, candidate and release is judged by it."""
@@ -146,21 +147,21 @@ def run(config: RunConfig, console: Console) -> RunResults:
     run_id, finished = resume_state(config.out, identity) if config.resume else (uuid.uuid4().hex[:12], {})
     write_atomic(config.out / RUN_FILE, json.dumps({"run_id": run_id, **identity}, indent=2))
     judge = config.judge()  # once: every cell, fix attempt, candidate and release is judged by it
-    source = judge.observations
+    obs_source = judge.observations
     obs_path = config.out / "observations.npz"
     batched = batch_axes.batched(model)
     symbolic = bool(batched) and all(batch_axes.is_symbolic(spec, model.batch_axes) for spec in batched)
     chunk = 0 if symbolic else observations.batch_multiple(model)
-    if source.kind != sources.VISITED:  # visited states are sampled in the reference job, after its rollout
-        observations.save(_observation_set(config, source), obs_path)
+    if obs_source.kind != observation_sources.VISITED:  # visited states are sampled in the reference job, after its rollout
+        observations.save(_observation_set(config, obs_source), obs_path)
 
     _announce_reference_rollout(config, console)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
         made = pool.submit(_all_variants, config)
-        ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, source, console)
+        ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, obs_source, console)
         (onnx_variants, variant_errors), candidate_variants = made.result()
     feeds = observations.read(obs_path)
-    console.print(f"[bold]observations[/]: {escape(source.describe(observations.count(feeds, model.batch_axes)))}", highlight=False)
+    console.print(f"[bold]observations[/]: {escape(obs_source.describe(observations.count(feeds, model.batch_axes)))}", highlight=False)
     reference.save(ref, config.out / "reference.npz")
     for variant, error in variant_errors.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
@@ -187,10 +188,14 @@ def run(config: RunConfig, console: Console) -> RunResults:
     if finished:
         console.print(f"[bold]resume[/]: keeping {len(finished)} finished cells of run {run_id}")
     services = Services(config.out)
+    evidence = Evidence(config.model, ref, dev_runtime, ref_rollout, config.rollout)
     try:
+        if config.source:  # first: its returns are the top row of Behaviour
+            results.settings["source"] = config.source.describe()
+            results.cells.append(_source_cell(config, results.hosts[0].label, obs_path, chunk, judge, evidence, console))
+            jsonl.append(results.cells[-1])
         with _progress(console) as progress:
             workers = TargetWorkers(config, configurations)
-            evidence = Evidence(config.model, ref, dev_runtime, ref_rollout, config.rollout)
             runner = CellRunner(config, results.hosts[0].label, judge, evidence, services, progress)
             try:
                 for target_name, candidate, variant, knobs in configurations:
@@ -217,6 +222,19 @@ def run(config: RunConfig, console: Console) -> RunResults:
     finally:
         services.stop_all()
     return results
+
+
+def _source_cell(config: RunConfig, host: str, obs_path: Path, chunk: int, judge: Judge, evidence: Evidence,
+                 console: Console) -> Cell:
+    """The source column (matrix/source.py), judged by the run's Judge like every cell."""
+    inputs = source.ColumnInputs(config.model, obs_path, chunk, config.warmup, config.iters, config.timeout_s,
+                                 config.memory_limit, config.rollout)
+    judging = source.Judging(host, judge, evidence)
+    console.print(f"[bold]source[/]: {escape(config.source.describe()['source'])} in {escape(config.source.python)}",
+                  highlight=False)
+    cell = source.run_column(config.source, inputs, judging, config.out / "source", lambda stage: None)
+    console.print(f"cell source {escape(cell.variant)}: {cell.verdict} ({cell.duration_s:.1f} s)", highlight=False)
+    return cell
 
 
 def _candidate_inputs(template: CellInputs, candidate_variants: dict[str, tuple]) -> dict[str, CellInputs]:
@@ -308,7 +326,7 @@ def run_identity(config: RunConfig) -> dict:
             source = {"observations_sha256": userfiles.sha256(Path(config.observations), "observation")}
         except OSError as error:
             raise InputError(f"{config.observations}: cannot read the observation file ({error.strerror or error})") from None
-    elif config.observation_source.kind != sources.SYNTHETIC:  # the rollout or trajectory the states come from
+    elif config.observation_source.kind != observation_sources.SYNTHETIC:  # the rollout or trajectory the states come from
         source["observations_from"] = config.rollout.describe()
     return {
         "model_sha256": config.model.sha256,
@@ -428,7 +446,7 @@ def _variants_of(model: ModelInfo, config: RunConfig, slot: str) -> tuple[dict[s
     return variants.produce_guarded(model, config.variants, config.out / "variants" / slot, config.limits)
 
 
-def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, source: sources.ObservationSource, console):
+def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_source: observation_sources.ObservationSource, console):
     """The reference, the development runtime's outputs and the reference's rollout in a guarded process (see
     matrix.reference_job); with visited states as the source, the job samples them into `obs_path` first."""
     folder = config.out / "reference"
@@ -437,12 +455,12 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, source: s
         (folder / stale).unlink(missing_ok=True)
     spec = {"model": str(config.model.path.resolve()), "observations": str(obs_path.resolve()), "chunk": chunk,
             "rollout": config.rollout.as_dict() if config.rollout else None,
-            "visited_states": {"count": config.n_obs, "multiple": chunk or 1} if source.kind == sources.VISITED else None}
+            "visited_states": {"count": config.n_obs, "multiple": chunk or 1} if obs_source.kind == observation_sources.VISITED else None}
     (folder / "reference_spec.json").write_text(json.dumps(spec))
     ending = cells.run_guarded([sys.executable, "-m", "matrix.reference_job", str(folder)], folder / "reference.log",
                                dict(os.environ), config.timeout_s, config.memory_limit, lambda stage: None)
     report = cells.read_json(folder / "reference.json")
-    if "rollout_error" in report and source.kind == sources.VISITED:  # no rollout: no visited states to judge on
+    if "rollout_error" in report and obs_source.kind == observation_sources.VISITED:  # no rollout: no visited states to judge on
         raise InputError(report["rollout_error"])
     if "error" in report or not (folder / "reference.npz").exists():
         reason = cells.name_out_of_memory(report["error"], config.memory_limit) if "error" in report else ending.describe()
@@ -466,26 +484,26 @@ def _reference_rollout(config: RunConfig, folder: Path, report: dict, ending) ->
     return rollouts.reference_from(report["rollout"], arrays)
 
 
-def _observation_set(config: RunConfig, source: sources.ObservationSource) -> observations.Feeds:
+def _observation_set(config: RunConfig, obs_source: observation_sources.ObservationSource) -> observations.Feeds:
     """The set the core makes itself: recorded, sampled from a trajectory, or seeded (visited states come from the
     reference job), under the run's memory cap."""
-    with isolation.capped_runner(config.memory_limit, f"making the observation set ({source.kind})"):
-        if source.kind == sources.RECORDED:
+    with isolation.capped_runner(config.memory_limit, f"making the observation set ({obs_source.kind})"):
+        if obs_source.kind == observation_sources.RECORDED:
             return observations.load(config.observations, config.model, config.memory_limit)
-        if source.kind == sources.TRAJECTORY:
+        if obs_source.kind == observation_sources.TRAJECTORY:
             recorded = rollouts.load_trajectory(Path(config.rollout.trajectory), config.rollout)
-            return sources.visited_feeds([recorded], config.rollout, config.n_obs, observations.batch_multiple(config.model))
+            return observation_sources.visited_feeds([recorded], config.rollout, config.n_obs, observations.batch_multiple(config.model))
         seeded = observations.seeded(config.model, config.n_obs, config.seed)
-        return sources.inside_space(seeded, config.rollout, config.seed) if source.kind == sources.SPACE else seeded
+        return observation_sources.inside_space(seeded, config.rollout, config.seed) if obs_source.kind == observation_sources.SPACE else seeded
 
 
 def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge) -> RunResults:
-    size, source = observations.count(feeds, template.batch_axes), judge.observations
+    size, obs_source = observations.count(feeds, template.batch_axes), judge.observations
     return RunResults(
         tool_version=__version__,
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        model={**config.model.summary(), "observations": size, "observation_source": source.describe(size),
-               "observation_kind": source.kind, "observations_sha256": sources.feeds_sha256(feeds),
+        model={**config.model.summary(), "observations": size, "observation_source": obs_source.describe(size),
+               "observation_kind": obs_source.kind, "observations_sha256": observation_sources.feeds_sha256(feeds),
                "inputs_fed_whole": batch_axes.fed_whole(config.model)},
         hosts=[host_info(config.host_label)],
         settings={

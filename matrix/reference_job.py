@@ -7,7 +7,7 @@ iterations or one that allocates a gigabyte per call ends this process, not
 the run's. Reads DIR/reference_spec.json, writes DIR/reference.npz,
 DIR/dev_runtime.npz (when ORT could run it), DIR/rollout.npz (with --env or
 --trajectory: the reference's episodes) and DIR/reference.json. When the
-observation set is the states the reference visits (matrix/sources.py), the
+observation set is the states the reference visits (matrix/observation_sources.py), the
 rollout runs first and the sampled set is written where the spec says.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import model as model_loader
-from . import observations, reference, rollouts, sources
+from . import observation_sources, observations, reference, rollouts
 from .errors import InputError
 from .protocol import stage_message
 
@@ -42,7 +42,7 @@ def main(folder: Path) -> None:
             (folder / "reference.json").write_text(json.dumps(report))
             return
         wanted = spec["visited_states"]
-        observations.save(sources.visited_feeds([e.observations for e in episodes], plan, wanted["count"], wanted["multiple"]),
+        observations.save(observation_sources.visited_feeds([e.observations for e in episodes], plan, wanted["count"], wanted["multiple"]),
                           Path(spec["observations"]))
     feeds = observations.read(Path(spec["observations"]))
     stage("reference")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from saved import fixture_json
 
-from matrix import assist, cells, metrics, rules, sources
+from matrix import assist, cells, metrics, observation_sources, rules
 from matrix import model as model_loader
 from matrix.examples import path as example
 from matrix.judge import Evidence, Judge
@@ -219,13 +219,13 @@ def test_a_pinned_release_is_judged_with_its_runtimes_tolerances():
 
 def test_visited_states_are_sampled_evenly_over_episodes_and_steps():
     episodes = [np.arange(200.0)[:, None], 1000 + np.arange(200.0)[:, None], 5000 + np.arange(5.0)[:, None]]
-    picked = sources.sample_evenly(episodes, 128)
+    picked = observation_sources.sample_evenly(episodes, 128)
     assert len(picked) == 128 and len(np.unique(picked)) == 128
     per_episode = [int(((picked >= lo) & (picked < lo + 1000)).sum()) for lo in (0, 1000, 5000)]
     assert per_episode == [62, 61, 5]  # the short episode gives all it has, the others share the rest
     assert picked[:, 0].tolist()[:2] == [0.0, 3.0] and 199.0 in picked  # first and last steps of an episode
-    assert len(sources.sample_evenly(episodes, 1000)) == 405  # never more rows than were visited
-    assert len(sources.sample_evenly(episodes, 130, multiple=4)) == 128  # a fixed batch's multiple
+    assert len(observation_sources.sample_evenly(episodes, 1000)) == 405  # never more rows than were visited
+    assert len(observation_sources.sample_evenly(episodes, 130, multiple=4)) == 128  # a fixed batch's multiple
 
 
 def test_the_source_follows_the_precedence_and_says_why_it_fell_back(tmp_path):
@@ -233,10 +233,10 @@ def test_the_source_follows_the_precedence_and_says_why_it_fell_back(tmp_path):
 
     info = model_loader.load(example("continuous_mlp"))
     plan = plan_for(info, env="Pendulum-v1", episodes=10, seed=0)
-    assert sources.choose(tmp_path / "obs.npy", plan, info, 0).kind == sources.RECORDED
-    visited = sources.choose(None, plan, info, 0)
-    assert visited.kind == sources.VISITED and "10 episodes of Pendulum-v1 (seeds 0..9)" in visited.describe(128)
-    synthetic = sources.choose(None, None, info, 0)
+    assert observation_sources.choose(tmp_path / "obs.npy", plan, info, 0).kind == observation_sources.RECORDED
+    visited = observation_sources.choose(None, plan, info, 0)
+    assert visited.kind == observation_sources.VISITED and "10 episodes of Pendulum-v1 (seeds 0..9)" in visited.describe(128)
+    synthetic = observation_sources.choose(None, None, info, 0)
     assert synthetic.synthetic and "pass --obs or --env" in synthetic.describe(128)
 
 
@@ -249,10 +249,10 @@ def test_a_recurrent_policy_with_an_env_gets_samples_inside_the_observation_spac
 
     info = model_loader.load(rollout_policies.recurrent_toggle(tmp_path / "recurrent.onnx"))
     plan = plan_for(info, env="CartPole-v1", episodes=2, seed=0)
-    source = sources.choose(None, plan, info, 0)
-    assert source.kind == sources.SPACE and source.synthetic and "recurrent state" in source.describe(64)
+    source = observation_sources.choose(None, plan, info, 0)
+    assert source.kind == observation_sources.SPACE and source.synthetic and "recurrent state" in source.describe(64)
     seeded = observations.seeded(info, 64, 0)
-    feeds = sources.inside_space(seeded, plan, 0)
+    feeds = observation_sources.inside_space(seeded, plan, 0)
     obs = feeds["obs"]
     assert obs.dtype == np.float32 and obs.shape == (64, 4)
     assert np.abs(obs[:, 0]).max() <= 4.8 and np.abs(obs[:, 2]).max() <= 0.42  # CartPole's bounded x and angle

@@ -1,0 +1,186 @@
+"""Policies with a training-side twin, for the `--source` column.
+
+`mlp_with_source(folder)` writes what a user has after training and exporting a small
+Pendulum-shaped actor: `policy.onnx` (built with onnx.helper, as jax2onnx-style exporters
+write Gemm + Tanh) and `trained_policy.py`, the same network in numpy as the training code
+runs it, with one callable per way the two can differ. Run the CLI with `folder` as the
+current directory so `python:trained_policy:FUNC` imports it, as a user's own module would.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+HIDDEN = 16
+# Observation statistics a VecNormalize-style wrapper would have gathered (Pendulum: cos, sin, theta_dot).
+NORMALIZER = {"mean": np.array([0.1, -0.2, 0.5], np.float32), "var": np.array([0.5, 0.4, 9.0], np.float32)}
+
+TRAINING_MODULE = '''
+"""The training code's policy: the exported network, as numpy evaluates it."""
+import threading
+from pathlib import Path
+
+import numpy as np
+
+_W = np.load(Path(__file__).with_name("weights.npz"))
+
+
+def _network(obs):
+    hidden = np.tanh(obs.astype(np.float32) @ _W["w1"] + _W["b1"])
+    return np.tanh(hidden @ _W["w2"] + _W["b2"])  # [-1, 1], as the ONNX graph ends
+
+
+def act(obs):
+    """What the ONNX graph computes: export parity holds."""
+    return _network(obs)
+
+
+def act_rescaled(obs):
+    """SAC-style predict: [-1, 1] rescaled to Pendulum's action space [-2, 2] outside the network."""
+    return -2.0 + (_network(obs) + 1.0) * 2.0
+
+
+def act_pixels(obs):
+    """A CNN-style preprocessing: pixels divided by 255 before the network, which the export left out."""
+    return _network(obs / np.float32(255))
+
+
+def act_crashes(obs):
+    raise RuntimeError("the checkpoint needs a GPU that is not there")
+
+
+def act_hangs(obs):
+    threading.Event().wait()  # a source that never answers: only --timeout ends it
+'''
+
+
+def _weights(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "w1": rng.normal(0, 0.8, (3, HIDDEN)).astype(np.float32), "b1": rng.normal(0, 0.1, HIDDEN).astype(np.float32),
+        "w2": rng.normal(0, 0.8, (HIDDEN, 1)).astype(np.float32), "b2": np.zeros(1, np.float32),
+    }
+
+
+def mlp_onnx(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    node = helper.make_node
+    nodes = [node("Gemm", ["obs", "w1", "b1"], ["h_pre"]), node("Tanh", ["h_pre"], ["h"]),
+             node("Gemm", ["h", "w2", "b2"], ["a_pre"]), node("Tanh", ["a_pre"], ["action"])]
+    graph = helper.make_graph(
+        nodes, "actor", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 1])],
+        [numpy_helper.from_array(value, name) for name, value in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def mlp_with_source(folder: Path) -> Path:
+    """policy.onnx, weights.npz, trained_policy.py and normalizer.npz in `folder`; the ONNX path."""
+    weights = _weights()
+    np.savez(folder / "weights.npz", **weights)
+    np.savez(folder / "normalizer.npz", **NORMALIZER)
+    (folder / "trained_policy.py").write_text(TRAINING_MODULE)
+    path = folder / "policy.onnx"
+    onnx.save(mlp_onnx(weights), str(path))
+    return path
+
+
+# --- torch and Stable-Baselines3 sources, built and exported in an interpreter that has them ---
+
+TORCH_MODULE = '''
+"""The training code's policy as an nn.Module factory."""
+import torch
+
+
+def make_policy():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1), torch.nn.Tanh())
+'''
+
+TORCH_EXPORT = '''
+"""Export the module as torch users do: torch.onnx.export (TorchScript path) and torch.jit.trace."""
+import torch
+
+import torch_policy
+
+policy = torch_policy.make_policy().eval()
+example = torch.zeros(1, 3)
+torch.onnx.export(policy, example, "policy.onnx", opset_version=17, input_names=["obs"], output_names=["action"],
+                  dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+torch.jit.trace(policy, example).save("policy.pt")
+'''
+
+# Stable-Baselines3's export guide: the actor (SAC) or the policy (PPO) wrapped in a module that calls it
+# deterministically, exported with torch.onnx.export (dynamo=False: the new exporter fails on SB3's actors).
+SB3_TRAIN_EXPORT = '''
+import sys
+
+import torch as th
+from stable_baselines3 import PPO, SAC
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecNormalize
+
+
+class OnnxableSAC(th.nn.Module):
+    def __init__(self, actor):
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, observation):
+        return self.actor(observation, deterministic=True)
+
+
+class OnnxablePPO(th.nn.Module):
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, observation):
+        return self.policy(observation, deterministic=True)[0]
+
+
+def export(module, name):
+    th.onnx.export(module, th.zeros(1, 3), f"{name}.onnx", opset_version=17, input_names=["obs"], output_names=["action"],
+                   dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+
+
+# A short run of each (seconds, not a trained policy: the export contract is the same).
+sac = SAC("MlpPolicy", "Pendulum-v1", learning_starts=100, seed=0, device="cpu")
+sac.learn(100)
+sac.save("sac.zip")
+export(OnnxableSAC(sac.policy.actor), "sac")
+
+ppo = PPO("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
+ppo.learn(64)
+with th.no_grad():
+    ppo.policy.action_net.bias += 2.5  # a mean that leaves [-2, 2], as a trained Pendulum policy's often does
+ppo.save("ppo.zip")
+export(OnnxablePPO(ppo.policy), "ppo")
+
+# Trained under VecNormalize: its statistics are saved beside the zip and stay outside the exported graph.
+venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0), norm_reward=False)
+normalized = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu").learn(64)
+normalized.save("ppo_normalized.zip")
+venv.save("vecnormalize.pkl")
+export(OnnxablePPO(normalized.policy), "ppo_normalized")
+'''
+
+
+def torch_with_source(folder: Path, python: Path) -> None:
+    """policy.onnx and policy.pt exported from torch_policy.make_policy by `python` (an interpreter with torch)."""
+    (folder / "torch_policy.py").write_text(TORCH_MODULE)
+    (folder / "export.py").write_text(TORCH_EXPORT)
+    subprocess.run([str(python), "export.py"], cwd=folder, check=True, capture_output=True, timeout=600)
+
+
+def sb3_with_sources(folder: Path, python: Path) -> None:
+    """sac, ppo and ppo_normalized (.zip/.onnx, plus vecnormalize.pkl), saved and exported the documented way by
+    `python` (an interpreter with SB3)."""
+    (folder / "train_export.py").write_text(SB3_TRAIN_EXPORT)
+    subprocess.run([str(python), "train_export.py"], cwd=folder, check=True, capture_output=True, timeout=900)

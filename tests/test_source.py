@@ -1,0 +1,155 @@
+"""`--source`: the policy as its training framework runs it, as one more column, through the real CLI
+with a training-side numpy module (tests/source_policies.py). The pure parts (fitting, judging, the
+report's note) are in tests/unit/test_source_column.py; torch and Stable-Baselines3 sources in
+tests/test_source_frameworks.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from matrix import source
+from matrix.errors import InputError
+from tests.source_policies import mlp_with_source
+
+FAST = ("--targets", "ort-cpu", "--variants", "fp32", "--iters", "10", "--warmup", "2", "--batch-sizes", "1",
+        "--fail-on", "never")
+
+
+# --- the column through the CLI -------------------------------------------------------------------
+
+def run_in(folder: Path, *args, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The CLI run from the folder that holds the user's training module, as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "matrix", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=folder, env=env)
+
+
+def source_cell(out: Path) -> dict:
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    return next(cell for cell in cells if cell["target"] == "source")
+
+
+@pytest.mark.slow
+def test_a_source_that_matches_its_export_passes_at_1e_5(tmp_path):
+    policy = mlp_with_source(tmp_path)
+    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act")
+    assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["verdict"] == "PASS" and cell["variant"] == "python"
+    assert cell["parity"][0]["max_abs"] <= 1e-5
+    assert cell["latency"][0]["batch"] == 1 and any("training framework's Python path" in n for n in cell["notes"])
+
+
+@pytest.mark.slow
+def test_a_rescale_outside_the_graph_is_named_and_its_returns_are_the_top_behaviour_row(tmp_path):
+    policy = mlp_with_source(tmp_path)
+    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act_rescaled",
+                  "--env", "Pendulum-v1", "--episodes", "2")
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    cell = results["cells"][0]
+    assert cell["target"] == "source" and cell["verdict"] == "FAIL"
+    assert cell["reasons"][0].startswith("export: the source rescales [-1, 1] to the action space [-2, 2]; the ONNX graph does not")
+    ort = next(c for c in results["cells"] if c["target"] == "ort-cpu")
+    assert cell["rollout"]["reference_mean_return"] == pytest.approx(ort["rollout"]["reference_mean_return"])
+    assert cell["rollout"]["mean_return"] != pytest.approx(cell["rollout"]["reference_mean_return"])
+    assert results["settings"]["source"]["source"] == "python:trained_policy:act_rescaled"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("function, normalize, words", [
+    ("act", True, "export: the source normalises observations with its statistics (--source-normalize); "
+                  "the ONNX graph does not"),
+    ("act_pixels", False, "export: the source divides observations by 255; the ONNX graph does not"),
+])
+def test_preprocessing_missing_from_the_export_is_caught_and_named(tmp_path, function, normalize, words):
+    policy = mlp_with_source(tmp_path)
+    statistics = ("--source-normalize", tmp_path / "normalizer.npz") if normalize else ()
+    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--source", f"python:trained_policy:{function}",
+                  *statistics)
+    assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["verdict"] == "FAIL"
+    assert cell["reasons"][0].startswith(words)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("function, words", [("act_crashes", "RuntimeError: the checkpoint needs a GPU"),
+                                             ("act_hangs", "timed out after 20 s (--timeout)")])
+def test_a_source_that_crashes_or_hangs_is_one_failed_cell_with_the_reason(tmp_path, function, words):
+    policy = mlp_with_source(tmp_path)
+    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--timeout", "20",
+                  "--source", f"python:trained_policy:{function}")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["verdict"] == "FAIL" and words in cell["reasons"][0]
+    assert next(c for c in json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
+                if c["target"] == "ort-cpu")["verdict"] == "PASS"
+
+
+@pytest.mark.slow
+def test_an_interpreter_without_the_framework_is_exit_2_naming_the_package(tmp_path):
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("this interpreter has torch: it cannot stand for one that lacks it")
+    policy = mlp_with_source(tmp_path)
+    done = run_in(tmp_path, "run", policy, "--targets", "ort-cpu", "--source", "torch:trained_policy:act")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"policy-matrix: error: --source torch:trained_policy:act: {sys.executable} lacks the package 'torch' "
+        "(install it in the training environment, or pass that environment's --source-python)"]
+
+
+@pytest.mark.slow
+def test_a_framework_the_users_module_imports_and_the_interpreter_lacks_is_exit_2(tmp_path):
+    policy = mlp_with_source(tmp_path)
+    (tmp_path / "flax_policy.py").write_text("import not_an_installed_framework\n\ndef act(obs):\n    return obs\n")
+    done = run_in(tmp_path, "run", policy, "--targets", "ort-cpu", "--source", "python:flax_policy:act")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"policy-matrix: error: --source python:flax_policy:act: {sys.executable} lacks the package "
+                                   "'not_an_installed_framework' (install it in the training environment, or pass that "
+                                   "environment's --source-python)")
+
+
+@pytest.mark.slow
+def test_an_interpreter_without_numpy_is_exit_2_naming_numpy(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp_path / "bare"], check=True)
+    policy = mlp_with_source(tmp_path)
+    done = run_in(tmp_path, "run", policy, "--targets", "ort-cpu", "--source", "python:trained_policy:act",
+                  "--source-python", tmp_path / "bare" / "bin" / "python")
+    assert done.returncode == 2
+    assert "lacks the package 'numpy'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text, normalize, words", [
+    ("keras:model.h5", None, "--source 'keras:model.h5': expected one of sb3:PATH.zip"),
+    ("sb3:missing.zip", None, "no such file 'missing.zip'"),
+    ("python:trained_policy", None, "expected python:MODULE:FUNC"),
+    ("torch:../evil:make", None, "expected torch:MODULE:ATTR"),
+    ("python:trained_policy:act", Path("missing.npz"), "--source-normalize missing.npz: no such file"),
+])
+def test_a_malformed_source_is_refused_before_anything_runs(tmp_path, monkeypatch, text, normalize, words):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=re.escape(words)):
+        source.parse(text, None, normalize)
+
+
+def test_a_missing_source_interpreter_is_refused():
+    with pytest.raises(InputError, match="--source-python /no/such/python: no such executable"):
+        source.parse("python:trained_policy:act", "/no/such/python", None)
+
+
+@pytest.mark.slow
+def test_source_options_without_a_source_are_one_line_and_exit_2(tmp_path):
+    policy = mlp_with_source(tmp_path)
+    done = run_in(tmp_path, "run", policy, "--targets", "ort-cpu", "--source-normalize", tmp_path / "normalizer.npz")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "policy-matrix: error: --source-python and --source-normalize need --source"

@@ -1,0 +1,97 @@
+"""`--source` with real training frameworks in their own interpreter: torch (nn.Module, TorchScript)
+from the Core ML environment, and Stable-Baselines3 installed over that torch in a cached venv.
+
+Installing stable-baselines3 over the existing torch took ~52 s here (gymnasium, cloudpickle,
+pandas and matplotlib come with it); the venv is kept under the cache and reused.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from matrix.paths import cache_dir
+from targets import coreml_conversion
+from targets.isolated_env import env_python
+from tests.source_policies import sb3_with_sources, torch_with_source
+from tests.test_source import FAST, run_in, source_cell
+
+pytestmark = [pytest.mark.slow, pytest.mark.coreml_env]
+
+SB3_PIN = "stable-baselines3==2.9.2"
+
+
+@pytest.fixture(scope="module")
+def torch_python() -> Path:
+    python = env_python(coreml_conversion.ENV_NAME, coreml_conversion.REQUIREMENTS)
+    if python is None:
+        pytest.skip("needs the Core ML environment's torch: policy-matrix setup coreml")
+    return python
+
+
+@pytest.fixture(scope="module")
+def sb3_python(torch_python: Path) -> Path:
+    """A venv over the Core ML environment's packages (a .pth file: torch is not installed twice) with SB3."""
+    folder = cache_dir() / "envs" / f"sb3-test-{SB3_PIN.split('==')[1]}-{torch_python.parent.parent.name}"
+    python = folder / "bin" / "python"
+    if not (folder / ".complete").exists():
+        subprocess.run([str(torch_python), "-m", "venv", "--clear", str(folder)], check=True, timeout=300)
+        site = next((torch_python.parent.parent / "lib").glob("python3*/site-packages"))
+        next((folder / "lib").glob("python3*/site-packages")).joinpath("torch-env.pth").write_text(f"{site}\n")
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", SB3_PIN],
+                       check=True, timeout=900)
+        (folder / ".complete").touch()
+    return python
+
+
+@pytest.mark.parametrize("spec", ["torch:torch_policy:make_policy", "torchscript:policy.pt"])
+def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(tmp_path, torch_python, spec):
+    torch_with_source(tmp_path, torch_python)
+    done = run_in(tmp_path, "run", tmp_path / "policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
+                  "--source-python", torch_python, "--tolerance", "source:*=1e-5")
+    assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["verdict"] == "PASS", cell["reasons"]
+    assert cell["parity"][0]["max_abs"] <= 1e-5 and cell["tolerance"] == 1e-5
+    assert "torch 2." in cell["runtime_version"]
+
+
+@pytest.fixture(scope="module")
+def sb3_policies(tmp_path_factory, sb3_python) -> Path:
+    folder = tmp_path_factory.mktemp("sb3")
+    sb3_with_sources(folder, sb3_python)
+    return folder
+
+
+def test_sb3_exports_the_documented_way_show_the_rescale_and_the_clip_named(sb3_policies, sb3_python, tmp_path):
+    for name in ("sac.zip", "sac.onnx", "ppo.zip", "ppo.onnx"):
+        (tmp_path / name).symlink_to(sb3_policies / name)
+    sac = run_in(tmp_path, "run", tmp_path / "sac.onnx", *FAST, "--out", tmp_path / "sac", "--source", "sb3:sac.zip",
+                 "--source-python", sb3_python, "--env", "Pendulum-v1", "--episodes", "3")
+    assert sac.returncode == 0, sac.stderr
+    results = json.loads((tmp_path / "sac" / "results.json").read_text())
+    cell = results["cells"][0]  # the top row of Behaviour: the training framework against the ONNX reference
+    assert cell["target"] == "source" and cell["variant"] == "sb3"
+    assert cell["reasons"][0].startswith("export: the source rescales [-1, 1] to the action space [-2, 2]; "
+                                         "the ONNX graph does not")
+    assert cell["rollout"]["mean_return"] != pytest.approx(cell["rollout"]["reference_mean_return"])
+    assert "stable-baselines3 2.9.2" in cell["runtime_version"]
+
+    ppo = run_in(tmp_path, "run", tmp_path / "ppo.onnx", *FAST, "--out", tmp_path / "ppo", "--source", "sb3:ppo.zip",
+                 "--source-python", sb3_python)
+    assert ppo.returncode == 0, ppo.stderr
+    assert source_cell(tmp_path / "ppo")["reasons"][0].startswith(
+        "export: the source clips actions to the action space [-2, 2]; the ONNX graph does not")
+
+
+def test_vecnormalize_statistics_missing_from_the_export_are_named(sb3_policies, sb3_python, tmp_path):
+    done = run_in(sb3_policies, "run", "ppo_normalized.onnx", *FAST, "--out", tmp_path / "out",
+                  "--source", "sb3:ppo_normalized.zip", "--source-python", sb3_python,
+                  "--source-normalize", "vecnormalize.pkl")
+    assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["reasons"][0].startswith("export: the source normalises observations with its statistics "
+                                         "(--source-normalize); the ONNX graph does not")

@@ -1,0 +1,118 @@
+"""The source column's pure parts: naming a contract difference by fitting, judging the column by the
+cell rules, and the report's note on what the column is (matrix/source_fit.py, matrix/source.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from matrix import report, source, source_runner
+from matrix.cells import CellOutcome
+from matrix.judge import Evidence, Judge
+from matrix.protocol import Measurement
+from matrix.reference import Reference
+from matrix.results import RunResults
+from matrix.rules import Tolerances
+from matrix.source_fit import DIVIDE_255, NORMALIZE, Bounds, explain, rescale
+from saved import fixture_json
+
+PENDULUM = Bounds(np.array([-2.0]), np.array([2.0]))
+TOLERANCE = 1e-4
+
+
+def _tanh_outputs(rows: int = 64, scale: float = 1.0) -> np.ndarray:
+    return np.tanh(np.random.default_rng(0).normal(0, 2, (rows, 1))) * scale
+
+
+# --- naming a contract difference by fitting -------------------------------------------------------
+
+def test_a_rescale_to_the_action_space_is_named_and_a_clip_is_not():
+    reference = _tanh_outputs()
+    found = explain(rescale(reference, PENDULUM), reference, TOLERANCE, PENDULUM)
+    assert found.transform == "rescale"
+    assert found.text == "the source rescales [-1, 1] to the action space [-2, 2]; the ONNX graph does not"
+
+
+def test_a_clip_to_the_action_space_is_named_when_the_graph_leaves_the_space():
+    reference = _tanh_outputs(scale=3.0)  # an unsquashed Gaussian mean, as PPO's documented export returns
+    found = explain(np.clip(reference, -2, 2), reference, TOLERANCE, PENDULUM)
+    assert found.transform == "clip"
+    assert "clips actions to the action space [-2, 2]" in found.text
+
+
+def test_the_other_direction_says_the_graph_does_it():
+    source = _tanh_outputs()
+    assert explain(source, rescale(source, PENDULUM), TOLERANCE, PENDULUM).transform == "onnx-rescales"
+
+
+def test_observation_transforms_are_named_from_the_reference_on_transformed_observations():
+    reference, on_pixels = _tanh_outputs(), _tanh_outputs(scale=0.5)
+    found = explain(on_pixels, reference, TOLERANCE, PENDULUM, {DIVIDE_255: on_pixels, NORMALIZE: reference})
+    assert found.transform == DIVIDE_255 and "divides observations by 255" in found.text
+
+
+def test_nothing_is_named_when_outputs_agree_or_no_transform_explains_them():
+    reference = _tanh_outputs()
+    assert explain(reference + 1e-6, reference, TOLERANCE, PENDULUM) is None
+    noisy = reference + np.random.default_rng(1).normal(0, 0.1, reference.shape)
+    assert explain(noisy, reference, TOLERANCE, PENDULUM, {DIVIDE_255: reference * 0.3}) is None
+
+
+def test_without_an_action_space_an_affine_map_is_fitted_and_said_as_such():
+    reference = _tanh_outputs()
+    found = explain(3.0 * reference + 0.5, reference, TOLERANCE)
+    assert found.transform == "affine" and "x 3 + 0.5" in found.text
+
+
+# --- judging the column -----------------------------------------------------------------------------
+
+def _rules(reference: np.ndarray) -> source.Judging:
+    judge = Judge(Tolerances.parse([f"source:*={TOLERANCE}"]))
+    return source.Judging(host="h", judge=judge, evidence=Evidence(None, Reference({"action": reference}, {})))
+
+
+def _judged(answers: np.ndarray, reference: np.ndarray, facts: dict | None = None):
+    spec = source.SourceSpec("python", "trained_policy:act", sys.executable)
+    outcome = CellOutcome(Measurement(stage="done"), {"outputs/action": answers}, 1.0)
+    return source.judge(spec, outcome, facts or {}, _rules(reference))
+
+
+def test_the_column_is_judged_by_the_cell_rules_and_names_the_difference_first():
+    reference = _tanh_outputs()
+    cell = _judged(rescale(reference, PENDULUM).reshape(len(reference), -1).astype(np.float32), reference,
+                   {"action_space": {"low": [-2.0], "high": [2.0]}})
+    assert (cell.target, cell.variant, cell.verdict) == ("source", "python", "FAIL")
+    assert cell.reasons[0].startswith("export: the source rescales [-1, 1] to the action space [-2, 2]")
+    assert cell.reasons[1].startswith("action: drift")
+
+
+def test_answers_that_fit_no_output_are_a_skip_not_the_exports_verdict():
+    reference = _tanh_outputs()
+    cell = _judged(np.zeros((len(reference), 2)), reference)
+    assert cell.verdict == "SKIP" and not cell.parity
+    assert "fit none of the ONNX outputs (action [1])" in cell.reasons[0]
+
+
+def test_the_report_says_what_the_source_row_is_with_the_users_strings_escaped():
+    results = RunResults.model_validate(fixture_json("shard_continuous_mlp.json"))
+    results.settings["source"] = {"source": "python:<script>x</script>", "python": "/usr/bin/python3", "normalize": ""}
+    html = report.render_html(results)
+    assert "Row <b>source</b>: the policy as its training framework runs it" in html
+    assert "<code>python:&lt;script&gt;x&lt;/script&gt;</code>" in html and "<script>x</script>" not in html
+
+
+@pytest.mark.parametrize("module, keys, expected", [
+    ("stable_baselines3.sac.policies", {}, ("stable_baselines3", "SAC")),
+    ("stable_baselines3.common.policies", {"clip_range": 0.2}, ("stable_baselines3", "PPO")),
+    ("stable_baselines3.common.policies", {}, ("stable_baselines3", "A2C")),
+    ("sb3_contrib.tqc.policies", {}, ("sb3_contrib", "TQC")),
+])
+def test_the_sb3_algorithm_is_read_from_the_zip(tmp_path, module, keys, expected):
+    path = tmp_path / "model.zip"
+    with zipfile.ZipFile(path, "w") as archive:  # SB3's own layout: a `data` JSON beside the weights
+        archive.writestr("data", json.dumps({"policy_class": {"__module__": module}, **keys}))
+    assert source_runner.sb3_algorithm(path) == expected
