@@ -706,7 +706,7 @@ def setup(groups: tuple[str, ...]) -> None:
 def bisect(target, release_range, model, measure, threshold, variant, out, obs, n_obs, seed, batch_sizes, warmup, iters,
            threads, tolerance, timeout, memory_limit, env, episodes, env_kwargs):
     """The first release of TARGET's runtime between OLD and NEW where MODEL's MEASURE changed, in log2 steps."""
-    from . import bisect as releases
+    from . import release_bisect as releases
     from . import model as model_loader
     from .orchestrate import RunConfig, lock_out
 
