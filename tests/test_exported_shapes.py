@@ -313,3 +313,13 @@ def test_a_zipmap_classifier_runs_its_dense_output_in_node_and_the_browser(tmp_p
     for cell in _cells(tmp_path / "out").values():
         assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
         assert [output["output"] for output in cell["parity"]] == ["output_label"]
+
+
+def test_tracts_reasons_are_its_own_words_without_the_rust_backtrace(tmp_path):
+    from targets.base import Artifact
+
+    path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")  # tract has no ZipMap
+    session = targets.get("tract").open(Artifact(path=path), 1)
+    with pytest.raises(RuntimeError) as raised:
+        session.run({"float_input": np.ones((2, 4), np.float32)})  # dims unnamed: the plan is made for these shapes
+    assert "Unimplemented(ZipMap)" in str(raised.value) and "backtrace" not in str(raised.value).lower()
