@@ -68,7 +68,10 @@ class TractSession(Session):
         def call() -> None:
             [value.to_numpy() for value in run(inputs)]  # a caller needs the action as an array
 
-        return time_calls(call, warmup, iters)
+        try:
+            return time_calls(call, warmup, iters)
+        except Exception as error:
+            raise RuntimeError(tract_message(error)) from None
 
     def placement(self) -> list[PlacementRow]:
         # Without inputs, tract lists its plan without timing it: the same nodes and ops as a

@@ -100,6 +100,27 @@ def test_rollouts_carry_an_lstm_state_along_its_axis_and_take_an_initial_state(e
     assert state["h_in"].shape == (1, 1, 128) and float(state["h_in"].max()) == 0.5 and not state["c_in"].any()
 
 
+def test_an_lstm_policy_drives_episodes_with_its_state_carried_on_axis_1(tmp_path):
+    """One Pendulum episode by ORT and by the float64 reference, each carrying h/c [1, 1, 8] from step to step."""
+    import onnxruntime as ort
+
+    path = policies.save(policies.lstm_actor(obs_n=3, hidden=8, actions=1), tmp_path, "small_lstm")
+    info = model.load(path)
+    plan = rollouts.plan_for(info, env="Pendulum-v1", episodes=1)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    seen = []
+
+    def step(feeds):
+        seen.append(feeds["h_in"].shape)
+        return dict(zip(names, session.run(names, feeds)))
+
+    measured, arrays = rollouts.drive(step, plan, lambda progress: None)
+    reference = rollouts.reference_rollout(info, plan)
+    assert set(seen) == {(1, 1, 8)} and len(seen) == 200
+    assert np.allclose(arrays["rollout/0/actions"], reference.episodes[0].actions, atol=1e-4)
+
+
 # --- fed right on every runtime -------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -292,3 +313,13 @@ def test_a_zipmap_classifier_runs_its_dense_output_in_node_and_the_browser(tmp_p
     for cell in _cells(tmp_path / "out").values():
         assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
         assert [output["output"] for output in cell["parity"]] == ["output_label"]
+
+
+def test_tracts_reasons_are_its_own_words_without_the_rust_backtrace(tmp_path):
+    from targets.base import Artifact
+
+    path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")  # tract has no ZipMap
+    session = targets.get("tract").open(Artifact(path=path), 1)
+    with pytest.raises(RuntimeError) as raised:
+        session.run({"float_input": np.ones((2, 4), np.float32)})  # dims unnamed: the plan is made for these shapes
+    assert "Unimplemented(ZipMap)" in str(raised.value) and "backtrace" not in str(raised.value).lower()
