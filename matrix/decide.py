@@ -138,6 +138,8 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
         agreement=min(p.agreement for p in discrete) if discrete else None,
         flips=sum(p.flips or 0 for p in discrete) if discrete else None,
         return_delta=cell.rollout.return_delta if cell.rollout else None, emulated=bool(cell.backend and cell.backend.emulated),
+        return_delta_low=cell.rollout.return_delta_low if cell.rollout else None,
+        return_delta_high=cell.rollout.return_delta_high if cell.rollout else None,
     )
     choice.fix, choice.prepared_onnx = rules.workaround(cell.artifact.notes if cell.artifact else [])
     choice.misses = rules.quality_misses(cell) + [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
@@ -349,8 +351,17 @@ def evidence(choice: DecisionChoice) -> str:
     if choice.agreement is not None:  # a discrete action: agreement and flips, never "drift"
         parts.append(f"agreement {choice.agreement:.1%} ({choice.flips} flip{'s' if choice.flips != 1 else ''})")
     if choice.return_delta is not None:
-        parts.append(f"return delta {choice.return_delta:+.3g}")
+        parts.append(f"return delta {return_delta_text(choice)}")
     return ", ".join(parts + choice.flags)
+
+
+def return_delta_text(choice: DecisionChoice) -> str:
+    """e.g. "+0.3 [-1.2, +1.8]": the mean paired return difference and its interval, when there is one."""
+    if choice.return_delta is None:
+        return "–"
+    interval = (f" [{choice.return_delta_low:+.3g}, {choice.return_delta_high:+.3g}]"
+                if choice.return_delta_low is not None and choice.return_delta_high is not None else "")
+    return f"{choice.return_delta:+.3g}{interval}"
 
 
 def shipped_as(choice: DecisionChoice, model_name: str) -> str:

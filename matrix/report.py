@@ -356,9 +356,10 @@ def _ship_table_markdown(results: RunResults) -> list[str]:
             continue
         ready = f"not deployment-ready: {'; '.join(decision.not_ready)}. " if decision.not_ready else ""
         latency = f"{_duration(chosen.p50_us)} / {_duration(chosen.p99_us)}" if chosen.p50_us and chosen.p99_us else "–"
-        delta = f"{chosen.return_delta:+.3g}" if chosen.return_delta is not None else "–"
+        delta = decide.return_delta_text(chosen)
         size = decide.size_text(chosen.size_bytes) if chosen.size_bytes is not None else "–"
-        lines.append(f"| {where} | {_md(ready + decide.shipped_as(chosen, name))} | {chosen.verdict} | {delta} | {latency} "
+        flags = f" ({'; '.join(chosen.flags)})" if chosen.flags else ""
+        lines.append(f"| {where} | {_md(ready + decide.shipped_as(chosen, name) + flags)} | {chosen.verdict} | {delta} | {latency} "
                      f"| {size} | {_md(chosen.why)} |")
         if decision.runner_up:
             lines.append(f"| | ↳ {_md(decide.runner_up_line(decision, name))} | | | | | |")

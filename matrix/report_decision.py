@@ -31,6 +31,7 @@ def context(results: RunResults) -> dict:
         "runner_up_line": lambda decision: decide.runner_up_line(decision, name),
         "evidence": decide.evidence,
         "size_text": decide.size_text,
+        "return_delta_text": decide.return_delta_text,
         "cell_name": lambda cell: cell.candidate or name,
         "quality_axis": "|return delta|" if behaviour else "max drift",
         "budgets_given": results.settings.get("decision", {}).get("budgets", []),

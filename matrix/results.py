@@ -236,6 +236,8 @@ class DecisionChoice(Record):
     agreement: float | None = None  # discrete outputs: the lowest share of actions equal to the reference's
     flips: int | None = None  # discrete outputs: disagreements above the tie margin
     return_delta: float | None = None  # mean return minus the reference's, when rollouts ran
+    return_delta_low: float | None = None  # its paired interval (Rollout.return_delta_low/high)
+    return_delta_high: float | None = None
     emulated: bool = False  # software adapter: its latency never decides
     fix: str = ""  # the change it passes only after: a graph preparation (--assist), e.g. "simplify + minmax-clip",
     # or one the tool made so the runtime could load the file (WebGL's "a fixed batch of 1"); it ships as that, not as the export
