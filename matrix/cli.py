@@ -64,6 +64,17 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
+class _ReportFolder(click.Path):
+    """A folder the tool writes: an empty name would silently mean the current folder."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("is empty: name a report folder", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+REPORT_FOLDER = _ReportFolder(path_type=Path)
+
 FAIL_ON = ("fail", "warn", "skip", "never")
 FAIL_ON_OPTION = click.option(
     "--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True,
@@ -112,6 +123,9 @@ def _variants(value: str) -> list[str]:
     unknown = [name for name in names if name not in VARIANTS]
     if unknown or not names:
         raise InputError(f"unknown variant {(unknown or [value])[0]!r}; known: {', '.join(VARIANTS)}")
+    if len(set(names)) < len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise InputError(f"--variants {value}: {twice} is given twice (each variant is one cell per target)")
     return names
 
 
@@ -216,12 +230,12 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--min-agreement", default=DEFAULT_MIN_AGREEMENT, show_default=True,
               help="Discrete actions: flips that bring agreement with the reference below this share FAIL the cell (above it: WARN).")
 @click.option("--timeout", default=options.DEFAULT_TIMEOUT_S, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
-@click.option("--out", type=click.Path(path_type=Path), help="Report folder (default reports/<model name>).")
+@click.option("--out", type=REPORT_FOLDER, help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
 @click.option("--memory-limit", default=None,
               help="Memory each worker (and the reference) may allocate, e.g. 4G; beyond it the cell FAILs "
                    "with 'out of memory'. Default: physical memory, at least 4G.")
-@click.option("--resume", type=click.Path(path_type=Path),
+@click.option("--resume", type=REPORT_FOLDER,
               help="Report folder of a killed or interrupted run: keep its finished cells, run only the missing ones.")
 @click.option("--require", default="", help="Comma-separated targets that must run (not only SKIP), else exit 1.")
 @click.option("--env", default=None,
@@ -314,7 +328,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
             raise InputError(f"cannot write {error.filename or settings.out}: {error.strerror or error}") from None
         results.settings["decision"] = {"budgets": list(budget_specs), "prefer": prefer}
         results.decision = decide.decide_all(results, budgets, prefer)
-        _finish(results, settings.out, fail_on, baseline_results, thresholds, required)
+        _finish(results, settings.out, fail_on, baseline_results, thresholds, required, own_run=True)
 
 
 def _load_model(path: Path, limit: int):
@@ -396,7 +410,7 @@ def _rollout_settings(info, seed: int, given: dict, limit: int):
 
 @app.command()
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Folder of the merged report.")
+@click.option("--out", type=REPORT_FOLDER, required=True, help="Folder of the merged report.")
 @FAIL_ON_OPTION
 @BASELINE_OPTION
 @LATENCY_THRESHOLD_OPTION
@@ -408,13 +422,15 @@ def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor):
     from .merge import shard_path as merge_shard_path
 
     from .decide import decide_all, parse_budgets
+    from .orchestrate import lock_out
 
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
     thresholds = _thresholds(drift_factor, latency_threshold)
     merged = merge_shards(list(shards))
     asked = merged.settings.get("decision", {})  # the first shard's budgets decide over every host's cells
     merged.decision = decide_all(merged, parse_budgets(list(asked.get("budgets", []))), asked.get("prefer", "latency"))
-    _finish(merged, options.writable_dir(out), fail_on, baseline_results, thresholds)
+    with lock_out(options.writable_dir(out)):  # never replace the report of a run still writing there
+        _finish(merged, out, fail_on, baseline_results, thresholds)
 
 
 @app.command()
@@ -440,8 +456,9 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json):
     sys.exit(1 if found else 0)
 
 
-def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = ()) -> None:
-    """Compare with the baseline, write the report, print the tally and exit with the verdict."""
+def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = (), own_run: bool = False) -> None:
+    """Compare with the baseline, write the report, print the tally and exit with the verdict (130/143 when
+    this run itself was interrupted; an interrupted shard in a merge is shown in the report, not the exit code)."""
     from . import results as schema
     from .compare import compare as compare_results
     from .decide import summary_lines
@@ -462,7 +479,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
         console.print(escape(line), highlight=False)
     _print_regressions(results.regressions)
     console.print(f"report: [bold]{index}[/]")
-    if results.interrupted is not None:
+    if own_run and results.interrupted is not None:
         sys.exit(143 if results.interrupted.signal == "SIGTERM" else 130)
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "skip": ("FAIL", "SKIP"), "never": ()}[fail_on]
     failed = any(c.verdict in threshold for c in results.cells)

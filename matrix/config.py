@@ -67,6 +67,7 @@ def default_map(command: click.Command, path: Path, table: dict) -> dict:
         if name not in params or name in NOT_FROM_FILE:
             known = ", ".join(sorted(n.replace("_", "-") for n in params if n not in NOT_FROM_FILE and not params[n].hidden))
             raise InputError(f"{path}: unknown setting {key!r}; known: {known}, and a [tolerance] table")
+        _check_type(value, params[name], f"{path}: {key}")
         defaults[params[name].name] = _as_option_value(value, params[name], path.parent)
     return defaults
 
@@ -92,6 +93,30 @@ def _as_option_value(value, param: click.Option, base: Path):
     if isinstance(param.type, click.Path) and isinstance(value, str) and not Path(value).is_absolute():
         value = str(base / value)
     return value
+
+
+def _check_type(value, param: click.Option, where: str) -> None:
+    """A file's value has the option's type: `iters = 1.5` or `iters = true` would otherwise run as 1,
+    `out = 5` fail deep inside click."""
+    if isinstance(value, list) and param.multiple:
+        for item in value:
+            _check_type(item, param, where)
+        return
+    kind = param.type
+    if isinstance(kind, click.types.BoolParamType) or param.is_flag:
+        expected, fits = "true or false", isinstance(value, bool)
+    elif isinstance(kind, click.types.IntParamType):
+        expected, fits = "a whole number", isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(kind, click.types.FloatParamType):
+        expected, fits = "a number", isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(kind, (click.Path, click.Choice)):
+        expected, fits = "a string", isinstance(value, str)
+    else:  # text options take a string, a list (joined with commas) or a table (JSON options)
+        expected = "a string or a list"
+        fits = isinstance(value, (str, dict)) or (isinstance(value, list) and all(
+            isinstance(item, (str, int, float)) and not isinstance(item, bool) for item in value))
+    if not fits:
+        raise InputError(f"{where} = {' '.join(repr(value).split())[:60]}: expected {expected}")
 
 
 def tolerances(table: dict, path: Path) -> dict[str, float]:

@@ -78,8 +78,13 @@ def build(specs: list[SettingsSpec], selected: list[Target]) -> Grid:
             for value in spec.values:
                 if problem := target.knobs[spec.knob].problem(value):
                     raise InputError(f"--settings {spec.text!r}: {target.name} {spec.knob} takes {problem}, not {value!r}")
-            values[target.name][spec.knob] = spec.values
+            # one cell per distinct value: threads=1,01 is one setting, not two cells measuring the same thing
+            values[target.name][spec.knob] = list(dict.fromkeys(_normal(target.knobs[spec.knob], v) for v in spec.values))
     return Grid({name: _combinations(knobs) for name, knobs in values.items() if knobs}, pruned)
+
+
+def _normal(knob, value: str) -> str:
+    return value if knob.choices else str(int(value))
 
 
 def _combinations(knobs: dict[str, list[str]]) -> list[Settings]:

@@ -14,6 +14,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+from . import validated
 from .errors import InputError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -26,10 +27,14 @@ def at_least(value: int, minimum: int, option: str) -> int:
     return value
 
 
+MAX_SECONDS = 1e6  # about 11 days: beyond it a limit is no limit, and timers overflow
+MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: more than any host has; the kernel refuses limits past 2^64
+
+
 def seconds(value: float, option: str) -> float:
-    """A time limit: a finite number above zero."""
-    if not math.isfinite(value) or value <= 0:
-        raise InputError(f"{option} {value}: must be a number of seconds above 0")
+    """A time limit: a finite number above zero, at most MAX_SECONDS."""
+    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+        raise InputError(f"{option} {value}: must be a number of seconds above 0 and at most {MAX_SECONDS:.0f}")
     return value
 
 
@@ -47,6 +52,8 @@ def memory_size(value: str, option: str = "--memory-limit") -> int:
     size = int(float(found.group(1)) * _SCALE[found.group(2).lower()])
     if size < 64 << 20:
         raise InputError(f"{option} {value!r}: must be at least 64M")
+    if size > MAX_MEMORY_BYTES:
+        raise InputError(f"{option} {value!r}: must be at most 1024T")
     return size
 
 
@@ -97,9 +104,11 @@ def read_toml(path: Path) -> dict:
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: cannot read the config (not UTF-8: byte {error.start})") from None
     try:
-        return tomllib.loads(text)
+        return validated.check_nesting(tomllib.loads(text), f"{path}: cannot read the config")
     except tomllib.TOMLDecodeError as error:
         raise InputError(f"{path}: cannot read the config ({error})") from None
+    except RecursionError:
+        raise InputError(f"{path}: cannot read the config (nested deeper than {validated.MAX_NESTING} levels)") from None
 
 
 def config_table(data: dict, name: str, path: Path) -> dict:
@@ -112,14 +121,14 @@ def config_table(data: dict, name: str, path: Path) -> dict:
 
 def writable_dir(path: Path, option: str = "--out") -> Path:
     """Create the folder if needed and prove it is writable before any measurement is made."""
-    if path.exists() and not path.is_dir():
-        raise InputError(f"{option} {path}: exists and is not a folder")
     try:
+        if path.exists() and not path.is_dir():
+            raise InputError(f"{option} {path}: exists and is not a folder")
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
-    except OSError as error:
-        raise InputError(f"{option} {path}: cannot write there ({error.strerror or error})") from None
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the name
+        raise InputError(f"{option} {str(path)[:200]!r}: cannot write there ({getattr(error, 'strerror', None) or error})") from None
     return path
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from filelock import FileLock, Timeout
+from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -32,7 +33,7 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, grid, guarded, isolation, observations, reference, reference_job, rollouts, userfiles, variants
+from . import __version__, assist, cells, grid, guarded, isolation, observations, reference, reference_job, rollouts, userfiles, validated, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -292,20 +293,27 @@ def _grid_identity(config: RunConfig) -> dict:
 
 def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str, str, str], Cell]]:
     """The run id recorded in `out` and its finished cells, after checking they are comparable."""
-    try:
-        recorded = json.loads((out / RUN_FILE).read_text())
-        run_id = recorded["run_id"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise InputError(f"--resume {out}: no run to resume there ({RUN_FILE} missing or unreadable)") from None
-    if recorded.get("model_sha256") != identity["model_sha256"]:
-        raise InputError(f"--resume {out}: that run measured another model (sha256 {str(recorded.get('model_sha256'))[:12]}…)")
+    if not (out / RUN_FILE).exists():
+        raise InputError(f"--resume {out}: no run to resume there ({RUN_FILE} missing)")
+    recorded = validated.model(RunRecord, validated.json_file(out / RUN_FILE, "run record"), f"--resume {out / RUN_FILE}")
+    if recorded.model_sha256 != identity["model_sha256"]:
+        raise InputError(f"--resume {out}: that run measured another model (sha256 {recorded.model_sha256[:12]}…)")
     # A run recorded before `precisions` was called `variants` resumes like one recorded after.
-    before, now = renamed(recorded.get("settings", {}), "precisions", "variants"), identity["settings"]
+    before, now = renamed(recorded.settings, "precisions", "variants"), identity["settings"]
     changed = [key for key in now if before.get(key) != now[key]]
     if changed:
         key = changed[0]
-        raise InputError(f"--resume {out}: settings differ from that run ({key}: {before.get(key)!r} then, {now[key]!r} now)")
-    return run_id, Journal.finished(out / "results.jsonl", run_id, identity["model_sha256"])
+        then = userfiles.one_line(repr(before.get(key)), 100)
+        raise InputError(f"--resume {out}: settings differ from that run ({key}: {then} then, {now[key]!r} now)")
+    return recorded.run_id, Journal.finished(out / "results.jsonl", recorded.run_id, identity["model_sha256"])
+
+
+class RunRecord(BaseModel):
+    """run.json: what a resumed run must match (read back from a folder anyone may have edited)."""
+
+    run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    settings: dict = Field(default_factory=dict)
 
 
 class Journal:

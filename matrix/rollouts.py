@@ -20,7 +20,6 @@ a rollout is asked for (the `rl` extra).
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import os
 import sys
@@ -31,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import graph_facts, userfiles
+from . import graph_facts, userfiles, validated
 from .errors import InputError
 from .model import ModelInfo, TensorSpec
 from .observations import Feeds
@@ -132,10 +131,7 @@ def _fixed_dims(spec: TensorSpec) -> list[int]:
 
 
 def parse_env_kwargs(text: str) -> dict:
-    try:
-        value = json.loads(text or "{}")
-    except json.JSONDecodeError as error:
-        raise InputError(f"--env-kwargs {text!r}: not JSON ({error.msg})") from None
+    value = validated.json_value(text or "{}", "--env-kwargs")  # bounded nesting, one line when it is not JSON
     if not isinstance(value, dict):
         raise InputError(f"--env-kwargs {text!r}: expected a JSON object, e.g. '{{\"g\": 9.81}}'")
     return value
