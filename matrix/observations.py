@@ -19,7 +19,7 @@ import numpy as np
 
 from targets.base import Feeds  # named arrays, inputs and outputs alike: one name across the code
 
-from . import userfiles
+from . import outdir, userfiles
 from .errors import InputError
 from .model import ModelInfo, TensorSpec
 
@@ -127,10 +127,7 @@ def _check_rows(feeds: Feeds, path: Path, step: int) -> None:
 
 def save(feeds: Feeds, path: Path) -> None:
     """Written whole or not at all: a run killed while saving leaves no half file behind."""
-    partial = path.with_name(f".{path.name}.partial")
-    with partial.open("wb") as stream:
-        np.savez(stream, **feeds)
-    partial.replace(path)
+    outdir.write_atomic_with(path, lambda stream: np.savez(stream, **feeds))
 
 
 def read(path: Path) -> Feeds:

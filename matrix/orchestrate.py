@@ -33,13 +33,14 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, grid, guarded, isolation, observations, reference, reference_job, rollouts, userfiles, validated, variants
+from . import __version__, assist, cells, grid, guarded, isolation, observations, reference, outdir, reference_job, rollouts, userfiles, validated, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
 from . import options
 from .options import default_memory_limit
 from .protocol import SERVICE, STAGES, CellInputs, CellSpec
+from .outdir import write_atomic
 from .reference import Reference
 from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, settings_label, upgrade_v1_cell
 from .runtime_versions import base_name
@@ -107,12 +108,14 @@ def _cpu_name() -> str:
 
 
 RUN_FILE = "run.json"  # the run id and what a resumed run must match
-LOCK_FILE = ".policy-matrix.lock"
+LOCK_FILE = outdir.LOCK_FILE
 
 
 @contextlib.contextmanager
 def lock_out(out: Path):
-    """One run per report folder: a second one is told who holds it instead of interleaving."""
+    """One run (or merge) per report folder: a second one is told who holds it instead of interleaving;
+    a folder with links planted where the tool writes is refused first (matrix.outdir)."""
+    outdir.check_owned(out)
     lock = FileLock(str(out / LOCK_FILE), timeout=0)
     try:
         lock.acquire()
@@ -130,7 +133,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     model = config.model
     identity = run_identity(config)
     run_id, finished = resume_state(config.out, identity) if config.resume else (uuid.uuid4().hex[:12], {})
-    (config.out / RUN_FILE).write_text(json.dumps({"run_id": run_id, **identity}, indent=2))
+    write_atomic(config.out / RUN_FILE, json.dumps({"run_id": run_id, **identity}, indent=2))
     feeds = _observation_set(config)
     obs_path = config.out / "observations.npz"
     observations.save(feeds, obs_path)

@@ -20,6 +20,7 @@ import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from . import outdir
 from .model import ModelInfo
 from .observations import Feeds, run_in_batches, whole_inputs
 
@@ -51,7 +52,8 @@ def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
 def save(ref: Reference, path: Path) -> None:
     """The reference beside the observations, so anyone can audit a verdict: outputs by name,
     decision margins as `margin:<output>`."""
-    np.savez(path, **ref.outputs, **{f"margin:{name}": margin for name, margin in ref.margins.items()})
+    arrays = {**ref.outputs, **{f"margin:{name}": margin for name, margin in ref.margins.items()}}
+    outdir.write_atomic_with(path, lambda stream: np.savez(stream, **arrays))
 
 
 def dev_runtime(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:

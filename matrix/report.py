@@ -23,6 +23,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, select_autoescape
 
 from . import charts
+from .outdir import write_atomic
 from .paths import cache_dir
 from .results import VERDICTS, Cell, LatencyStats, RunResults
 from .verdict import DEFAULT_TOLERANCE
@@ -46,16 +47,6 @@ def write_all(results: RunResults, out: Path) -> Path:
     index = out / "index.html"
     write_atomic(index, render_html(results))
     return index
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """The whole file or the previous one, never a truncated one (a full disk, a kill)."""
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def table(results: RunResults) -> pd.DataFrame:

@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from . import outdir
+
 # What ran where and on which backend: defined once, by the target interface that reports them.
 from targets.base import BackendInfo as Backend
 from targets.base import PlacementRow as Placement
@@ -409,7 +411,5 @@ def append_jsonl(path: Path, cell: Cell, **stamp: str) -> None:
     """One line per finished cell, flushed at once: partial results survive a killed run.
     `stamp` (run id, model hash) goes first on the line so runs sharing the file stay apart."""
     line = json.dumps({**stamp, **cell.model_dump(mode="json")}) if stamp else cell.model_dump_json()
-    with path.open("a") as stream:
-        stream.write(line + "\n")
-        stream.flush()
+    outdir.append_line(path, line + "\n")
 

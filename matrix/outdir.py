@@ -1,0 +1,70 @@
+"""The report folder is the tool's: nothing planted in it redirects what the tool writes.
+
+A symbolic link where the tool writes (run.json, results.jsonl, reference.npz, a cell's folder,
+a `.partial` staging name, the lock) would make a run overwrite or append to whatever the link
+names. Before a run or a merge takes the folder, every name the tool writes and everything below
+the folders it owns is checked: a link there, or a lock that is not a regular file, is refused
+with one line. The journal, the one file opened for appending, is also opened with O_NOFOLLOW.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from .errors import InputError
+
+LOCK_FILE = ".policy-matrix.lock"
+# Every file the tool writes at the top of a report folder (report.write_all, orchestrate.run).
+TOOL_FILES = ("run.json", "results.jsonl", "results.json", "results.csv", "latency.csv", "summary.md", "junit.xml",
+              "index.html", "observations.npz", "reference.npz")
+# Folders the tool fills; everything inside them is its own.
+TOOL_FOLDERS = ("cells", "variants", "reference", "diagnosis", "fixes")
+
+
+def check_owned(out: Path) -> None:
+    """Refuse a report folder with a symbolic link where the tool writes, or a lock that is not a regular file."""
+    for name in (*TOOL_FILES, *(f".{name}.partial" for name in TOOL_FILES), *TOOL_FOLDERS):
+        _refuse_link(out / name, out)
+    lock = out / LOCK_FILE
+    _refuse_link(lock, out)
+    if lock.exists() and not lock.is_file():
+        raise InputError(f"{lock}: the run lock is not a regular file: refused (remove it)")
+    for folder in TOOL_FOLDERS:
+        for root, dirs, files in os.walk(out / folder):  # walk never follows links to folders
+            for name in (*dirs, *files):
+                _refuse_link(Path(root) / name, out)
+
+
+def _refuse_link(path: Path, out: Path) -> None:
+    if path.is_symlink():
+        raise InputError(f"{path}: a symbolic link inside the report folder {out}, where policy-matrix writes: refused "
+                         "(remove it, or choose another --out)")
+
+
+def append_line(path: Path, line: str) -> None:
+    """One line appended and flushed; never through a link planted after the folder was checked."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(descriptor, "a") as stream:
+        stream.write(line)
+        stream.flush()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    write_atomic_with(path, lambda stream: stream.write(text.encode("utf-8")))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """The whole file or the previous one, never a truncated one (a full disk, a kill): `write` fills a
+    fresh staging name (a link planted there is removed, not followed), which is then renamed over `path`."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.unlink(missing_ok=True)
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(descriptor, "wb") as stream:
+            write(stream)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
