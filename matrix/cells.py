@@ -9,6 +9,7 @@ or runs out of memory becomes that cell's FAIL row with what is known.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -55,7 +56,7 @@ def execute(
     try:
         _prepare_cell_dir(cell_dir, spec)
     except OSError as error:
-        return CellOutcome.failed(START, f"cannot write the cell's files: {error}")
+        return CellOutcome.failed(START, name_tool_io(f"cannot write the cell's files: {error}"))
     if worker is not None:
         ending = worker.serve(cell_dir, {**os.environ, **env}, timeout_s, on_stage)
     else:
@@ -237,6 +238,24 @@ def name_out_of_memory(message: str, memory_limit: int | None) -> str:
     return message
 
 
+# The tool's own files failing (a full disk, a read-only or failing mount): the tool's problem, not the runtime's.
+TOOL_IO_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+TOOL_IO_PREFIX = "the tool could not write its files"
+
+
+def name_tool_io(message: str) -> str:
+    """A failure whose words carry a disk errno, said as what it is, naming the errno; a resumed run
+    re-runs such cells (orchestrate.Journal.finished)."""
+    found = next((number for number in TOOL_IO_ERRNOS if os.strerror(number) in message), None)
+    if found is None or message.startswith(TOOL_IO_PREFIX):
+        return message
+    return f"{TOOL_IO_PREFIX} ({errno.errorcode[found]}: {os.strerror(found)}): {message}"
+
+
+def failed_on_tool_io(cell: Cell) -> bool:
+    return cell.error is not None and cell.error.message.startswith(TOOL_IO_PREFIX)
+
+
 def _measurement(cell_dir: Path, ending: Ending) -> Measurement:
     """What the worker left (possibly partial: it writes as it goes), plus why it stopped when it
     did not finish on its own."""
@@ -245,10 +264,11 @@ def _measurement(cell_dir: Path, ending: Ending) -> Measurement:
         measurement = Measurement()
     elif measurement.error:
         measurement.error.message = name_out_of_memory(measurement.error.message, ending.memory_limit)
+        measurement.error.message = name_tool_io(measurement.error.message)
     if measurement.stopped_itself or (ending.returncode == 0 and not ending.timed_out and measurement.stage != START):
         return measurement
     stage = measurement.stage if measurement.stage not in (START, DONE) else ending.last_stage
-    return measurement.model_copy(update={"error": CellError(stage=stage, message=ending.describe())})
+    return measurement.model_copy(update={"error": CellError(stage=stage, message=name_tool_io(ending.describe()))})
 
 
 def read_json(path: Path) -> dict:

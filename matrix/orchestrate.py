@@ -33,7 +33,7 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import __version__, assist, cells, grid, guarded, isolation, observations, reference, outdir, reference_job, rollouts, userfiles, validated, variants
+from . import __version__, assist, cells, grid, guarded, isolation, observations, outdir, reference, reference_job, rollouts, userfiles, validated, variants
 from .errors import InputError, Terminated
 from .lint import lint
 from .model import ModelInfo
@@ -326,6 +326,7 @@ class Journal:
     def __init__(self, path: Path, run_id: str, model_sha256: str, console: Console):
         self.path, self.stamp, self.console = path, {"run_id": run_id, "model_sha256": model_sha256}, console
         self.broken = False
+        _drop_cut_line(path)
         earlier = {line.get("run_id") for line in _json_lines(path)} - {run_id}
         if earlier:
             console.print(f"[dim]{path.name} keeps the lines of {len(earlier)} earlier run(s); this run's lines carry run_id {run_id}[/]")
@@ -340,13 +341,26 @@ class Journal:
 
     @staticmethod
     def finished(path: Path, run_id: str, model_sha256: str) -> dict[tuple[str, str, str, str], Cell]:
-        cells = {}
+        found = {}
         for line in _json_lines(path):
             if line.get("run_id") == run_id and line.get("model_sha256") == model_sha256:
                 with contextlib.suppress(ValueError):
                     cell = Cell.model_validate(upgrade_v1_cell(line))
-                    cells[(cell.target, cell.variant, cell.candidate, cell.settings_label)] = cell
-        return cells
+                    if not cells.failed_on_tool_io(cell):  # a full disk is no verdict: run it again
+                        found[(cell.target, cell.variant, cell.candidate, cell.settings_label)] = cell
+        return found
+
+
+def _drop_cut_line(path: Path) -> None:
+    """A line cut short (a full disk, a kill mid-write) is dropped, so the next line is not glued onto it
+    and lost too; its cell is not among the finished ones and runs again."""
+    try:
+        with path.open("rb+") as stream:
+            data = stream.read()
+            if data and not data.endswith(b"\n"):
+                stream.truncate(data.rfind(b"\n") + 1)
+    except FileNotFoundError:
+        pass
 
 
 def _json_lines(path: Path) -> list[dict]:

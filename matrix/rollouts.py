@@ -19,6 +19,7 @@ a rollout is asked for (the `rl` extra).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -146,7 +147,7 @@ def make_env(env: str, kwargs: dict):
     except ImportError:
         raise InputError("--env needs Gymnasium: pip install 'policy-matrix[rl]' (make setup installs it)") from None
     module_name, sep, attribute = env.partition(":")
-    if sep and attribute.isidentifier():
+    if sep and module_name and attribute.isidentifier():
         if os.getcwd() not in sys.path:  # a user's env module beside them, as `python -m` would find it
             sys.path.append(os.getcwd())
         try:
@@ -174,19 +175,36 @@ def check(plan: RolloutPlan, limit_bytes: int | None = None) -> None:
     try:
         env = make_env(plan.env, plan.env_kwargs)
     except TypeError as error:
-        raise InputError(f"--env {plan.env!r} does not take these --env-kwargs: {error}") from None
+        raise InputError(f"--env {plan.env!r} does not take these --env-kwargs: {userfiles.one_line(error)}") from None
+    except InputError:
+        raise
+    except Exception as error:  # the user's environment code: whatever it raises is one line
+        raise InputError(f"--env {userfiles.one_line(plan.env, 100)!r} could not be made: {_described(error)}") from None
     try:
-        if env.observation_space.shape is None:
-            raise InputError(f"--env {plan.env!r}: observation space {env.observation_space} is not supported (Box, Discrete)")
-        obs_size = int(np.prod(env.observation_space.shape or (1,)))
-        if obs_size != int(np.prod(plan.obs_shape)):
-            raise InputError(
-                f"--env {plan.env!r}: observations have shape {env.observation_space.shape}, "
-                f"the model's {plan.obs_input!r} expects {plan.obs_shape}"
-            )
-        _action_kind(env.action_space)
+        _check_spaces(env, plan)
+    except InputError:
+        raise
+    except Exception as error:
+        raise InputError(f"--env {userfiles.one_line(plan.env, 100)!r}: its spaces cannot be read: {_described(error)}") from None
     finally:
-        env.close()
+        with contextlib.suppress(Exception):  # a failing close() changes nothing the check found
+            env.close()
+
+
+def _described(error: Exception) -> str:
+    return f"{type(error).__name__}: {userfiles.one_line(error)}"
+
+
+def _check_spaces(env, plan: RolloutPlan) -> None:
+    if env.observation_space.shape is None:
+        raise InputError(f"--env {plan.env!r}: observation space {env.observation_space} is not supported (Box, Discrete)")
+    obs_size = int(np.prod(env.observation_space.shape or (1,)))
+    if obs_size != int(np.prod(plan.obs_shape)):
+        raise InputError(
+            f"--env {plan.env!r}: observations have shape {env.observation_space.shape}, "
+            f"the model's {plan.obs_input!r} expects {plan.obs_shape}"
+        )
+    _action_kind(env.action_space)
 
 
 def _action_kind(space) -> str:
