@@ -40,13 +40,30 @@ def write_all(results: RunResults, out: Path) -> Path:
         results.decision = decide.decide_all(results, decide.parse_budgets(list(asked.get("budgets", []))),
                                              asked.get("prefer", "latency"))
     write_atomic(out / "results.json", results.model_dump_json(indent=2))
-    write_atomic(out / "results.csv", table(results).to_csv(index=False))
-    write_atomic(out / "latency.csv", latency_table(results).to_csv(index=False))
+    write_atomic(out / "results.csv", _spreadsheet_safe(table(results)).to_csv(index=False))
+    write_atomic(out / "latency.csv", _spreadsheet_safe(latency_table(results)).to_csv(index=False))
     write_atomic(out / "summary.md", summary_markdown(results))
     write_junit(results, out / "junit.xml")
     index = out / "index.html"
     write_atomic(index, render_html(results))
     return index
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _spreadsheet_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    """Text a spreadsheet would run as a formula (a host label `=HYPERLINK(...)`, a shard's field) gets a
+    leading apostrophe, as spreadsheet-safe CSV writers do; numbers stay numbers."""
+    return frame.map(lambda value: f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value)
+
+
+# Characters XML 1.0 cannot hold at all (control characters other than tab and newlines, lone surrogates).
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text: str) -> str:
+    return _NOT_XML.sub("\ufffd", text)
 
 
 def table(results: RunResults) -> pd.DataFrame:
@@ -288,7 +305,7 @@ def summary_markdown(results: RunResults) -> str:
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
     if results.interrupted:
-        lines += [f"> **{results.interrupted.describe()}**", ""]
+        lines += [f"> **{_md(results.interrupted.describe())}**", ""]
     if results.decision:
         lines += ["### Decision", ""] + [f"- {_md(line)}" for line in decide.summary_lines(results)] + [""]
     for variant, error in results.variant_errors.items():
@@ -371,6 +388,10 @@ def write_junit(results: RunResults, path: Path) -> None:
             case = ET.SubElement(suite, "testcase", classname=f"{host}.{regression.target}",
                                  name=f"{regression.target} {regression.variant} regression: {regression.kind}")
             ET.SubElement(case, "failure", message=regression.detail[:500]).text = str(regression)
+    for element in suites.iter():  # host labels, reasons and shard fields may carry control characters
+        element.text = _xml_text(element.text) if element.text else element.text
+        for key, value in element.attrib.items():
+            element.set(key, _xml_text(value))
     buffer = io.BytesIO()
     ET.ElementTree(suites).write(buffer, encoding="utf-8", xml_declaration=True)
     write_atomic(path, buffer.getvalue().decode("utf-8"))

@@ -210,6 +210,12 @@ _CONTENT_TYPES = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": 
                   ".html": "text/html", ".onnx": "application/octet-stream", ".json": "application/json"}
 
 
+def _local_host(host: str, port: int) -> bool:
+    """Only requests addressed to this server by a loopback name: a page on another origin whose DNS name
+    was rebound to 127.0.0.1 sends its own name as Host (DNS rebinding)."""
+    return host in (f"127.0.0.1:{port}", f"localhost:{port}")
+
+
 class HarnessServer:
     """Serves the page, the ORT dist/ files and explicitly published models on 127.0.0.1.
 
@@ -231,6 +237,9 @@ class HarnessServer:
                 self._answer(with_body=False)
 
             def _answer(self, with_body: bool) -> None:
+                if not _local_host(self.headers.get("Host", ""), self.server.server_address[1]):
+                    self.send_error(HTTPStatus.MISDIRECTED_REQUEST)  # a rebound DNS name reaching 127.0.0.1
+                    return
                 path = server_self.resolve(self.path.split("?", 1)[0], roots)
                 if path is None:
                     self.send_error(HTTPStatus.NOT_FOUND)
