@@ -45,7 +45,7 @@ def open_regular(path: Path, what: str, limit_bytes: int | None = None) -> Itera
         raise InputError(f"{path}: cannot open the {what} file ({error.strerror or error})") from None
     except ValueError:  # a NUL in the path
         raise InputError(f"{one_line(repr(str(path)), 200)}: not a file name") from None
-    with os.fdopen(descriptor, "rb") as stream:
+    try:
         info = os.fstat(descriptor)
         if not stat.S_ISREG(info.st_mode):
             raise InputError(f"{path}: the {what} file is {_kind(info.st_mode)}, not a regular file: refused")
@@ -53,6 +53,10 @@ def open_regular(path: Path, what: str, limit_bytes: int | None = None) -> Itera
             raise InputError(f"{path}: the {what} file is {size_text(info.st_size)}, above the memory limit "
                              f"{size_text(limit_bytes)}")
         os.set_blocking(descriptor, True)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    with os.fdopen(descriptor, "rb") as stream:
         yield stream
 
 
