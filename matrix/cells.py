@@ -243,13 +243,28 @@ TOOL_IO_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 TOOL_IO_PREFIX = "the tool could not write its files"
 
 
-def name_tool_io(message: str) -> str:
-    """A failure whose words carry a disk errno, said as what it is, naming the errno; a resumed run
+def name_tool_io(message: str, folder: Path | None = None) -> str:
+    """A failure whose words carry a disk errno, or that ended while `folder` cannot take a write (a worker
+    on a full disk cannot even log why it stopped), said as what it is, naming the errno; a resumed run
     re-runs such cells (orchestrate.Journal.finished)."""
     found = next((number for number in TOOL_IO_ERRNOS if os.strerror(number) in message), None)
+    if found is None and folder is not None:
+        found = _write_fails(folder)
     if found is None or message.startswith(TOOL_IO_PREFIX):
         return message
     return f"{TOOL_IO_PREFIX} ({errno.errorcode[found]}: {os.strerror(found)}): {message}"
+
+
+def _write_fails(folder: Path) -> int | None:
+    """The disk errno of writing one page into `folder` now, or None when it takes it."""
+    probe = folder / ".write-probe"
+    try:
+        probe.write_bytes(bytes(4096))
+    except OSError as error:
+        return error.errno if error.errno in TOOL_IO_ERRNOS else None
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
 
 
 def failed_on_tool_io(cell: Cell) -> bool:
@@ -268,7 +283,7 @@ def _measurement(cell_dir: Path, ending: Ending) -> Measurement:
     if measurement.stopped_itself or (ending.returncode == 0 and not ending.timed_out and measurement.stage != START):
         return measurement
     stage = measurement.stage if measurement.stage not in (START, DONE) else ending.last_stage
-    return measurement.model_copy(update={"error": CellError(stage=stage, message=name_tool_io(ending.describe()))})
+    return measurement.model_copy(update={"error": CellError(stage=stage, message=name_tool_io(ending.describe(), cell_dir))})
 
 
 def read_json(path: Path) -> dict:

@@ -229,12 +229,12 @@ BROWSER_PATH_OPTION = click.option(
               help="Discrete actions: a flip counts only where the reference's top-1 minus top-2 logit is above this.")
 @click.option("--min-agreement", default=DEFAULT_MIN_AGREEMENT, show_default=True,
               help="Discrete actions: flips that bring agreement with the reference below this share FAIL the cell (above it: WARN).")
-@click.option("--timeout", default=options.DEFAULT_TIMEOUT_S, show_default=True, help="Seconds a cell may take before it is killed and FAILs.")
+@click.option("--timeout", default=options.DEFAULT_TIMEOUT_S, show_default=True, help="Seconds a cell may take before it is killed and FAILs (at most 10^6).")
 @click.option("--out", type=REPORT_FOLDER, help="Report folder (default reports/<model name>).")
 @click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
 @click.option("--memory-limit", default=None,
-              help="Memory each worker (and the reference) may allocate, e.g. 4G; beyond it the cell FAILs "
-                   "with 'out of memory'. Default: physical memory, at least 4G.")
+              help="Memory each worker (and the reference, and the runner while it reads your files) may allocate, "
+                   "e.g. 4G, at most 1024T; beyond it the cell FAILs with 'out of memory'. Default: physical memory, at least 4G.")
 @click.option("--resume", type=REPORT_FOLDER,
               help="Report folder of a killed or interrupted run: keep its finished cells, run only the missing ones.")
 @click.option("--require", default="", help="Comma-separated targets that must run (not only SKIP), else exit 1.")

@@ -10,40 +10,63 @@ explains a child that died. Closing stdin is the child's signal to exit.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import tempfile
-from pathlib import Path
 from typing import Any
 
 LOG_TAIL_CHARS = 2000  # enough for a stack trace's last frames and the error
+LAST_LINE_CHARS = 300
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 class JsonLinesProcess:
     def __init__(self, command: list[str], name: str, env: dict[str, str] | None = None):
         self.name = name  # who the child is, in error messages
-        self.stderr = tempfile.NamedTemporaryFile(prefix="policy-matrix-helper-", suffix=".log")  # noqa: SIM115
+        # An unnamed file (O_TMPFILE where the OS has it): a worker killed with its helper leaves no log behind.
+        self.stderr = tempfile.TemporaryFile(prefix="policy-matrix-helper-", suffix=".log")  # noqa: SIM115
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                         text=True, bufsize=1, env=env)
 
     def call(self, op: str, **request: Any) -> Any:
         """Send one request and return its result; the child's error is raised as a RuntimeError."""
-        self.process.stdin.write(json.dumps({"op": op, **request}) + "\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(json.dumps({"op": op, **request}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # the child is gone: say how it ended
+            raise RuntimeError(self._ending()) from None
         return self.reply()
 
     def reply(self) -> Any:
         """The next answer (also how an owner waits for a child that announces it is ready)."""
         line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError(f"{self.name} exited (code {self.process.wait()}): {self.log()[-LOG_TAIL_CHARS:].strip() or 'no output'}")
+            raise RuntimeError(self._ending())
         answer = json.loads(line)
         if not answer["ok"]:
             raise RuntimeError(answer["error"])
         return answer["result"]
 
+    def _ending(self) -> str:
+        """How the child ended: a signal is named as such (its log's last line would only show where it was);
+        an exit gives the log's last line, the error."""
+        code = self.process.wait()
+        if code < 0:
+            return f"{self.name} was killed by signal {-code} ({_signal_name(-code)})"
+        lines = [line.strip() for line in self.log()[-LOG_TAIL_CHARS:].splitlines() if line.strip()]
+        return f"{self.name} exited with code {code}: {lines[-1][:LAST_LINE_CHARS] if lines else 'no output'}"
+
     def log(self) -> str:
-        """What the child wrote on stderr so far."""
-        return Path(self.stderr.name).read_text(errors="replace")
+        """What the child wrote on stderr so far (read at an offset: the child's writes go on where they were)."""
+        descriptor = self.stderr.fileno()
+        return os.pread(descriptor, os.fstat(descriptor).st_size, 0).decode(errors="replace")
 
     def close(self, timeout_s: float = 10) -> None:
         if self.process.poll() is None:

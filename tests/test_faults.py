@@ -5,7 +5,9 @@ reference. Every wait is for a state (a process, a file, a line), never a fixed 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -373,3 +375,80 @@ def test_a_write_error_before_any_cell_is_one_line(tmp_path):
     lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("reference")]
     assert run.returncode == 2 and "Traceback" not in stderr, stderr
     assert len(lines) == 1 and f"cannot write {tmp_path}" in lines[0] and "File too large" in lines[0], stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 48 MiB tmpfs mounted for the test and removed after it; skipped where mounting is not allowed."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """Write until the disk is full (ENOSPC); the filler file is returned so the test can free the space."""
+    filler = disk / "filler"
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(descriptor, b"\0" * (1 << 20))
+    except OSError as error:
+        assert error.errno == errno.ENOSPC, error
+    finally:
+        os.close(descriptor)
+    return filler
+
+
+def test_a_full_disk_then_resume_reruns_what_the_disk_cost(small_disk):
+    """The disk fills while the second cell runs: that cell and the next fail on the tool's own writes
+    (ENOSPC), the journal and report cannot be written. With space again, --resume keeps the first
+    cell as measured and runs the others again instead of keeping their disk-made FAILs."""
+    out = small_disk / "out"
+    args = ["--targets", "ort-cpu", "--precisions", "fp32,fp16,int8", "--iters", "400000", "--warmup", "0",
+            "--batch-sizes", "1"]
+    run = _start(MLP, *args, "--out", out)
+    _wait_for(lambda: len(_jsonl(out)) >= 1, "the first finished cell in results.jsonl")
+    filler = _fill(small_disk)
+    _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
+    assert "Traceback" not in stderr, stderr
+    kept = _jsonl_lines_parsed(out)
+    assert kept and kept[0]["variant"] == "fp32" and kept[0]["verdict"] == "PASS"
+    filler.unlink()
+    done = run_cli("run", MLP, *args, "--resume", out)
+    assert done.returncode == 0, done.stderr
+    results = load_results(out)
+    assert [(c["variant"], c["verdict"]) for c in results["cells"]] == [("fp32", "PASS"), ("fp16", "PASS"), ("int8", "PASS")]
+    assert results["cells"][0]["duration_s"] == kept[0]["duration_s"]  # kept, not measured again
+    assert all(json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())  # no line glued to a cut one
+
+
+def _jsonl_lines_parsed(out: Path) -> list[dict]:
+    """The journal's whole lines (a line cut by the full disk is left out)."""
+    lines = []
+    for raw in (out / "results.jsonl").read_text().splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:
+            continue
+    return lines
+
+
+def test_merge_into_a_folder_a_run_is_writing_is_refused(tmp_path):
+    shard = Path(__file__).parent / "fixtures" / "shard_continuous_mlp.json"
+    out = tmp_path / "out"
+    run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", *SLOW, "--out", out)
+    try:
+        _worker_of(run, out / "cells" / "ort-cpu-fp32")
+        merged = run_cli("merge", shard, "--out", out)
+        assert merged.returncode == 2 and "another policy-matrix run is writing to" in merged.stderr, merged.stderr
+        assert not (out / "results.json").exists()  # the run's report was not replaced by the merge
+    finally:
+        run.send_signal(signal.SIGTERM)
+        run.communicate(timeout=STATE_TIMEOUT_S)
+    assert run.returncode == 143

@@ -7,6 +7,8 @@ The models are built here with onnx.helper, so each case shows exactly what is h
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -375,6 +377,57 @@ def test_hostile_config(case, tmp_path):
     config = tmp_path / "matrix.toml"
     config.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert_clean_exit_2(run_cli("run", MLP, "--config", config, "--out", tmp_path / "out"), expected)
+
+
+# --- the runner's own memory (tests/unit/test_hostile_parsing.py holds the in-process table) -----------
+
+
+def _run_measuring_peak(*args) -> tuple[int, str, int]:
+    """Exit code, stderr and the peak resident memory (bytes) of the CLI and the processes it waited for."""
+    process = subprocess.Popen([sys.executable, "-m", "matrix", *map(str, args)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    stderr = process.stderr.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    return process.returncode, stderr, usage.ru_maxrss * 1024
+
+
+def _obs_dev_zero(tmp):
+    os.symlink("/dev/zero", tmp / "obs.npy")
+    return [MLP, "--obs", tmp / "obs.npy"], "character device"
+
+
+def _external_1gib(tmp):
+    (tmp / "m").mkdir()
+    with open(tmp / "m" / "w.bin", "wb") as stream:
+        stream.truncate(1 << 30)  # sparse: declared, not stored
+    weight = _external_weight("w.bin")
+    weight.dims[:] = [1 << 28]
+    next(e for e in weight.external_data if e.key == "length").value = str(1 << 30)
+    nodes = [helper.make_node("ReduceSum", ["w"], ["s"], keepdims=0), helper.make_node("Add", ["obs", "s"], ["action"])]
+    return [_save(tmp / "m", _model(nodes, [_float_io(["b", 4])], [_float_io(["b", 4], "action")], [weight]))], "above the memory limit"
+
+
+@pytest.mark.parametrize("make", [_obs_dev_zero, _external_1gib], ids=["--obs /dev/zero", "1 GiB of external data"])
+def test_a_hostile_file_is_refused_within_the_memory_cap(make, tmp_path):
+    args, expected = make(tmp_path)
+    code, stderr, peak = _run_measuring_peak("run", *args, "--targets", "ort-cpu", "--memory-limit", "512M",
+                                              "--out", tmp_path / "out")
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and expected in lines[0], stderr[-2000:]
+    assert peak < 512 << 20, f"peak {peak / 2**20:.0f} MiB"
+
+
+def test_an_npz_of_unused_giants_runs_reading_only_the_models_input(tmp_path):
+    """11 arrays of 100 MB beside the one the model needs (1.1 GB declared, compressed to little):
+    a documented run under --memory-limit 300M, since only `obs` is read."""
+    giants = {f"unused{i}": np.zeros(25 << 20, np.float32) for i in range(11)}
+    np.savez_compressed(tmp_path / "obs.npz", obs=np.zeros((8, 17), np.float32), **giants)
+    code, stderr, peak = _run_measuring_peak("run", MLP, "--obs", tmp_path / "obs.npz", "--targets", "ort-cpu",
+                                              "--variants", "fp32", "--iters", "5", "--memory-limit", "300M",
+                                              "--out", tmp_path / "out")
+    assert code == 0, stderr[-2000:]
+    assert peak < 300 << 20, f"peak {peak / 2**20:.0f} MiB"
 
 
 def test_missing_config(tmp_path):

@@ -49,8 +49,26 @@ def test_the_childs_error_is_raised_in_its_own_words_and_the_child_keeps_serving
 
 def test_a_child_that_dies_is_named_with_its_exit_code_and_last_words(child):
     child.reply()
-    with pytest.raises(RuntimeError, match=r"the test child exited \(code 3\): native crash: out of memory"):
+    with pytest.raises(RuntimeError, match=r"^the test child exited with code 3: native crash: out of memory$"):
         child.call("die")
+
+
+def test_a_killed_child_is_named_by_its_signal_not_its_last_log_line(child):
+    """A killed helper's log ends wherever it was (a 2,000-character ORT log tail, a half-imported module):
+    the signal is what ended it."""
+    import signal
+
+    child.reply()
+    child.process.send_signal(signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"^the test child was killed by signal 9 \(SIGKILL\)$"):
+        child.call("add", a=1, b=1)
+
+
+def test_a_helper_log_has_no_name_to_leave_behind(child):
+    import os
+
+    child.reply()
+    assert os.readlink(f"/proc/self/fd/{child.stderr.fileno()}").endswith("(deleted)") or sys.platform != "linux"
 
 
 def test_closing_ends_the_child_at_the_end_of_its_input(child):
