@@ -318,7 +318,7 @@ def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_size
                        "return_tolerance": return_tolerance, "trajectory": trajectory, "initial_state": initial_state}
     with isolation.capped_runner(limit, "reading the candidates, trajectory and initial state"):
         settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
-        settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options, limit)
+        settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options, settings.limits)
     options.writable_dir(settings.out)
     baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
     with lock_out(settings.out):
@@ -381,9 +381,9 @@ def _thresholds(drift_factor: float, latency_threshold: float):
                       options.non_negative(latency_threshold, "--latency-threshold"))
 
 
-def _rollout_settings(info, seed: int, given: dict, limit: int):
+def _rollout_settings(info, seed: int, given: dict, limits):
     """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
-    from . import rollouts
+    from . import env_check, rollouts
 
     chosen = {key: value for key, value in given.items() if value is not None}
     return_tolerance = rollouts.ReturnTolerance.parse(str(chosen.get("return_tolerance", rollouts.DEFAULT_RETURN_TOLERANCE)))
@@ -403,8 +403,8 @@ def _rollout_settings(info, seed: int, given: dict, limit: int):
         trajectory=str(Path(trajectory).resolve()) if trajectory else "",
     )
     if chosen.get("initial_state"):
-        rollouts.set_initial_state(plan, Path(chosen["initial_state"]), limit)
-    rollouts.check(plan, limit)
+        rollouts.set_initial_state(plan, Path(chosen["initial_state"]), limits.memory_limit)
+    env_check.check(plan, limits)  # the environment is made in a guarded step: under --timeout and the cap
     return plan, return_tolerance
 
 

@@ -24,6 +24,7 @@ STEPS = {
     "variants": "matrix.variants:guarded_step",
     "preparations": "matrix.preparations:guarded_step",
     "intermediates": "matrix.diagnose:guarded_step",
+    "env-check": "matrix.env_check:guarded_step",
 }
 
 

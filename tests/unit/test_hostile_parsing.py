@@ -313,6 +313,7 @@ def env_module(module: str, body: str):
 
 
 RAISES = "class Env:\n    def __init__(self, **kwargs):\n        raise RuntimeError('no display')\n"
+HANGS = "import time\nclass Env:\n    def __init__(self, **kwargs):\n        time.sleep(600)\n"
 BAD_SPACE = "class Env:\n    observation_space = property(lambda self: 1 / 0)\n    def close(self):\n        pass\n"
 
 OPTIONS = {
@@ -343,15 +344,22 @@ OPTIONS = {
     "--env-kwargs not JSON": (option("--env", "CartPole-v1", "--env-kwargs", "{nope"), "not JSON"),
     "--env-kwargs a list": (option("--env", "CartPole-v1", "--env-kwargs", "[1]"), "expected a JSON object"),
     "--env-kwargs without --env": (option("--env-kwargs", "{}"), "needs --env"),
+    "--env and --trajectory": (option("--env", "CartPole-v1", "--trajectory", "t.npy"), "exclude each other"),
+    "--episodes 0": (lambda tmp: [DISCRETE, *QUICK, "--env", "CartPole-v1", "--episodes", "0"], "--episodes"),
+    "--return-tolerance abc": (option("--return-tolerance", "abc"), "return-tolerance"),
+}
+
+
+# The environment is made in a guarded step (a process of its own, under --timeout): seconds per case.
+ENVIRONMENTS = {
     "--env ':'": (lambda tmp: [DISCRETE, *QUICK, "--env", ":"], "could not be made"),
     "--env max_episode_steps -5": (lambda tmp: [DISCRETE, *QUICK, "--env", "CartPole-v1", "--env-kwargs",
                                                 '{"max_episode_steps": -5}'], "could not be made"),
     "--env a class that raises": (env_module("hostile_env_raises", RAISES), "RuntimeError: no display"),
     "--env a class whose space raises": (env_module("hostile_env_space", BAD_SPACE), "ZeroDivisionError"),
+    "--env whose constructor hangs": (lambda tmp: [*env_module("hostile_env_hangs", HANGS)(tmp), "--timeout", "3"],
+                                      "timed out after 3 s"),
     "--env a module that is missing": (lambda tmp: [DISCRETE, *QUICK, "--env", "no_such_module:Env"], "cannot import"),
-    "--env and --trajectory": (option("--env", "CartPole-v1", "--trajectory", "t.npy"), "exclude each other"),
-    "--episodes 0": (lambda tmp: [DISCRETE, *QUICK, "--env", "CartPole-v1", "--episodes", "0"], "--episodes"),
-    "--return-tolerance abc": (option("--return-tolerance", "abc"), "return-tolerance"),
 }
 
 
@@ -547,7 +555,14 @@ TABLE = {**MODELS, **FILES, **OPTIONS, **CONFIGS, **RESULTS, **FOLDERS}
 
 
 def test_the_table_covers_at_least_150_cases():
-    assert len(TABLE) >= 150, len(TABLE)
+    assert len(TABLE) + len(ENVIRONMENTS) >= 150, len(TABLE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ENVIRONMENTS)
+def test_a_hostile_environment_is_one_line_and_exit_2(case, tmp_path, policy_matrix):
+    make, expected = ENVIRONMENTS[case]
+    assert_one_line(policy_matrix(make(tmp_path)), expected)
 
 
 @pytest.mark.parametrize("case", TABLE)
