@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from targets.base import signal_name
 
 from . import contract, isolation, metrics, rollouts
 from .model import ModelInfo
@@ -92,7 +93,7 @@ class Ending:
             return f"out of memory (limit {_size(self.memory_limit)}): {tail}"
         if self.returncode < 0:
             number = -self.returncode
-            return f"killed by signal {number} ({_signal_name(number)}) after {self.duration_s:.1f} s" + (f": {tail}" if tail else "")
+            return f"killed by signal {number} ({signal_name(number)}) after {self.duration_s:.1f} s" + (f": {tail}" if tail else "")
         return f"exited with code {self.returncode}" + (f": {tail}" if tail else "")
 
     def _log_tail(self) -> str:
@@ -293,13 +294,6 @@ def read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "unknown"
 
 
 def _size(nbytes: int) -> str:

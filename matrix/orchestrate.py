@@ -344,7 +344,7 @@ class Journal:
         found = {}
         for line in _json_lines(path):
             if line.get("run_id") == run_id and line.get("model_sha256") == model_sha256:
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, RecursionError):  # not a cell (edited, or nested too deep)
                     cell = Cell.model_validate(upgrade_v1_cell(line))
                     if not cells.failed_on_tool_io(cell):  # a full disk is no verdict: run it again
                         found[(cell.target, cell.variant, cell.candidate, cell.settings_label)] = cell
@@ -371,7 +371,7 @@ def _json_lines(path: Path) -> list[dict]:
         return []
     lines = []
     for raw in text.splitlines():
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):  # a line cut short, or nested past parsing
             data = json.loads(raw)
             if isinstance(data, dict):
                 lines.append(data)

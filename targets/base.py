@@ -11,6 +11,7 @@ run any target the same way: files in, JSON out.
 
 from __future__ import annotations
 
+import signal
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -203,3 +204,11 @@ class Target(ABC):
 
     def start_service(self, run_dir: Path) -> RunService | None:
         return None
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL for 9: how a process that was killed is named in every message."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from matrix.paths import cache_dir
 
+from .base import signal_name
 from .build_once import exclusive
 
 
@@ -112,6 +113,8 @@ def run_json(python: Path, script: Path, request: dict, timeout_s: float) -> dic
         [str(python), str(script), str(request_file)], capture_output=True, text=True, timeout=timeout_s, env=env
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode < 0:  # killed: its last words show only where it was (e.g. a half-done import)
+        raise EnvError(f"{script.name} was killed by signal {-done.returncode} ({signal_name(-done.returncode)})")
     if done.returncode != 0 or not lines:
         raise EnvError(_last_line(done.stderr) or f"{script.name} exited with {done.returncode}")
     return json.loads(lines[-1])

@@ -11,20 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import tempfile
 from typing import Any
 
+from .base import signal_name
+
 LOG_TAIL_CHARS = 2000  # enough for a stack trace's last frames and the error
 LAST_LINE_CHARS = 300
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "unknown signal"
 
 
 class JsonLinesProcess:
@@ -59,7 +53,7 @@ class JsonLinesProcess:
         an exit gives the log's last line, the error."""
         code = self.process.wait()
         if code < 0:
-            return f"{self.name} was killed by signal {-code} ({_signal_name(-code)})"
+            return f"{self.name} was killed by signal {-code} ({signal_name(-code)})"
         lines = [line.strip() for line in self.log()[-LOG_TAIL_CHARS:].splitlines() if line.strip()]
         return f"{self.name} exited with code {code}: {lines[-1][:LAST_LINE_CHARS] if lines else 'no output'}"
 

@@ -575,3 +575,12 @@ def test_a_planted_link_is_left_untouched(tmp_path, policy_matrix):
     args = planted_link("results.jsonl")(tmp_path)
     policy_matrix(args)
     assert (tmp_path / "victim.txt").read_text() == "keep me"
+
+
+def test_an_interrupted_shard_does_not_decide_the_exit_code_of_a_merge(tmp_path, policy_matrix):
+    """Only the run that was interrupted exits 130/143; a merge shows the shard's interruption and exits by
+    the verdicts (--fail-on), as CI expects of a merge job."""
+    interrupted = _shard(lambda data: data.update(schema_version=2, interrupted={"after_cells": 2, "signal": "SIGINT"}))
+    code, lines = policy_matrix(["merge", _results_file(tmp_path, interrupted), "--out", tmp_path / "merged"])
+    assert code == 0, lines[-5:]
+    assert "interrupted (SIGINT) after 2 cells" in (tmp_path / "merged" / "summary.md").read_text()
