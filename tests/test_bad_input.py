@@ -64,7 +64,7 @@ def _type_clash(tmp: Path) -> Path:
 
 
 BAD_MODELS = {
-    "missing file": (_missing, "no such file"),
+    "missing file": (_missing, "no such model file"),
     "not onnx": (_not_onnx, "not an ONNX model"),
     "truncated": (_truncated, "not an ONNX model"),
     "unsupported op domain": (_custom_domain, "com.example"),
