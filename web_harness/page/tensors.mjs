@@ -45,10 +45,20 @@ export function decodeFeeds(ort, wire) {
 // A sequence or map output (skl2onnx's ZipMap) is left out of the matrix, and onnxruntime-web cannot
 // read one back: a session that has one fetches its tensor outputs only.
 export function tensorRunner(session, options) {
-  const meta = session.outputMetadata;
+  const meta = outputMetadata(session);
   if (!meta || meta.every((m) => m.isTensor !== false)) return (feeds) => session.run(feeds, options);
   const fetches = session.outputNames.filter((_, i) => meta[i].isTensor !== false);
   return (feeds) => session.run(feeds, fetches, options);
+}
+
+// The WebGL backend throws "Getting model metadata is not supported in webgl backend": no metadata
+// means no ZipMap can be told apart there, so every output is fetched (as before the metadata existed).
+function outputMetadata(session) {
+  try {
+    return session.outputMetadata;
+  } catch {
+    return undefined;
+  }
 }
 
 export function encodeOutputs(results) {
