@@ -707,7 +707,6 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
            threads, tolerance, timeout, memory_limit, env, episodes, env_kwargs):
     """The first release of TARGET's runtime between OLD and NEW where MODEL's MEASURE changed, in log2 steps."""
     from . import release_bisect as releases
-    from . import model as model_loader
     from .orchestrate import RunConfig, lock_out
 
     old, new = releases.parse_range(release_range)
@@ -726,10 +725,10 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
         batch_sizes=_ints(batch_sizes, "--batch-sizes"), warmup=options.at_least(warmup, 0, "--warmup"),
         iters=options.at_least(iters, 1, "--iters"), threads=options.at_least(threads, 1, "--threads"),
         timeout_s=options.seconds(timeout, "--timeout"), tolerances=_tolerances(list(tolerance)), memory_limit=limit,
-        model=model_loader.load(model),
+        model=_load_model(model, limit, {}),
     )
     config.rollout, config.return_tolerance = _rollout_settings(
-        config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs})
+        config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs}, config.limits)
     span = releases.releases_between(offered, old, new, floor)
     options.writable_dir(config.out)
     with lock_out(config.out):
