@@ -14,7 +14,6 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from . import validated
 from .errors import InputError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -103,6 +102,8 @@ def read_toml(path: Path) -> dict:
         raise InputError(f"{path}: cannot read the config ({error.strerror or error})") from None
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: cannot read the config (not UTF-8: byte {error.start})") from None
+    from . import validated  # here, not at the top: it imports numpy and pydantic, which --version/--help never pay for
+
     try:
         return validated.check_nesting(tomllib.loads(text), f"{path}: cannot read the config")
     except tomllib.TOMLDecodeError as error:
