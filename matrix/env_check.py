@@ -22,11 +22,13 @@ def check(plan: rollouts.RolloutPlan, limits: guarded.Limits) -> None:
             raise InputError(f"--env {plan.env[:100]!r}: checking the environment did not finish: {error}") from None
     if answer.get("error"):
         raise InputError(answer["error"])
+    plan.action_low, plan.action_high = answer.get("action_low"), answer.get("action_high")  # what the check read
 
 
 def guarded_step(spec: dict, folder: Path) -> dict:
+    plan = rollouts.RolloutPlan.from_dict(spec["plan"])
     try:
-        rollouts.check(rollouts.RolloutPlan.from_dict(spec["plan"]))
+        rollouts.check(plan)
     except InputError as error:
         return {"error": str(error)}
-    return {}
+    return {"action_low": plan.action_low, "action_high": plan.action_high}  # the Box bounds the check found
