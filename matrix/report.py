@@ -363,7 +363,7 @@ def _ship_table_markdown(results: RunResults) -> list[str]:
                      f"| {size} | {_md(chosen.why)} |")
         if decision.runner_up:
             lines.append(f"| | ↳ {_md(decide.runner_up_line(decision, name))} | | | | | |")
-    return lines + ["", f"_{_md(results.decision[0].tie_rule)}_", ""]
+    return lines + ["", f"Order: {_md(results.decision[0].tie_rule)}.", ""]
 
 
 def _md_cell(cell: Cell | None) -> str:
