@@ -7,6 +7,7 @@ from xml.etree import ElementTree as ET
 import pytest
 from conftest import EXAMPLES, load_results, run_cli
 
+from matrix import decide, noise
 from matrix import results as schema
 from matrix.examples import path as example
 
@@ -157,8 +158,11 @@ def test_recommendation_ships_the_simplest_of_equally_fast_passing_variants(ort_
     chosen = cells[decision.chosen.variant]
     passing = [c for c in cells.values() if c.verdict == "PASS"]
     steady = [c for c in passing if c.latency[0].p99_us <= decide.TAIL_FACTOR * min(p.latency[0].p99_us for p in passing)]
-    fastest = min(c.latency[0].p50_us for c in steady)
-    assert chosen in steady and chosen.latency[0].p50_us <= fastest * (1 + decide.SAME_SPEED) and decision.chosen.why
-    simpler_and_as_fast = [c for c in steady if decide.VARIANT_ORDER[c.variant] < decide.VARIANT_ORDER[chosen.variant]
-                           and c.latency[0].p50_us <= fastest * (1 + decide.SAME_SPEED)]
+    fastest = min(steady, key=lambda c: c.latency[0].p50_us)
+
+    def as_fast(cell) -> bool:  # the noise bands' rule (matrix/noise.py), not the decision's own code
+        return not noise.differs(noise.ratio_band(fastest.latency[0].p50_band, cell.latency[0].p50_band), decide.SAME_SPEED)
+
+    assert chosen in steady and as_fast(chosen) and decision.chosen.why
+    simpler_and_as_fast = [c for c in steady if decide.VARIANT_ORDER[c.variant] < decide.VARIANT_ORDER[chosen.variant] and as_fast(c)]
     assert not simpler_and_as_fast
