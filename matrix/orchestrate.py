@@ -453,7 +453,8 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_sourc
     folder.mkdir(exist_ok=True)
     for stale in ("reference.npz", "dev_runtime.npz", "rollout.npz", "reference.json"):
         (folder / stale).unlink(missing_ok=True)
-    spec = {"model": str(config.model.path.resolve()), "observations": str(obs_path.resolve()), "chunk": chunk,
+    spec = {"model": str(config.model.path.resolve()), "batch_axes_given": config.batch_axes_given,
+            "observations": str(obs_path.resolve()), "chunk": chunk,
             "rollout": config.rollout.as_dict() if config.rollout else None,
             "visited_states": {"count": config.n_obs, "multiple": chunk or 1} if obs_source.kind == observation_sources.VISITED else None}
     (folder / "reference_spec.json").write_text(json.dumps(spec))

@@ -32,7 +32,7 @@ def stage(name: str) -> None:
 
 def main(folder: Path) -> None:
     spec = json.loads((folder / "reference_spec.json").read_text())
-    info = model_loader.load(Path(spec["model"]))
+    info = model_loader.load(Path(spec["model"]), spec.get("batch_axes_given") or {})  # the user's --batch-axis too
     plan = rollouts.RolloutPlan.from_dict(spec["rollout"]) if spec.get("rollout") else None
     report: dict = {}
     if spec.get("visited_states"):  # the observation set is sampled from this rollout: it runs first
