@@ -17,7 +17,7 @@ def cell_p50(target: str, info: ModelInfo, feeds: observations.Feeds, batch: int
         spec = cells.CellSpec(
             target=target, variant="fp32", observations=str(folder / "obs.npz"),
             onnx_variants={k: str(v) for k, v in paths.items()}, variant_errors=errors,
-            batch_sizes=[batch], warmup=50, iters=iters,
+            batch_sizes=[batch], warmup=50, iters=iters, batch_axes=info.batch_axes,
         )
         worker = cells.Worker(memory_limit=None, lifetime_s=600)  # the worker a run's cells share
         try:

@@ -63,7 +63,7 @@ def cell(target: str, folder: Path, policy: Path, episodes: int, services: Servi
     spec = cells.CellSpec(
         target=target, variant="fp32", observations=str(folder / "obs.npz"),
         onnx_variants={k: str(v) for k, v in paths.items()}, variant_errors=errors,
-        batch_sizes=[1], warmup=50, iters=500, rollout=plan.as_dict(),
+        batch_sizes=[1], warmup=50, iters=500, rollout=plan.as_dict(), batch_axes=info.batch_axes,
     )
     env = services.env_for(targets.get(target))
     return cells.execute(folder / target, spec, env, 600, lambda _: None).measurement

@@ -69,7 +69,7 @@ def run_cell(prepared, services, target, name, variant):
     spec = cells.CellSpec(
         target=target.name, variant=variant, observations=str(ready["folder"] / "observations.npz"),
         onnx_variants={k: str(v) for k, v in ready["paths"].items()}, variant_errors=ready["errors"],
-        batch_sizes=[1, 8], warmup=2, iters=10,
+        batch_sizes=[1, 8], warmup=2, iters=10, batch_axes=ready["info"].batch_axes,
     )
     outcome = cells.execute(ready["folder"] / f"{target.name}-{variant}", spec, services.env_for(target), 600, lambda _: None)
     evidence = Evidence(ready["info"], ready["ref"], ready["base"])

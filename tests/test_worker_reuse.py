@@ -31,7 +31,7 @@ def template(tmp_path_factory) -> cells.CellSpec:
     paths, errors = variants.produce_all(info, ["fp32", "fp16", "int8"], folder)
     return cells.CellSpec(target="ort-cpu", variant="fp32", observations=str(folder / "obs.npz"),
                           onnx_variants={k: str(v) for k, v in paths.items()}, variant_errors=errors,
-                          batch_sizes=[1], warmup=2, iters=10)
+                          batch_sizes=[1], warmup=2, iters=10, batch_axes=info.batch_axes)
 
 
 def _serve(worker: cells.Worker, folder: Path, spec: cells.CellSpec, on_stage=lambda _: None) -> cells.CellOutcome:
