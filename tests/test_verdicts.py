@@ -106,9 +106,9 @@ def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_reco
                 artifact=ArtifactInfo(size_bytes=1000, conversion_s=0))
     int8 = Cell(host="h", target="t", variant="int8", verdict="PASS", latency=stats, parity=parity,
                 artifact=ArtifactInfo(size_bytes=1000, conversion_s=0, quantization=counted))
-    verdict, reasons = verdict(int8, Context(Tolerance(0.25)))
-    assert verdict == "WARN" and "nothing quantized" in reasons[0]
-    int8.verdict = verdict
+    judged, reasons = verdict(int8, Context(Tolerance(0.25)))
+    assert judged == "WARN" and "nothing quantized" in reasons[0]
+    int8.verdict = judged
     results = RunResults(tool_version="t", created="now", model={}, hosts=[], settings={}, lints=[], cells=[int8, fp32])
     (decision,) = shipping.decide_all(results, [])
     assert decision.chosen.variant == "fp32" and decision.runner_up is None  # the faster-or-equal int8 is out
