@@ -427,7 +427,9 @@ def test_an_npz_of_unused_giants_runs_reading_only_the_models_input(tmp_path):
                                               "--variants", "fp32", "--iters", "5", "--memory-limit", "300M",
                                               "--out", tmp_path / "out")
     assert code == 0, stderr[-2000:]
-    assert peak < 300 << 20, f"peak {peak / 2**20:.0f} MiB"
+    # Resident memory counts the runtimes' shared libraries, which the data cap does not: the bound that shows the
+    # 1.1 GB of unused arrays were never read is half of them, not the cap itself (peaks seen: 156-344 MiB).
+    assert peak < 550 << 20, f"peak {peak / 2**20:.0f} MiB"
 
 
 def test_missing_config(tmp_path):
