@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import forkserver
 from .errors import InputError
 
 PR_SET_PDEATHSIG = 1
@@ -50,16 +51,20 @@ def has_parent_death_signal() -> bool:
     return _LIBC is not None
 
 
-def _child_setup(memory_limit: int | None, parent_pid: int, death_signal: bool):
-    """Runs in the child between fork and exec: only async-safe, pre-bound calls."""
+def limit_this_process(memory_limit: int | None, parent_pid: int | None) -> None:
+    """In a new child, before it runs any job code: the memory cap, and death with `parent_pid` (None: no
+    parent-death signal here). Only async-signal-safe, pre-bound calls: it also runs between fork and exec."""
+    if memory_limit:
+        resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
+    if parent_pid is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before the request took effect
+            os._exit(137)
 
+
+def _child_setup(memory_limit: int | None, parent_pid: int, death_signal: bool):
     def setup() -> None:
-        if memory_limit:
-            resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
-        if death_signal:
-            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent_pid:  # the parent died before the request took effect
-                os._exit(137)
+        limit_this_process(memory_limit, parent_pid if death_signal else None)
 
     return setup
 
@@ -99,21 +104,41 @@ def _data_in_use() -> int | None:
     return None
 
 
-def start(command: list[str], *, memory_limit: int | None, timeout_s: float, **popen) -> subprocess.Popen:
-    """Popen in a new session with the memory cap and death-with-parent; on hosts without a
-    parent-death signal, a watchdog enforces the same."""
-    death_signal = has_parent_death_signal()
-    process = subprocess.Popen(
-        command, start_new_session=True, preexec_fn=_child_setup(memory_limit, os.getpid(), death_signal), **popen
-    )
-    if not death_signal:
+def start(command: list[str], *, memory_limit: int | None, timeout_s: float, **popen):
+    """A process in a new session with the memory cap and death-with-parent; on hosts without a
+    parent-death signal, a watchdog enforces the same. `python -m MODULE` of this interpreter is forked
+    from the pre-warmed fork server (matrix.forkserver) when it can be, with the same guarantees;
+    anything else is an interpreter or program of its own (Popen)."""
+    process = _forked(command, memory_limit, popen) or _popen(command, memory_limit, popen)
+    if not has_parent_death_signal():
         watch(process.pid, timeout_s)
     return process
 
 
+def _forked(command: list[str], memory_limit: int | None, popen: dict):
+    env = popen.get("env") or dict(os.environ)
+    plain = set(popen) <= {"stdin", "stdout", "stderr", "text", "env"} and popen.get("stderr") not in (
+        subprocess.PIPE, subprocess.STDOUT)
+    if not (forkserver.supported() and plain and forkserver.module_of(command)):
+        return None
+    return forkserver.CLIENT.start(command, env=env, memory_limit=memory_limit, death_signal=has_parent_death_signal(),
+                                   stdin=popen.get("stdin"), stdout=popen.get("stdout"), stderr=popen.get("stderr"),
+                                   text=bool(popen.get("text")))
+
+
+def _popen(command: list[str], memory_limit: int | None, popen: dict) -> subprocess.Popen:
+    death_signal = has_parent_death_signal()
+    return subprocess.Popen(
+        command, start_new_session=True, preexec_fn=_child_setup(memory_limit, os.getpid(), death_signal), **popen
+    )
+
+
 def start_dying_with_parent(command: list[str], **popen) -> subprocess.Popen:
-    """A long-lived helper (e.g. the run's browser): no memory cap, but gone with the runner."""
-    return start(command, memory_limit=None, timeout_s=float("inf"), **popen)
+    """A long-lived helper (e.g. the run's browser, the fork server): no memory cap, but gone with the runner."""
+    process = _popen(command, None, popen)
+    if not has_parent_death_signal():
+        watch(process.pid, float("inf"))
+    return process
 
 
 def watch(pgid: int, timeout_s: float) -> subprocess.Popen:

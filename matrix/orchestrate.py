@@ -34,7 +34,7 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import (__version__, action_range, assist, batch_axes, cells, grid, guarded, isolation, observations, outdir, reference,
+from . import (__version__, action_range, assist, batch_axes, cells, forkserver, grid, guarded, isolation, observations, outdir, reference,
                reference_job, rollouts, source, observation_sources, userfiles, validated, variants)
 from .errors import InputError, Terminated
 from .lint import lint
@@ -141,6 +141,7 @@ def lock_out(out: Path):
 
 
 def run(config: RunConfig, console: Console) -> RunResults:
+    forkserver.CLIENT.warm()  # its imports overlap the observation set; the reference job is its first child
     config.out.mkdir(parents=True, exist_ok=True)
     model = config.model
     identity = run_identity(config)
