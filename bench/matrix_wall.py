@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import psutil  # the dev extra's; it reads the run's process tree
+from matrix import guarded
 from matrix.protocol import MEASUREMENT_FILE, SPEC_FILE, STAGES, Measurement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,8 +99,8 @@ def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str
         row = per_target.setdefault(target, {})
         for name, value in seconds.items():
             row[name] = row.get(name, 0.0) + value
-    reference_start = mtime(out / "reference" / "reference_spec.json")
-    reference_end = mtime(out / "reference" / "reference.json")
+    reference_start = mtime(out / "reference" / guarded.SPEC_FILE)
+    reference_end = mtime(out / "reference" / guarded.RESULT_FILE)
     first_cell = handovers[0] if handovers else reference_end
     report_written = mtime(out / "index.html")
     run_steps = {

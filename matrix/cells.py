@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import queue
 import subprocess
@@ -23,11 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from targets.base import signal_name
-
-from . import isolation
+from . import guarded, isolation
 from .observations import Feeds
-from .protocol import DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, CellSpec, Measurement, read_message
+from .protocol import DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, CellSpec, Measurement
 from .results import Cell, CellError
 
 
@@ -58,7 +55,8 @@ def execute(
         ending = worker.serve(cell_dir, {**os.environ, **env}, timeout_s, on_stage)
     else:
         command = [sys.executable, "-m", "matrix.worker", str(cell_dir)]
-        ending = run_guarded(command, cell_dir / LOG_FILE, {**os.environ, **env}, timeout_s, memory_limit, on_stage)
+        ending = guarded.run_process(command, cell_dir / LOG_FILE, {**os.environ, **env}, guarded.Limits(timeout_s, memory_limit),
+                                     on_stage)
     return CellOutcome(_measurement(cell_dir, ending), _arrays(cell_dir), ending.duration_s)
 
 
@@ -67,58 +65,6 @@ def _prepare_cell_dir(cell_dir: Path, spec: CellSpec) -> None:
     for stale in (MEASUREMENT_FILE, OUTPUTS_FILE):
         (cell_dir / stale).unlink(missing_ok=True)
     spec.write(cell_dir)
-
-
-@dataclass
-class Ending:
-    """How a guarded process ended, in the words a cell reports."""
-
-    returncode: int
-    duration_s: float
-    timed_out: bool
-    last_stage: str
-    timeout_s: float
-    memory_limit: int | None
-    log: Path
-
-    def describe(self) -> str:
-        if self.timed_out:
-            return f"timed out after {self.timeout_s:g} s (--timeout)"
-        tail = self._log_tail()
-        if self.memory_limit and _looks_out_of_memory(tail):
-            return f"out of memory (limit {_size(self.memory_limit)}): {tail}"
-        if self.returncode < 0:
-            number = -self.returncode
-            return f"killed by signal {number} ({signal_name(number)}) after {self.duration_s:.1f} s" + (f": {tail}" if tail else "")
-        return f"exited with code {self.returncode}" + (f": {tail}" if tail else "")
-
-    def _log_tail(self) -> str:
-        try:
-            lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
-        except OSError:
-            return ""
-        return lines[-1].strip()[:600] if lines else ""
-
-
-def run_guarded(command, log_path: Path, env: dict, timeout_s: float, memory_limit: int | None, on_stage) -> Ending:
-    """Run `command` isolated (own group, memory cap, dies with the runner), follow its stage
-    lines, and kill its whole group on a timeout or when the run itself is interrupted."""
-    started = time.perf_counter()
-    last_stage = [START]
-    timed_out = False
-    with open(log_path, "w") as log:
-        process = isolation.start(command, memory_limit=memory_limit, timeout_s=timeout_s,
-                                  stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-        reader = threading.Thread(target=_follow, args=(process, last_stage, on_stage), daemon=True)
-        reader.start()
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:  # on a timeout, and when the run itself is interrupted: no orphaned runtime
-            isolation.kill_group(process)
-        reader.join(timeout=5)
-    return Ending(process.returncode, time.perf_counter() - started, timed_out, last_stage[0], timeout_s, memory_limit, log_path)
 
 
 class Worker:
@@ -134,7 +80,7 @@ class Worker:
         self.env: dict | None = None
         self.messages: queue.Queue = queue.Queue()
 
-    def serve(self, cell_dir: Path, env: dict, timeout_s: float, on_stage) -> Ending:
+    def serve(self, cell_dir: Path, env: dict, timeout_s: float, on_stage) -> guarded.Ending:
         started = time.perf_counter()
         log = cell_dir / LOG_FILE
         if self.process is None or self.process.poll() is not None or env != self.env:
@@ -153,7 +99,7 @@ class Worker:
         returncode = 0
         if ended != "done":  # hung or dead: its group goes, the target's next cell starts afresh
             returncode = self._kill()
-        return Ending(returncode, time.perf_counter() - started, ended == "timeout", last_stage[0], timeout_s,
+        return guarded.Ending(returncode, time.perf_counter() - started, ended == "timeout", last_stage[0], timeout_s,
                       self.memory_limit, log)
 
     def _kill(self) -> int:
@@ -182,7 +128,7 @@ class Worker:
                 return "exited"
             if "done" in message:
                 return "done"
-            _on_message(message, last_stage, on_stage)
+            guarded.note_stage(message, last_stage, on_stage)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -194,45 +140,10 @@ class Worker:
             self.process = None
 
 
-def _messages(stream):
-    """The protocol's JSON lines on a worker's stdout; a runtime printing there is not a message."""
-    for line in stream:
-        message = read_message(line)
-        if message is not None:
-            yield message
-
-
-def _relay(process: subprocess.Popen, messages: queue.Queue) -> None:
-    for message in _messages(process.stdout):
+def _relay(process, messages: queue.Queue) -> None:
+    for message in guarded.protocol_messages(process.stdout):
         messages.put(message)
     messages.put(None)  # end of output: the worker exited
-
-
-def _on_message(message: dict, last_stage: list, on_stage) -> None:
-    name = message.get("stage")
-    if name:
-        last_stage[0] = name
-        on_stage(f"{name} ({message['progress']})" if "progress" in message else name)
-
-
-def _follow(process: subprocess.Popen, last_stage: list, on_stage) -> None:
-    for message in _messages(process.stdout):
-        _on_message(message, last_stage, on_stage)
-
-
-MEMORY_WORDS = ("MemoryError", "bad_alloc", "Unable to allocate", "Failed to allocate", "Cannot allocate memory",
-                "out of memory", "std::length_error", "Memory allocation still failed")  # the last: OpenBLAS
-
-
-def _looks_out_of_memory(text: str) -> bool:
-    return any(word in text for word in MEMORY_WORDS)
-
-
-def name_out_of_memory(message: str, memory_limit: int | None) -> str:
-    """A runtime's allocation failure under the cap, said as what it is."""
-    if memory_limit and _looks_out_of_memory(message):
-        return f"out of memory (limit {_size(memory_limit)}): {message}"
-    return message
 
 
 # The tool's own files failing (a full disk, a read-only or failing mount): the tool's problem, not the runtime's.
@@ -268,32 +179,19 @@ def failed_on_tool_io(cell: Cell) -> bool:
     return cell.error is not None and cell.error.message.startswith(TOOL_IO_PREFIX)
 
 
-def _measurement(cell_dir: Path, ending: Ending) -> Measurement:
+def _measurement(cell_dir: Path, ending: guarded.Ending) -> Measurement:
     """What the worker left (possibly partial: it writes as it goes), plus why it stopped when it
     did not finish on its own."""
     measurement = Measurement.read(cell_dir)
     if measurement is None:
         measurement = Measurement()
     elif measurement.error:
-        measurement.error.message = name_out_of_memory(measurement.error.message, ending.memory_limit)
+        measurement.error.message = guarded.name_out_of_memory(measurement.error.message, ending.memory_limit)
         measurement.error.message = name_tool_io(measurement.error.message)
     if measurement.stopped_itself or (ending.returncode == 0 and not ending.timed_out and measurement.stage != START):
         return measurement
     stage = measurement.stage if measurement.stage not in (START, DONE) else ending.last_stage
     return measurement.model_copy(update={"error": CellError(stage=stage, message=name_tool_io(ending.describe(), cell_dir))})
-
-
-def read_json(path: Path) -> dict:
-    """{} when absent or cut short (a worker killed while writing)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes / (1 << 30):g} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):g} MiB"
 
 
 def _arrays(cell_dir: Path) -> Feeds:

@@ -452,20 +452,18 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_sourc
     matrix.reference_job); with visited states as the source, the job samples them into `obs_path` first."""
     folder = config.out / "reference"
     folder.mkdir(exist_ok=True)
-    for stale in ("reference.npz", "dev_runtime.npz", "rollout.npz", "reference.json"):
+    for stale in ("reference.npz", "dev_runtime.npz", "rollout.npz"):
         (folder / stale).unlink(missing_ok=True)
     spec = {"model": str(config.model.path.resolve()), "batch_axes_given": config.batch_axes_given,
             "observations": str(obs_path.resolve()), "chunk": chunk,
             "rollout": config.rollout.as_dict() if config.rollout else None,
             "visited_states": {"count": config.n_obs, "multiple": chunk or 1} if obs_source.kind == observation_sources.VISITED else None}
-    (folder / "reference_spec.json").write_text(json.dumps(spec))
-    ending = cells.run_guarded([sys.executable, "-m", "matrix.reference_job", str(folder)], folder / "reference.log",
-                               dict(os.environ), config.timeout_s, config.memory_limit, lambda stage: None)
-    report = cells.read_json(folder / "reference.json")
+    answer, ending = guarded.attempt("reference", spec, folder, config.limits)
+    report = answer or {}
     if "rollout_error" in report and obs_source.kind == observation_sources.VISITED:  # no rollout: no visited states to judge on
         raise InputError(report["rollout_error"])
     if "error" in report or not (folder / "reference.npz").exists():
-        reason = cells.name_out_of_memory(report["error"], config.memory_limit) if "error" in report else ending.describe()
+        reason = guarded.name_out_of_memory(report["error"], config.memory_limit) if "error" in report else ending.describe()
         raise InputError(f"the float64 reference of {config.model.path.name} could not be computed: {reason}")
     outputs, margins = reference_job.load(folder / "reference.npz")
     dev_runtime = reference_job.load(folder / "dev_runtime.npz")[0] if (folder / "dev_runtime.npz").exists() else None

@@ -10,6 +10,7 @@ with one line. The journal, the one file opened for appending, is also opened wi
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -58,13 +59,13 @@ def write_atomic(path: Path, text: str) -> None:
 
 def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """The whole file or the previous one, never a truncated one (a full disk, a kill): `write` fills a
-    fresh staging name (a link planted there is removed, not followed), which is then renamed over `path`."""
-    partial = path.with_name(f".{path.name}.partial")
+    staging name of its own beside `path` (created exclusively, so a link planted there is never followed,
+    and unique, so two processes writing the same cache entry never share one), renamed over `path`."""
+    descriptor, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
-        partial.unlink(missing_ok=True)
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         with os.fdopen(descriptor, "wb") as stream:
             write(stream)
-        partial.replace(path)
+        os.chmod(staging, 0o644)  # mkstemp's 0600 would differ from every other file the tool writes
+        os.replace(staging, path)
     finally:
-        partial.unlink(missing_ok=True)
+        Path(staging).unlink(missing_ok=True)

@@ -44,6 +44,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import cells, guarded
+from .errors import error_line
 from .protocol import CellInputs
 from . import model as model_loader
 from . import variants as core_variants
@@ -308,7 +309,7 @@ def candidates(proto: onnx.ModelProto) -> list[tuple[str, Prepared]]:
             applied = [name for name in recipe if prepared.apply(name)]
             prepared.proto = _checked(prepared.proto)
         except Exception as error:  # one tool failing costs its recipe only
-            found.append((" + ".join(recipe), Prepared(proto, error=_one_line(error))))
+            found.append((" + ".join(recipe), Prepared(proto, error=error_line(error, 400))))
             continue
         if not applied:
             continue
@@ -437,7 +438,7 @@ def _attempt(cell, info, template, judge, folder, report_root, env, limits: guar
         paths, errors = core_variants.produce_guarded(prepared_info, [cell.variant], folder / f"{slug}-variants", limits,
                                                       keep_fp32=prepared.keep_fp32)
     except Exception as error:  # the tool made an unusable graph: its problem, not the runtime's
-        attempt.reasons = [f"the prepared graph is unusable: {_one_line(error)}"]
+        attempt.reasons = [f"the prepared graph is unusable: {error_line(error, 400)}"]
         return attempt
     if prepared.keep_fp32 and cell.variant in paths:  # the fix is the variant file itself
         attempt.prepared_onnx = str(paths[cell.variant].relative_to(report_root))
@@ -518,9 +519,4 @@ def _retype_outputs(proto: onnx.ModelProto) -> None:
     for index, output in enumerate(proto.graph.output):
         if not output.type.HasField("tensor_type") and output.name in types:
             proto.graph.output[index].CopyFrom(types[output.name])
-
-
-def _one_line(error: Exception) -> str:
-    text = " ".join(str(error).split())[:400]
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 

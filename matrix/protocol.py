@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import Field, ValidationError
 
 from . import options
+from .outdir import write_atomic
 from .paths import cache_dir
 from .results import ArtifactInfo, Backend, CellError, LatencyStats, Placement, Record
 
@@ -119,9 +120,7 @@ class Measurement(Record):
 
     def save(self, cell_dir: Path) -> None:
         """Written whole, then swapped in: a kill mid-write never leaves half a file."""
-        partial = cell_dir / f"{MEASUREMENT_FILE}.partial"
-        partial.write_text(self.model_dump_json(fallback=_plain))
-        partial.replace(cell_dir / MEASUREMENT_FILE)
+        write_atomic(cell_dir / MEASUREMENT_FILE, self.model_dump_json(fallback=_plain))
 
     @classmethod
     def read(cls, cell_dir: Path) -> Measurement | None:

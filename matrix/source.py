@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cells, contract, isolation, rollouts, rules
+from . import cells, contract, guarded, isolation, rollouts, rules
 from .errors import InputError
 from .model import ModelInfo
 from .protocol import STAGES_AFTER_PARITY
@@ -173,8 +173,8 @@ def execute(spec: SourceSpec, inputs: ColumnInputs, folder: Path, on_stage) -> c
         "rollout": inputs.rollout.as_dict() if inputs.rollout else None, "warmup": inputs.warmup, "iters": inputs.iters,
     }
     (folder / "source_spec.json").write_text(json.dumps(job_spec))
-    ending = cells.run_guarded([sys.executable, "-m", "matrix.source_job", str(folder)], folder / "source.log",
-                               dict(os.environ), inputs.timeout_s, inputs.memory_limit, on_stage)
+    ending = guarded.run_process([sys.executable, "-m", "matrix.source_job", str(folder)], folder / "source.log",
+                                 dict(os.environ), guarded.Limits(inputs.timeout_s, inputs.memory_limit), on_stage)
     return cells.CellOutcome(cells._measurement(folder, ending), cells._arrays(folder), ending.duration_s)
 
 
@@ -263,7 +263,7 @@ def action_bounds(facts: dict, plan: rollouts.RolloutPlan | None) -> Bounds | No
 
 
 def read_facts(folder: Path) -> dict:
-    return cells.read_json(folder / FACTS_FILE)
+    return guarded.read_json(folder / FACTS_FILE)
 
 
 def run_column(spec: SourceSpec, inputs: ColumnInputs, judging: Judging, folder: Path, on_stage) -> Cell:

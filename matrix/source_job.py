@@ -27,6 +27,7 @@ from targets.jsonl_process import JsonLinesProcess
 from . import model as model_loader
 from . import observations, reference, rollouts
 from .metrics import latency_stats
+from .outdir import write_atomic_with
 from .protocol import DONE, OUTPUTS_FILE, Measurement, stage_message
 from .results import CellError
 from .source_fit import DIVIDE_255, NORMALIZE
@@ -51,8 +52,7 @@ class SourceJob:
         print(stage_message(name, progress), flush=True)
 
     def save(self) -> None:
-        np.savez(self.folder / "outputs.partial.npz", **self.arrays)
-        (self.folder / "outputs.partial.npz").replace(self.folder / OUTPUTS_FILE)
+        write_atomic_with(self.folder / OUTPUTS_FILE, lambda stream: np.savez(stream, **self.arrays))
         self.measurement.save(self.folder)
 
     def named(self, answers: list) -> dict[str, np.ndarray]:

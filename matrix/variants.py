@@ -42,7 +42,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import tempfile
 import time
@@ -57,6 +56,7 @@ from onnxconverter_common import float16
 from . import guarded
 from . import model as model_loader
 from .model import ModelInfo
+from .outdir import write_atomic, write_atomic_with
 from .paths import cache_dir
 
 RECIPE = "fp16-keep-io-cast-io-or-blocked/int8-dynamic-u8u8/validated"  # part of the cache key: change it when a recipe changes
@@ -73,8 +73,8 @@ class Made:
 
     def write(self, path: Path) -> Path:
         """This run's own copy, with its sidecar (conversion time, nodes kept in fp32)."""
-        _write_atomically(path, self.content)
-        _write_atomically(_sidecar(path), json.dumps({"conversion_s": self.conversion_s, "kept_fp32": list(self.kept_fp32)}).encode())
+        write_atomic_with(path, lambda stream: stream.write(self.content))
+        write_atomic(_sidecar(path), json.dumps({"conversion_s": self.conversion_s, "kept_fp32": list(self.kept_fp32)}))
         return path
 
 
@@ -167,22 +167,10 @@ def _make(model: ModelInfo, variant: str, keep_fp32: tuple[str, ...], folder: Pa
     validate(model.proto, onnx.load_from_string(content), variant)
     result = Made(content, time.perf_counter() - started, tuple(kept))
     digest = hashlib.sha256(content).hexdigest()
-    _write_atomically(folder / f"{variant}-{digest}.onnx", content)
-    _write_atomically(folder / f"{variant}.json", json.dumps(
-        {"sha256": digest, "conversion_s": result.conversion_s, "kept_fp32": list(result.kept_fp32)}).encode())
+    write_atomic_with(folder / f"{variant}-{digest}.onnx", lambda stream: stream.write(content))
+    write_atomic(folder / f"{variant}.json", json.dumps(
+        {"sha256": digest, "conversion_s": result.conversion_s, "kept_fp32": list(result.kept_fp32)}))
     return result
-
-
-def _write_atomically(target: Path, content: bytes) -> None:
-    """Write under a unique name beside `target`, then rename: readers see the old file or the new one, whole."""
-    descriptor, staging = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(content)
-        os.replace(staging, target)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
 
 
 def conversion_seconds(variant_file: Path) -> float:

@@ -36,13 +36,12 @@ from targets.base import CellSkip, PrepareContext
 from . import observations, rollouts, variants
 from .contract import CONTRACT_BATCHES
 from .metrics import latency_stats
-from .protocol import DONE, OUTPUTS_FILE, CellSpec, Measurement, done_message, stage_message
+from .errors import error_line
+from .guarded import stage
+from .outdir import write_atomic_with
+from .protocol import DONE, OUTPUTS_FILE, CellSpec, Measurement, done_message
 from .results import ArtifactInfo, CellError
 from .rules import workaround_note
-
-
-def stage(name: str, progress: str = "") -> None:
-    print(stage_message(name, progress), flush=True)
 
 
 def main(cell_dir: Path) -> None:
@@ -55,7 +54,7 @@ def main(cell_dir: Path) -> None:
     except CellSkip as skip:
         measurement.skip = str(skip)
     except Exception as error:  # the runtime's own words become the cell's FAIL reason
-        measurement.error = CellError(stage=measurement.stage, message=_one_line(error))
+        measurement.error = CellError(stage=measurement.stage, message=error_line(error))
         measurement.traceback = traceback.format_exc(limit=8)
     finally:
         measurement.timeline["finished"] = time.time()
@@ -73,8 +72,7 @@ def _first_timeline() -> dict:
 
 def _save(cell_dir: Path, measurement: Measurement, arrays: dict) -> None:
     """Write both files whole, then swap them in: a kill mid-write never leaves half a file."""
-    np.savez(cell_dir / "outputs.partial.npz", **arrays)
-    (cell_dir / "outputs.partial.npz").replace(cell_dir / OUTPUTS_FILE)
+    write_atomic_with(cell_dir / OUTPUTS_FILE, lambda stream: np.savez(stream, **arrays))
     measurement.save(cell_dir)
 
 
@@ -220,16 +218,6 @@ def _rollout(session, plan, measurement, arrays) -> None:
     measured, episode_arrays = rollouts.drive(session.run, plan, lambda progress: stage("rollout", progress))
     measurement.rollout = measured
     arrays.update(episode_arrays)
-
-
-MAX_MESSAGE = 600  # the runtime's words, not its whole log: worker.log keeps the rest
-
-
-def _one_line(error: Exception) -> str:
-    text = " ".join(str(error).split())
-    if len(text) > MAX_MESSAGE:
-        text = text[:MAX_MESSAGE] + " …"
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def serve() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from matrix import cells, options
+from matrix import cells, guarded, options
 from matrix import judge as judge_module
 from matrix.judge import Evidence, Judge
 from matrix.protocol import MEASUREMENT_FILE, STAGES, CellInputs, CellSpec, Measurement
@@ -52,9 +52,9 @@ def test_an_absent_or_cut_short_measurement_is_none_and_a_wrong_one_is_the_worke
     assert wrong.error.stage == "start" and f"invalid {MEASUREMENT_FILE}" in wrong.error.message
 
 
-def _ending(tmp_path: Path, returncode: int, last_stage: str = "placement") -> cells.Ending:
+def _ending(tmp_path: Path, returncode: int, last_stage: str = "placement") -> guarded.Ending:
     (tmp_path / "worker.log").write_text("")
-    return cells.Ending(returncode, 1.0, False, last_stage, 60.0, None, tmp_path / "worker.log")
+    return guarded.Ending(returncode, 1.0, False, last_stage, 60.0, None, tmp_path / "worker.log")
 
 
 def test_a_worker_killed_after_its_last_stage_still_fails_in_the_stage_it_reported(tmp_path):
