@@ -1,27 +1,20 @@
 """How long the CLI takes to start, side by side with bare Python + numpy.
 
-1. `policy-matrix --version` and `--help` against `python -c "import numpy"`
-   (median of interleaved rounds, so machine noise hits all alike). Target: within 2x;
-   shell completion pays this on every TAB.
-2. A whole ort-cpu fp32 run (reference, percentiles, report) against
-   `polygraphy run --onnxrt --onnxrt` on the same model, when Polygraphy is installed
-   (`pip install polygraphy`: it is on PyPI); otherwise it says so.
+`policy-matrix --version` and `--help` against `python -c "import numpy"` (median of
+interleaved rounds, so machine noise hits all alike). Target: within 2x; shell completion
+pays this on every TAB. A whole ort-cpu fp32 run against Polygraphy: bench/polygraphy_pair.py.
 
-    .venv/bin/python bench/cli_startup.py [--rounds 7] [--run-rounds 3]
+    .venv/bin/python bench/cli_startup.py [--rounds 7]
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-
-from matrix import examples
 
 BUDGET = 2.0
 
@@ -58,35 +51,11 @@ def startup(rounds: int) -> dict[str, float]:
     return found
 
 
-def polygraphy() -> str | None:
-    beside = Path(sys.executable).parent / "polygraphy"
-    return str(beside) if beside.exists() else shutil.which("polygraphy")
-
-
-def whole_run(rounds: int) -> None:
-    tool = polygraphy()
-    if tool is None:
-        print("polygraphy is not installed (pip install polygraphy): no run-time comparison")
-        return
-    model = examples.path("continuous_mlp")
-    with tempfile.TemporaryDirectory() as out:
-        found = medians({
-            "policy-matrix run (ort-cpu fp32)": [*cli(), "-q", "run", str(model), "--targets", "ort-cpu", "--variants",
-                                                 "fp32", "--out", out, "--fail-on", "never"],
-            "polygraphy run --onnxrt --onnxrt": [tool, "run", str(model), "--onnxrt", "--onnxrt"],
-        }, rounds)
-    base = found["polygraphy run --onnxrt --onnxrt"]
-    for name, value in found.items():
-        print(f"{name:32} {value:9.3f} {value / base:8.2f}x polygraphy")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--run-rounds", type=int, default=3)
     args = parser.parse_args()
     startup(args.rounds)
-    whole_run(args.run_rounds)
 
 
 if __name__ == "__main__":
