@@ -42,8 +42,10 @@ import threading
 # child runs its entry module fresh as __main__ (runpy warns about a module already imported).
 PRELOAD = ("numpy", "onnx", "onnxruntime", "onnx.reference")
 ENTRY_MODULES = ("matrix.worker", "matrix.guarded", "matrix.reference_job")
-# An environment whose value of these differs from the server's changes what the child would import.
-IMPORT_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "OPENBLAS_", "MKL_")
+# An environment whose value of these differs from the server's changes what the child would import:
+# the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned
+# npm release's node_modules is read when targets.web_support is imported).
+IMPORT_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "OPENBLAS_", "MKL_", "POLICY_MATRIX_PINNED", "POLICY_MATRIX_NODE_MODULES")
 MAX_REQUEST = 1 << 20
 READY = b"ready"
 STARTUP_TIMEOUT_S = 120.0
