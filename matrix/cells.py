@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ import numpy as np
 
 from . import guarded, isolation
 from .observations import Feeds
-from .protocol import DONE, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, CellSpec, Measurement
+from .protocol import DONE, GO, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, TIMED, UNTIMED, CellSpec, Measurement
 from .results import Cell, CellError
 
 
@@ -67,18 +68,86 @@ def _prepare_cell_dir(cell_dir: Path, spec: CellSpec) -> None:
     spec.write(cell_dir)
 
 
+class GateClosed(Exception):
+    """The run is being interrupted: no stage is granted any more."""
+
+
+class StageGate:
+    """Untimed work side by side, timed work alone.
+
+    Serving workers of several targets run at once; each asks before a stage (protocol.gate_message).
+    Untimed stages (prepare, opening a session or a page, contract, parity, rollouts, placement) and
+    the runner's judging share the machine; a timed one (latency, cold start) waits until nothing
+    else runs and holds everything else off until it is done, so p50/p99 mean what they meant when
+    cells ran one after another. A waiting timed stage goes first: untimed work cannot starve it."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._untimed = 0
+        self._timed = False
+        self._timed_waiting = 0
+        self._closed = False
+
+    def acquire(self, kind: str) -> float:
+        """Seconds waited for `kind` of work (they do not count against a cell's timeout)."""
+        started = time.monotonic()
+        with self._changed:
+            if kind == TIMED:
+                self._timed_waiting += 1
+                try:
+                    self._wait_for(lambda: self._untimed == 0 and not self._timed)
+                finally:
+                    self._timed_waiting -= 1
+                self._timed = True
+            else:
+                self._wait_for(lambda: not self._timed and not self._timed_waiting)
+                self._untimed += 1
+        return time.monotonic() - started
+
+    def _wait_for(self, free) -> None:
+        self._changed.wait_for(lambda: self._closed or free())
+        if self._closed:
+            raise GateClosed()
+
+    def release(self, kind: str | None) -> None:
+        if kind is None:
+            return
+        with self._changed:
+            if kind == TIMED:
+                self._timed = False
+            else:
+                self._untimed -= 1
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def untimed(self):
+        self.acquire(UNTIMED)
+        try:
+            yield
+        finally:
+            self.release(UNTIMED)
+
+
 class Worker:
     """One worker process serving the cells of one target in turn (`python -m matrix.worker --serve`).
 
     Isolation stays per target: the process has its own group and memory cap like a one-cell
     worker, and each cell its own timeout. A cell that crashes it, hangs or runs out of memory
-    ends that process; the target's next cell starts a fresh one, so a crash costs one cell."""
+    ends that process; the target's next cell starts a fresh one, so a crash costs one cell.
+    Each of its stages is granted by the run's StageGate."""
 
-    def __init__(self, memory_limit: int | None, lifetime_s: float):
+    def __init__(self, memory_limit: int | None, lifetime_s: float, gate: StageGate | None = None):
         self.memory_limit, self.lifetime_s = memory_limit, lifetime_s  # lifetime: the watchdog's limit off Linux
+        self.gate = gate or StageGate()  # a worker on its own: every stage is granted at once
         self.process: subprocess.Popen | None = None
         self.env: dict | None = None
         self.messages: queue.Queue = queue.Queue()
+        self.holding: str | None = None  # the kind of work the gate granted this worker's current stage
 
     def serve(self, cell_dir: Path, env: dict, timeout_s: float, on_stage) -> guarded.Ending:
         started = time.perf_counter()
@@ -96,11 +165,22 @@ class Worker:
         except BaseException:  # the run itself is interrupted: no orphaned runtime
             self._kill()
             raise
+        finally:
+            self.gate.release(self.holding)
+            self.holding = None
         returncode = 0
         if ended != "done":  # hung or dead: its group goes, the target's next cell starts afresh
             returncode = self._kill()
         return guarded.Ending(returncode, time.perf_counter() - started, ended == "timeout", last_stage[0], timeout_s,
                       self.memory_limit, log)
+
+    def abort(self) -> None:
+        """From another thread, when the run is interrupted: the worker's group goes now; the thread
+        serving it reads the exit and cleans up."""
+        process = self.process
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
     def _kill(self) -> int:
         isolation.kill_group(self.process)
@@ -128,7 +208,20 @@ class Worker:
                 return "exited"
             if "done" in message:
                 return "done"
+            if "gate" in message:
+                deadline += self._grant(message["gate"])
             guarded.note_stage(message, last_stage, on_stage)
+
+    def _grant(self, kind: str) -> float:
+        """Let the worker go on with `kind` of work once the gate allows it; the seconds it waited."""
+        self.gate.release(self.holding)
+        self.holding = None
+        waited = self.gate.acquire(TIMED if kind == TIMED else UNTIMED)
+        self.holding = TIMED if kind == TIMED else UNTIMED
+        with contextlib.suppress(OSError):  # a worker that died meanwhile: its exit is read next
+            self.process.stdin.write(f"{GO}\n")
+            self.process.stdin.flush()
+        return waited
 
     def stop(self) -> None:
         if self.process is not None:

@@ -1,10 +1,11 @@
 """One run: model -> observations -> reference -> cells -> results -> report.
 
-Cells run one after another (a shared 2-core machine gives honest latency only
-that way); the cells of one target share a worker process (cells.Worker), and a
-cell that kills it costs only itself: the target's next cell gets a fresh one.
-Every finished cell is appended to results.jsonl at once, so a run that is
-killed keeps what it measured.
+The cells of one target share a worker process (cells.Worker), and a cell that
+kills it costs only itself: the target's next cell gets a fresh one. Several
+targets' workers run at once (CellSchedule), but latency is measured with
+nothing else running (cells.StageGate): a shared 2-core machine gives honest
+latency only that way. Every finished cell is appended to results.jsonl at
+once, so a run that is killed keeps what it measured.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -196,22 +198,13 @@ def run(config: RunConfig, console: Console) -> RunResults:
             results.cells.append(_source_cell(config, results.hosts[0].label, obs_path, chunk, judge, evidence, console))
             jsonl.append(results.cells[-1])
         with _progress(console) as progress:
-            workers = TargetWorkers(config, configurations)
-            runner = CellRunner(config, results.hosts[0].label, judge, evidence, services, progress)
+            gate = cells.StageGate()
+            runner = CellRunner(config, results.hosts[0].label, judge, evidence, services, progress, gate)
+            schedule = CellSchedule(config, configurations, runner, inputs_by_model, finished, jsonl, gate)
             try:
-                for target_name, candidate, variant, knobs in configurations:
-                    cell = finished.get((target_name, variant, candidate, settings_label(knobs)))
-                    if cell is None:
-                        spec = inputs_by_model[candidate].for_cell(target_name, variant, candidate=candidate, settings=knobs)
-                        cell = runner.run(registry.get(target_name), spec, workers.for_target(target_name))
-                        jsonl.append(cell)
-                    else:
-                        label = escape(_cell_label(target_name, variant, candidate, knobs))
-                        progress.add_task(f"{label}: {cell.verdict} (kept)", total=1, completed=1, start=False)
-                        log_finished(progress, label, f"{cell.verdict} (kept)", cell.duration_s)
-                    results.cells.append(cell)
+                schedule.run()
             finally:
-                workers.stop()
+                results.cells.extend(schedule.cells_in_grid_order())
         # Diagnosis and fix attempts are judged on parity: they carry no rollout plan (no episodes driven for nothing).
         context = assist.AssistContext(config.model, replace(template, rollout=None), judge,
                                        Evidence(config.model, ref, dev_runtime), config.out, config.limits, services.env_for)
@@ -244,26 +237,91 @@ def _candidate_inputs(template: CellInputs, candidate_variants: dict[str, tuple]
             for name, (paths, errors) in candidate_variants.items()}
 
 
-class TargetWorkers:
-    """One worker process per target, serving its cells in grid order (the grid lists each target's
-    cells together); the previous target's worker stops when the next target starts."""
+class CellSchedule:
+    """Each target's cells in grid order in one worker process (cells.Worker), several targets at once: as
+    many as the cores and the memory allow. Their stages are granted by one cells.StageGate, so opening
+    sessions and pages, contract, parity, rollouts and placement run side by side while latency is measured
+    with nothing else running. Each finished cell goes to the journal at once; the report lists them in
+    grid order. An interrupted run kills the workers and keeps only the cells that finished."""
 
-    def __init__(self, config: RunConfig, configurations: list):
-        self.config = config
-        self.cells_per_target = {target: sum(c[0] == target for c in configurations) for target in config.targets}
-        self.target, self.worker = None, None
+    def __init__(self, config: RunConfig, configurations: list, runner: CellRunner, inputs_by_model: dict,
+                 finished: dict, journal: Journal, gate: cells.StageGate):
+        self.config, self.runner, self.inputs_by_model = config, runner, inputs_by_model
+        self.kept, self.journal = finished, journal
+        self.by_target: dict[str, list[tuple[int, tuple]]] = {}
+        for index, configuration in enumerate(configurations):
+            self.by_target.setdefault(configuration[0], []).append((index, configuration))
+        self.gate = gate
+        self.done: dict[int, Cell] = {}
+        self.recording = threading.Lock()
+        self.workers: list[cells.Worker] = []
+        self.interrupted = threading.Event()
 
-    def for_target(self, target: str) -> cells.Worker:
-        if target != self.target:
-            self.stop()
-            lifetime = self.config.timeout_s * self.cells_per_target.get(target, 1)
-            self.target, self.worker = target, cells.Worker(self.config.memory_limit, lifetime)
-        return self.worker
+    def run(self) -> None:
+        pool = ThreadPoolExecutor(max_workers=concurrent_targets(self.config.memory_limit), thread_name_prefix="target")
+        futures = [pool.submit(self._run_target, target, items) for target, items in self.by_target.items()]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:  # interrupted (or a bug): no stage is granted any more, no worker outlives the run
+            self.interrupted.set()
+            self.gate.close()
+            for worker in list(self.workers):
+                worker.abort()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
-    def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-        self.target, self.worker = None, None
+    def _run_target(self, target_name: str, items: list[tuple[int, tuple]]) -> None:
+        worker = cells.Worker(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
+        self.workers.append(worker)
+        try:
+            for index, (_, candidate, variant, knobs) in items:
+                if self.interrupted.is_set():
+                    return
+                kept = self.kept.get((target_name, variant, candidate, settings_label(knobs)))
+                if kept is not None:
+                    label = escape(_cell_label(target_name, variant, candidate, knobs))
+                    self.runner.progress.add_task(f"{label}: {kept.verdict} (kept)", total=1, completed=1, start=False)
+                    log_finished(self.runner.progress, label, f"{kept.verdict} (kept)", kept.duration_s)
+                    self._record(index, kept, new=False)
+                else:
+                    spec = self.inputs_by_model[candidate].for_cell(target_name, variant, candidate=candidate, settings=knobs)
+                    self._record(index, self.runner.run(registry.get(target_name), spec, worker), new=True)
+        finally:
+            worker.stop()
+
+    def _record(self, index: int, cell: Cell, new: bool) -> None:
+        with self.recording:
+            if self.interrupted.is_set():  # a cell cut short by the interruption is no result
+                return
+            if new:
+                self.journal.append(cell)
+            self.done[index] = cell
+
+    def cells_in_grid_order(self) -> list[Cell]:
+        return [self.done[index] for index in sorted(self.done)]
+
+
+WORKER_FOOTPRINT = 1 << 30  # what one worker and its browser may hold at once (bench/matrix_wall.py measures the tree)
+
+
+def concurrent_targets(memory_limit: int) -> int:
+    """How many targets' workers run at once: one per core, fewer when the memory available would not
+    hold that many workers at their cap (or their usual footprint, when the cap is larger)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    available = _available_memory()
+    if available is None:
+        return cores
+    return max(1, min(cores, available // min(memory_limit, WORKER_FOOTPRINT)))
+
+
+def _available_memory() -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
 
 
 def _configurations(config: RunConfig) -> list[tuple[str, str, str, dict[str, str]]]:
@@ -529,9 +587,11 @@ class CellRunner:
     """Runs and judges one cell at a time with what every cell of the run shares: the run's
     config, host, reference (and its rollout), the development runtime's outputs, services, progress."""
 
-    def __init__(self, config: RunConfig, host: str, judge: Judge, evidence: Evidence, services: Services, progress: Progress):
+    def __init__(self, config: RunConfig, host: str, judge: Judge, evidence: Evidence, services: Services, progress: Progress,
+                 gate: cells.StageGate):
         self.config, self.host, self.judge, self.evidence = config, host, judge, evidence
         self.services, self.progress = services, progress
+        self.gate = gate  # cells run side by side (CellSchedule): judging is untimed work
 
     def run(self, target: Target, spec: CellSpec, worker: cells.Worker | None = None) -> Cell:
         label = escape(_cell_label(target.name, spec.variant, spec.candidate, spec.settings))
@@ -542,7 +602,9 @@ class CellRunner:
                                  runtime_version=_version(target))
         else:
             task = self.progress.add_task(label, total=len(STAGES))
-            cell = self._judge(target, spec, self._execute(target, spec, worker, self._on_stage(task, label)))
+            outcome = self._execute(target, spec, worker, self._on_stage(task, label))
+            with self.gate.untimed():
+                cell = self._judge(target, spec, outcome)
             colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "CONVERTED": "blue"}[cell.verdict]
             self.progress.update(task, completed=len(STAGES), description=f"{label}: [{colour}]{cell.verdict}[/]")
         cell.candidate, cell.settings = spec.candidate, spec.settings
@@ -594,10 +656,12 @@ class Services:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.running: dict[str, RunService] = {}
+        self.starting = threading.Lock()  # targets run side by side: one start per service, one install per release
 
     def env_for(self, target: Target) -> dict[str, str]:
         """What a worker of `target` needs: its service's endpoint, and a pinned release's environment."""
-        return {**self._service_env(target), **versions.worker_env(target)}
+        with self.starting:
+            return {**self._service_env(target), **versions.worker_env(target)}
 
     def _service_env(self, target: Target) -> dict[str, str]:
         key = target.service_key

@@ -39,6 +39,17 @@ def stage_message(name: str, progress: str = "") -> str:
     return json.dumps({"stage": name, **({"progress": progress} if progress else {})})
 
 
+# A serving worker asks before each stage (gate_message) and waits for GO on stdin: the parent lets
+# untimed work (opening, contract, parity, rollouts, placement) of several targets run side by side,
+# and timed work (latency, cold start) only with nothing else running (cells.StageGate).
+TIMED, UNTIMED = "timed", "untimed"
+GO = "go"
+
+
+def gate_message(kind: str) -> str:
+    return json.dumps({"gate": kind})
+
+
 def done_message(cell_dir: Path) -> str:
     """The line a serving worker prints when a cell's files are complete."""
     return json.dumps({"done": str(cell_dir)})

@@ -39,9 +39,20 @@ from .metrics import latency_stats
 from .errors import error_line
 from .guarded import stage
 from .outdir import write_atomic_with
-from .protocol import DONE, OUTPUTS_FILE, CellSpec, Measurement, done_message
+from .protocol import DONE, GO, OUTPUTS_FILE, TIMED, UNTIMED, CellSpec, Measurement, done_message, gate_message
 from .results import ArtifactInfo, CellError
 from .rules import workaround_note
+
+
+_gated = False  # serve(): the parent grants each stage (cells.StageGate)
+
+
+def gate(kind: str) -> None:
+    """Wait for the parent's go for `kind` of work (protocol.TIMED: nothing else runs meanwhile)."""
+    if _gated:
+        print(gate_message(kind), flush=True)
+        if sys.stdin.readline().strip() != GO:  # the parent is gone: nothing left to measure for
+            sys.exit(1)
 
 
 def main(cell_dir: Path) -> None:
@@ -83,6 +94,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
     versions.check_loaded(target)  # a pinned target runs its own release or not at all
 
     def enter(name: str) -> None:
+        gate(TIMED if name == "latency" else UNTIMED)
         measurement.stage = name
         measurement.timeline[name] = time.time()  # wall-clock start of each stage, for bench/matrix_wall.py
         _save(cell_dir, measurement, arrays)
@@ -116,10 +128,12 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
     enter("open")
     first_batch = observations.take(feeds, spec.chunk or 1, spec.batch_axes)
     target.start_runtime()
+    gate(TIMED)  # cold start is a timing too
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads, spec.settings)
     session.run(first_batch)
     measurement.cold_start_ms = (time.perf_counter_ns() - started) / 1e6
+    gate(UNTIMED)
     measurement.backend = session.backend()
     try:
         _run_session(session, spec, feeds, measurement, arrays, enter)
