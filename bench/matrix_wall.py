@@ -12,7 +12,9 @@ measured wall time: what is not inside a named stage shows as "unaccounted".
     .venv/bin/python bench/matrix_wall.py --policies pixel_cnn --targets 'ort-*,tract'
     .venv/bin/python bench/matrix_wall.py --json before.json                # keep the numbers to compare later
 
-The machine's load changes every number: run it twice and compare like with like.
+Targets run side by side (matrix.orchestrate.CellSchedule), so the per-target sums add up to more
+than the "cells" step, and a stage's seconds include the wait for the next stage's turn (latency
+runs alone). The machine's load changes every number: run it twice and compare like with like.
 """
 
 from __future__ import annotations
@@ -92,16 +94,19 @@ def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str
     dirs = [out / "cells" / f"{target}-{variant}" for target, variant in ran]
     handovers = [mtime(d / "spec.json") for d in dirs]
     per_target: dict[str, dict[str, float]] = {}
-    last_finished = None
+    finishes = []
     for index, ((target, _), cell_dir) in enumerate(zip(ran, dirs)):
-        following = handovers[index + 1] if index + 1 < len(handovers) else None
-        seconds, _, last_finished = cell_stages(cell_dir, following)
+        # targets run side by side: "between cells" is the gap to the same target's next cell
+        following = next((handovers[j] for j in range(index + 1, len(ran)) if ran[j][0] == target), None)
+        seconds, _, finished = cell_stages(cell_dir, following)
+        finishes.append(finished)
         row = per_target.setdefault(target, {})
         for name, value in seconds.items():
             row[name] = row.get(name, 0.0) + value
+    last_finished = max(finishes, default=None)
     reference_start = mtime(out / "reference" / guarded.SPEC_FILE)
     reference_end = mtime(out / "reference" / guarded.RESULT_FILE)
-    first_cell = handovers[0] if handovers else reference_end
+    first_cell = min(handovers) if handovers else reference_end
     report_written = mtime(out / "index.html")
     run_steps = {
         "cli start, model, observations": reference_start - started,
@@ -136,13 +141,14 @@ def main() -> None:
     parser.add_argument("--targets", default="all")
     parser.add_argument("--variants", default="fp32,fp16,int8")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
+    parser.add_argument("--keep", type=Path, help="keep each run's report folder here (DIR/POLICY), e.g. for bench/same_outputs.py")
     parser.add_argument("extra", nargs="*", help="more `policy-matrix run` options, after --")
     args = parser.parse_args()
     recorded = {}
     for name in args.policies.split(","):
         policy = Path(name) if name.endswith(".onnx") else POLICIES / f"{name}.onnx"
         with tempfile.TemporaryDirectory(prefix="matrix-wall-") as scratch:
-            out = Path(scratch) / "report"
+            out = args.keep / policy.stem if args.keep else Path(scratch) / "report"
             started, peak_rss = run_matrix(policy, args.targets, args.variants, args.extra, out)
             ended = time.time()
             per_target, run_steps = account(out, started, ended)

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -242,7 +242,8 @@ class CellSchedule:
     many as the cores and the memory allow. Their stages are granted by one cells.StageGate, so opening
     sessions and pages, contract, parity, rollouts and placement run side by side while latency is measured
     with nothing else running. Each finished cell goes to the journal at once; the report lists them in
-    grid order. An interrupted run kills the workers and keeps only the cells that finished."""
+    grid order. Targets that hold something large of their own (a browser) run one at a time
+    (Target.one_at_a_time). An interrupted run kills the workers and keeps only the cells that finished."""
 
     def __init__(self, config: RunConfig, configurations: list, runner: CellRunner, inputs_by_model: dict,
                  finished: dict, journal: Journal, gate: cells.StageGate):
@@ -258,11 +259,18 @@ class CellSchedule:
         self.interrupted = threading.Event()
 
     def run(self) -> None:
-        pool = ThreadPoolExecutor(max_workers=concurrent_targets(self.config.memory_limit), thread_name_prefix="target")
-        futures = [pool.submit(self._run_target, target, items) for target, items in self.by_target.items()]
+        slots = concurrent_targets(self.config.memory_limit)
+        pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="target")
+        pending, running = list(self.by_target), {}
         try:
-            for future in futures:
-                future.result()
+            while pending or running:
+                for target in self._startable(pending, set(running.values()), slots - len(running)):
+                    pending.remove(target)
+                    running[pool.submit(self._run_cells, target, self.by_target[target])] = registry.get(target).one_at_a_time
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    del running[future]
+                    future.result()
         except BaseException:  # interrupted (or a bug): no stage is granted any more, no worker outlives the run
             self.interrupted.set()
             self.gate.close()
@@ -272,7 +280,21 @@ class CellSchedule:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _run_target(self, target_name: str, items: list[tuple[int, tuple]]) -> None:
+    @staticmethod
+    def _startable(pending: list[str], busy: set, free_slots: int) -> list[str]:
+        """The next targets in grid order that may start now: a free slot each, and no two sharing a
+        one-at-a-time key (nor one with a running target's)."""
+        chosen: list[str] = []
+        for target in pending:
+            if len(chosen) == free_slots:
+                break
+            key = registry.get(target).one_at_a_time
+            if key is None or key not in busy:
+                chosen.append(target)
+                busy = busy | {key}
+        return chosen
+
+    def _run_cells(self, target_name: str, items: list[tuple[int, tuple]]) -> None:
         worker = cells.Worker(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
         self.workers.append(worker)
         try:

@@ -159,6 +159,7 @@ def _fed_batch(feeds: Feeds, batch_axes: dict[str, int]) -> int:
 class OrtWebTarget(Target):
     runs_onnx_as_is = True
     service_key: ClassVar[str] = "chromium"
+    one_at_a_time: ClassVar[str] = "browser"  # each worker launches its own Chromium (targets/chromium.py)
     backend: ClassVar[str]  # onnxruntime-web executionProviders name
     bundle: ClassVar[str]  # one ORT bundle per page, from the installed dist/
     ort_ep: ClassVar[str | None]  # ORT's name for the EP in its placement log
