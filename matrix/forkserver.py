@@ -40,7 +40,7 @@ import threading
 
 # What every job imports; the jobs' own modules are imported too, then dropped from sys.modules, so each
 # child runs its entry module fresh as __main__ (runpy warns about a module already imported).
-PRELOAD = ("numpy", "onnx", "onnxruntime", "onnx.reference")
+PRELOAD = ("numpy", "numpy.random", "onnx", "onnxruntime", "onnx.reference")
 ENTRY_MODULES = ("matrix.worker", "matrix.guarded", "matrix.reference_job")
 # An environment whose value of these differs from the server's changes what the child would import:
 # the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned
@@ -324,6 +324,8 @@ def _fork(request: dict, fds: list[int], children: dict[int, socket.socket]) -> 
 
 def _child(request: dict, stdio: list[int], ready_write: int, server_pid: int) -> None:
     """Never returns: runs `python -m MODULE ARGS` in this process and exits with its status."""
+    import traceback
+
     from . import isolation
 
     code = 1
@@ -342,6 +344,11 @@ def _child(request: dict, stdio: list[int], ready_write: int, server_pid: int) -
         os.environ.update(request["env"])
         set_title([sys.executable, "-m", *request["argv"]])
         code = _run_module(request["argv"])
+    except MemoryError:  # under the cap even a traceback may not fit: the words an interpreter would leave, unallocated
+        os.write(2, b"MemoryError: out of memory\n")
+    except BaseException:  # as an interpreter would: the traceback on stderr, status 1
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
@@ -350,8 +357,8 @@ def _child(request: dict, stdio: list[int], ready_write: int, server_pid: int) -
 
 
 def _run_module(argv: list[str]) -> int:
+    """The module's exit status; an exception it raises goes to the caller (_child), as to an interpreter."""
     import runpy
-    import traceback
 
     import numpy as np
 
@@ -363,9 +370,6 @@ def _run_module(argv: list[str]) -> int:
         if stop.code is None or isinstance(stop.code, int):
             return stop.code or 0
         print(stop.code, file=sys.stderr)
-        return 1
-    except BaseException:  # as an interpreter would: the traceback on stderr, status 1
-        traceback.print_exc()
         return 1
     return 0
 

@@ -159,7 +159,9 @@ def _follow(process, last_stage: list, on_stage) -> None:
 
 
 MEMORY_WORDS = ("MemoryError", "bad_alloc", "Unable to allocate", "Failed to allocate", "Cannot allocate memory",
-                "out of memory", "std::length_error", "Memory allocation still failed")  # the last: OpenBLAS
+                "out of memory", "std::length_error", "Memory allocation still failed",  # OpenBLAS
+                "failed to map segment from shared object",  # the loader, when the cap refuses a library's mapping
+                "cannot allocate memory for thread-local data")  # glibc, when it refuses a new thread's
 
 
 def _looks_out_of_memory(text: str) -> bool:

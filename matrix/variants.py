@@ -102,8 +102,8 @@ def produce_guarded(model: ModelInfo, variants: list[str], folder: Path, limits:
         except guarded.StepFailed as error:
             errors[variant] = f"making the {variant} variant did not finish: {error}"
             continue
-        if answer["error"]:
-            errors[variant] = answer["error"]
+        if answer["error"]:  # a converter that ran out of memory under the cap says so in its own words
+            errors[variant] = guarded.name_out_of_memory(answer["error"], limits.memory_limit)
         else:
             paths[variant] = Path(answer["path"])
     return paths, errors

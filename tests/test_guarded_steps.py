@@ -20,11 +20,14 @@ def test_variants_made_in_the_guarded_steps_are_the_in_process_ones(tmp_path):
     assert set(made) == {"fp32", "fp16", "int8"}
 
 
-def test_a_variant_step_past_the_memory_cap_costs_its_variants_not_fp32(tmp_path):
+def test_a_variant_step_past_the_memory_cap_costs_its_variants_not_fp32(tmp_path, monkeypatch):
+    # A cache of its own: the step converts under the cap instead of copying a cached variant (its interpreter
+    # and imports come from the fork server already made, so copying fits in any cap).
+    monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path / "cache"))
     made, errors = variants.produce_guarded(MLP, ["fp16", "int8"], tmp_path, guarded.Limits(300, 64 << 20))
     assert set(made) == {"fp32"} and set(errors) == {"fp16", "int8"}  # fp32 is the loaded model, copied: nothing runs
-    for variant, error in errors.items():
-        assert error.startswith(f"making the {variant} variant did not finish: out of memory (limit 64 MiB)"), errors
+    for error in errors.values():
+        assert "out of memory (limit 64 MiB)" in error, errors
 
 
 def test_a_variant_step_past_the_timeout_is_stopped(tmp_path):
