@@ -38,14 +38,16 @@ POLICIES = ROOT / "matrix" / "example_policies"
 CELL_STAGES = ("start", *STAGES, "between cells")
 
 
-def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out: Path) -> tuple[float, int]:
-    """When the run started, and the peak resident memory of its whole process tree (runner, reference,
-    tool steps, workers, browser), summed over the processes alive at each 0.1 s sample."""
+def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out: Path) -> tuple[float, list[int]]:
+    """When the run started, and the peak memory of its whole process tree (runner, fork server, reference,
+    tool steps, workers, browser), summed over the processes alive at each 0.1 s sample: [RSS, PSS]. RSS
+    counts a page shared by several processes (a library, what forked workers share with the fork server)
+    once per process; PSS divides it among them, so its sum is what the tree holds."""
     command = [sys.executable, "-m", "matrix", "-q", "run", str(policy), "--out", str(out), "--targets", targets,
                "--variants", variants, "--fail-on", "never", *extra]
     started = time.time()
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as process:
-        peak = [0]
+        peak = [0, 0]
         sampler = threading.Thread(target=_sample_rss, args=(process.pid, peak), daemon=True)
         sampler.start()
         stderr = process.stderr.read()
@@ -53,18 +55,19 @@ def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out:
         sampler.join()
     if process.returncode != 0:
         sys.exit(f"policy-matrix run failed ({process.returncode}): {stderr.strip()[-2000:]}")
-    return started, peak[0]
+    return started, peak
 
 
 def _sample_rss(pid: int, peak: list[int]) -> None:
     try:
         root = psutil.Process(pid)
         while root.is_running() and root.status() != psutil.STATUS_ZOMBIE:
-            total = 0
+            rss = pss = 0
             for process in [root, *root.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):
-                    total += process.memory_info().rss
-            peak[0] = max(peak[0], total)
+                    memory = process.memory_full_info()
+                    rss, pss = rss + memory.rss, pss + memory.pss
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
             time.sleep(0.1)
     except psutil.Error:  # the run ended between two samples
         pass
@@ -119,9 +122,10 @@ def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str
     return per_target, run_steps
 
 
-def print_tables(policy: str, wall: float, peak_rss: int, per_target, run_steps) -> None:
+def print_tables(policy: str, wall: float, peak: list[int], per_target, run_steps) -> None:
     shown = [name for name in CELL_STAGES if any(name in row for row in per_target.values())]
-    print(f"\n== {policy}: wall {wall:.1f} s, peak RSS of the run's processes {peak_rss / 2**30:.2f} GiB ==")
+    print(f"\n== {policy}: wall {wall:.1f} s, peak memory of the run's processes: RSS {peak[0] / 2**30:.2f} GiB, "
+          f"PSS {peak[1] / 2**30:.2f} GiB ==")
     print(f"{'target':<18}" + "".join(f"{name:>14}" for name in shown) + f"{'total':>10}")
     for target, row in per_target.items():
         print(f"{target:<18}" + "".join(f"{row.get(name, 0.0):>14.2f}" for name in shown) + f"{sum(row.values()):>10.2f}")
@@ -149,11 +153,11 @@ def main() -> None:
         policy = Path(name) if name.endswith(".onnx") else POLICIES / f"{name}.onnx"
         with tempfile.TemporaryDirectory(prefix="matrix-wall-") as scratch:
             out = args.keep / policy.stem if args.keep else Path(scratch) / "report"
-            started, peak_rss = run_matrix(policy, args.targets, args.variants, args.extra, out)
+            started, peak = run_matrix(policy, args.targets, args.variants, args.extra, out)
             ended = time.time()
             per_target, run_steps = account(out, started, ended)
-        print_tables(policy.stem, ended - started, peak_rss, per_target, run_steps)
-        recorded[policy.stem] = {"wall_s": ended - started, "peak_rss_bytes": peak_rss, "targets": per_target, "run": run_steps}
+        print_tables(policy.stem, ended - started, peak, per_target, run_steps)
+        recorded[policy.stem] = {"wall_s": ended - started, "peak_rss_bytes": peak[0], "peak_pss_bytes": peak[1], "targets": per_target, "run": run_steps}
     if args.json:
         args.json.write_text(json.dumps(recorded, indent=2))
 
