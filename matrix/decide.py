@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from . import noise, rules
 from .errors import InputError
-from .results import Cell, Decision, DecisionChoice, FixAttempt, RunResults, settings_label
+from .configuration import settings_label
+from .results import Cell, Decision, DecisionChoice, FixAttempt, RunResults
 from .runtime_versions import base_name
 
 PREFER = ("latency", "size", "accuracy")
@@ -334,8 +335,7 @@ def size_text(nbytes: float) -> str:
 
 def configuration(choice: DecisionChoice, model_name: str) -> str:
     """e.g. "student.onnx fp32 threads=2": the first model is named by its file."""
-    settings = ",".join(f"{knob}={value}" for knob, value in sorted(choice.settings.items()))
-    return " ".join(part for part in (choice.candidate or model_name, choice.variant, settings) if part)
+    return " ".join(part for part in (choice.candidate or model_name, choice.variant, settings_label(choice.settings)) if part)
 
 
 def evidence(choice: DecisionChoice) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import os
 import platform
@@ -45,7 +44,8 @@ from .judge import Evidence, Judge
 from .protocol import SERVICE, STAGES, CellInputs, CellSpec
 from .outdir import write_atomic
 from .reference import Reference
-from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, settings_label, upgrade_v1_cell
+from .configuration import Configuration, settings_label
+from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, upgrade_v1_cell
 from .rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, ReturnTolerance, Tolerances
 
 
@@ -198,21 +198,22 @@ def run(config: RunConfig, console: Console) -> RunResults:
             workers = TargetWorkers(config, configurations)
             runner = CellRunner(config, results.hosts[0].label, judge, evidence, services, progress)
             try:
-                for target_name, candidate, variant, knobs in configurations:
-                    cell = finished.get((target_name, variant, candidate, settings_label(knobs)))
+                for configuration in configurations:
+                    cell = finished.get(configuration.key)
                     if cell is None:
-                        spec = inputs_by_model[candidate].for_cell(target_name, variant, candidate=candidate, settings=knobs)
-                        cell = runner.run(registry.get(target_name), spec, workers.for_target(target_name))
+                        spec = inputs_by_model[configuration.candidate].for_cell(configuration, rollout=True)
+                        cell = runner.run(registry.get(configuration.target_label), spec,
+                                          workers.for_target(configuration.target_label))
                         jsonl.append(cell)
                     else:
-                        label = escape(_cell_label(target_name, variant, candidate, knobs))
+                        label = escape(configuration.label)
                         progress.add_task(f"{label}: {cell.verdict} (kept)", total=1, completed=1, start=False)
                         log_finished(progress, label, f"{cell.verdict} (kept)", cell.duration_s)
                     results.cells.append(cell)
             finally:
                 workers.stop()
         # Diagnosis and fix attempts are judged on parity: they carry no rollout plan (no episodes driven for nothing).
-        context = assist.AssistContext(config.model, replace(template, rollout=None), judge,
+        context = assist.AssistContext(config.model, template, judge,
                                        Evidence(config.model, ref, dev_runtime), config.out, config.limits, services.env_for)
         assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
@@ -247,9 +248,9 @@ class TargetWorkers:
     """One worker process per target, serving its cells in grid order (the grid lists each target's
     cells together); the previous target's worker stops when the next target starts."""
 
-    def __init__(self, config: RunConfig, configurations: list):
+    def __init__(self, config: RunConfig, configurations: list[Configuration]):
         self.config = config
-        self.cells_per_target = {target: sum(c[0] == target for c in configurations) for target in config.targets}
+        self.cells_per_target = {target: sum(c.target_label == target for c in configurations) for target in config.targets}
         self.target, self.worker = None, None
 
     def for_target(self, target: str) -> cells.Worker:
@@ -265,10 +266,10 @@ class TargetWorkers:
         self.target, self.worker = None, None
 
 
-def _configurations(config: RunConfig) -> list[tuple[str, str, str, dict[str, str]]]:
-    """(target, candidate, variant, settings) in run order: a deterministic grid, known before it starts."""
+def _configurations(config: RunConfig) -> list[Configuration]:
+    """The grid in run order (target, candidate, variant, settings): deterministic, known before it starts."""
     candidates = ["", *(c.path.name for c in config.candidates)]
-    return [(target, candidate, variant, knobs) for target in config.targets for candidate in candidates
+    return [Configuration.of(target, variant, candidate, knobs) for target in config.targets for candidate in candidates
             for variant in config.variants for knobs in config.settings_grid.for_target(target)]
 
 
@@ -314,10 +315,6 @@ def _install(target: Target, console: Console) -> str:
     return problem or f"ready (installed in {time.monotonic() - started:.0f} s)"
 
 
-def _cell_label(target: str, variant: str, candidate: str, knobs: dict[str, str]) -> str:
-    return " ".join(part for part in (target, variant, candidate, settings_label(knobs)) if part)
-
-
 def run_identity(config: RunConfig) -> dict:
     """What a resumed run must share with the run it continues for its cells to belong together."""
     source = {"seed": config.seed, "n_obs": config.n_obs}
@@ -351,7 +348,7 @@ def _grid_identity(config: RunConfig) -> dict:
     return identity
 
 
-def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str, str, str], Cell]]:
+def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, ...], Cell]]:
     """The run id recorded in `out` and its finished cells, after checking they are comparable."""
     if not (out / RUN_FILE).exists():
         raise InputError(f"--resume {out}: no run to resume there ({RUN_FILE} missing)")
@@ -397,14 +394,15 @@ class Journal:
             self.broken = True
 
     @staticmethod
-    def finished(path: Path, run_id: str, model_sha256: str) -> dict[tuple[str, str, str, str], Cell]:
+    def finished(path: Path, run_id: str, model_sha256: str) -> dict[tuple[str, ...], Cell]:
+        """This run's finished cells by Configuration.key."""
         found = {}
         for line in _json_lines(path):
             if line.get("run_id") == run_id and line.get("model_sha256") == model_sha256:
                 with contextlib.suppress(ValueError, RecursionError):  # not a cell (edited, or nested too deep)
                     cell = Cell.model_validate(upgrade_v1_cell(line))
                     if not cells.failed_on_tool_io(cell):  # a full disk is no verdict: run it again
-                        found[(cell.target, cell.variant, cell.candidate, cell.settings_label)] = cell
+                        found[cell.configuration.key] = cell
         return found
 
 
@@ -535,7 +533,7 @@ class CellRunner:
         self.services, self.progress = services, progress
 
     def run(self, target: Target, spec: CellSpec, worker: cells.Worker | None = None) -> Cell:
-        label = escape(_cell_label(target.name, spec.variant, spec.candidate, spec.settings))
+        label = escape(spec.configuration.label)
         reason = target.unavailable_reason() or target.variant_skip_reason(spec.variant) or versions.install_problem(target)
         if reason:
             self.progress.add_task(f"{label}: [dim]SKIP[/]", total=1, completed=1, start=False)
@@ -562,7 +560,7 @@ class CellRunner:
             env = self.services.env_for(target)
         except Exception as error:  # a service that cannot start costs its cells only
             return cells.CellOutcome.failed(SERVICE, f"{type(error).__name__}: {error}")
-        cell_dir = self.config.out / "cells" / _cell_dir_name(spec)
+        cell_dir = self.config.out / "cells" / spec.configuration.dir_name
         return cells.execute(cell_dir, spec, env, self.config.timeout_s, on_stage, self.config.memory_limit, worker)
 
     def _judge(self, target: Target, spec: CellSpec, outcome: cells.CellOutcome) -> Cell:
@@ -571,15 +569,6 @@ class CellRunner:
         if spec.candidate:
             cell.notes.append(f"candidate: judged against {self.config.model.path.name}'s float64 reference")
         return cell
-
-
-def _cell_dir_name(spec: CellSpec) -> str:
-    """A plain cell keeps its readable folder; other axes add a short hash (never a user's string as a path)."""
-    name = f"{spec.target}-{spec.variant}"
-    if not spec.candidate and not spec.settings:
-        return name
-    axes = json.dumps([spec.candidate, spec.settings], sort_keys=True)
-    return f"{name}-{hashlib.sha256(axes.encode()).hexdigest()[:10]}"
 
 
 def _version(target: Target) -> str:

@@ -73,7 +73,7 @@ def table(results: RunResults) -> pd.DataFrame:
         discrete = [p for p in cell.parity if p.kind == "discrete"]
         rows.append({
             "host": cell.host, "target": cell.target, "variant": cell.variant,
-            "candidate": cell.candidate, "settings": cell.settings_label, "verdict": cell.verdict,
+            "candidate": cell.candidate, "settings": cell.configuration.settings_label, "verdict": cell.verdict,
             "runtime": cell.runtime_version, "max_abs_drift": cell.max_drift, "tolerance": cell.tolerance,
             "vs_ort_cpu_fp32": max((p.vs_dev_runtime_max_abs for p in cell.parity if p.vs_dev_runtime_max_abs is not None), default=None),
             "action_agreement": min((p.agreement for p in discrete), default=None),
@@ -103,7 +103,7 @@ LATENCY_COLUMNS = ["host", "target", "variant", "candidate", "settings", "verdic
 def latency_table(results: RunResults) -> pd.DataFrame:
     """Long format, one row per cell x batch size: pivot it without knowing which batch sizes ran."""
     rows = [{"host": cell.host, "target": cell.target, "variant": cell.variant, "candidate": cell.candidate,
-             "settings": cell.settings_label, "verdict": cell.verdict,
+             "settings": cell.configuration.settings_label, "verdict": cell.verdict,
              **stats.model_dump(), "emulated": bool(cell.backend and cell.backend.emulated)}
             for cell in results.cells for stats in cell.latency]
     return pd.DataFrame(rows, columns=LATENCY_COLUMNS)
@@ -118,7 +118,7 @@ def _verdict_grid(results: RunResults) -> dict[str, dict]:
     grid: dict[str, dict] = {}
     for cell in results.cells:
         host = grid.setdefault(cell.host, {"targets": [], "variants": [], "cells": {}})
-        row = " · ".join(part for part in (cell.target, cell.configuration) if part)  # one row per candidate and settings
+        row = " · ".join(part for part in (cell.target, cell.configuration.axes) if part)  # one row per candidate and settings
         if row not in host["targets"]:
             host["targets"].append(row)
         if cell.variant not in host["variants"]:
@@ -150,7 +150,7 @@ def _placement_matrix(results: RunResults) -> dict:
 
 
 def _label(cell: Cell, multi_host: bool) -> str:
-    label = f"{cell.target} {cell.variant}" + (f" · {cell.configuration}" if cell.configuration else "")
+    label = f"{cell.target} {cell.variant}" + (f" · {cell.configuration.axes}" if cell.configuration.axes else "")
     return f"{cell.host} · {label}" if multi_host else label
 
 
