@@ -119,12 +119,16 @@ def _ints(value: str, option: str) -> list[int]:
 
 def _target_names(value: str, skip: str = "", option: str = "--targets") -> list[str]:
     import targets as registry
+    from targets.versions import BadRelease
 
     from .selection import select_targets
 
     chosen = select_targets(value, skip, list(registry.REGISTRY), option)
     for label in chosen:  # a malformed @release, or one on a target that has none, is bad input
-        registry.get(label)
+        try:
+            registry.get(label)
+        except BadRelease as error:
+            raise InputError(str(error)) from None
     return chosen
 
 
@@ -599,6 +603,8 @@ def _list_versions(name: str, as_json: bool) -> None:
     target = registry.get(name)
     try:
         offered = versions.supported_versions(target)
+    except versions.BadRelease as error:
+        raise InputError(str(error)) from None
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
         raise InputError(f"--versions {name}: cannot list releases: {error}") from None
     release = versions.release_of(target)

@@ -17,7 +17,7 @@ from pydantic import Field, ValidationError
 
 from . import options
 from .configuration import Configuration
-from .paths import cache_dir
+from targets.paths import cache_dir
 from .results import ArtifactInfo, Backend, CellError, LatencyStats, Placement, Record
 
 # The worker's stages, in order; a progress bar counts them.

@@ -164,6 +164,8 @@ def offered(target_name: str) -> tuple[list[str], str]:
     target = registry.get(target_name)
     try:
         return versions.supported_versions(target), versions.release_of(target).floor
+    except versions.BadRelease as error:
+        raise InputError(str(error)) from None
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
         raise InputError(f"bisect {target_name}: cannot list releases: {error}") from None
 

@@ -24,13 +24,13 @@ from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, select_a
 
 from . import charts
 from .outdir import write_atomic
-from .paths import cache_dir
+from targets.paths import cache_dir
 from .results import VERDICTS, Cell, LatencyStats, RunResults
 from .rules import DEFAULT_RTOL, DEFAULT_TOLERANCE
 
 from . import assist_report, decide, noise, report_behaviour, report_decision, runtime_versions
+from .report_text import COLOURS, cell_label, md
 
-COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
 
 
 def write_all(results: RunResults, out: Path) -> Path:
@@ -149,11 +149,6 @@ def _placement_matrix(results: RunResults) -> dict:
     return {"columns": columns, "rows": [(n, op_types[n], where[n]) for n in ordered], "fallbacks": fallbacks}
 
 
-def _label(cell: Cell, multi_host: bool) -> str:
-    label = f"{cell.target} {cell.variant}" + (f" · {cell.configuration.axes}" if cell.configuration.axes else "")
-    return f"{cell.host} · {label}" if multi_host else label
-
-
 def cell_anchors(results: RunResults) -> dict[tuple[str, str, str], str]:
     """Each cell's id in "All reasons": its position, never a string from the model or a host."""
     return {cell.key: f"cell-{index}" for index, cell in enumerate(results.cells)}
@@ -187,7 +182,7 @@ def drift_chart(results: RunResults) -> str:
         continuous = [p for p in cell.parity if p.kind == "continuous"]
         if not continuous and not (cell.verdict == "FAIL" and cell.predicts and not cell.parity):
             continue
-        label = _label(cell, multi)
+        label = cell_label(cell, multi)
         tolerance = f"{cell.tolerance:g}" if cell.tolerance is not None else "none"
         marks = [charts.Mark(p.max_abs, f"{label} · {p.output}: max |Δ| {p.max_abs:.3e} (tolerance {tolerance}) → {cell.verdict}",
                              COLOURS[cell.verdict]) for p in continuous]
@@ -213,7 +208,7 @@ def latency_chart(results: RunResults) -> str:
     for cell in results.cells:
         if not cell.latency and not (cell.verdict == "FAIL" and cell.predicts):
             continue
-        label = _label(cell, multi)
+        label = cell_label(cell, multi)
         emulated = _emulated(cell)
         step = cell.backend.timer_resolution_us if cell.backend else None
         marks = [charts.Mark(s.p50_us, _latency_title(label, s, emulated, step), style[s.batch][1], style[s.batch][0],
@@ -302,35 +297,35 @@ def _csp_hash(script: str) -> str:
 
 def summary_markdown(results: RunResults) -> str:
     model = results.model
-    lines = [f"## policy-matrix: {_md_code(model['name'])}", "", f"sha256 `{model['sha256'][:16]}…` · {_md(results.created)}", ""]
+    lines = [f"## policy-matrix: {_md_code(model['name'])}", "", f"sha256 `{model['sha256'][:16]}…` · {md(results.created)}", ""]
     if "observation_source" in model:
-        lines += [f"observations: {_md(str(model['observation_source']))}", ""]
+        lines += [f"observations: {md(str(model['observation_source']))}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
     if results.interrupted:
-        lines += [f"> **{_md(results.interrupted.describe())}**", ""]
+        lines += [f"> **{md(results.interrupted.describe())}**", ""]
     for name in results.required_not_run:
-        lines += [f"> ❌ **required target {_md(name)} did not run** (every cell SKIPped)", ""]
+        lines += [f"> ❌ **required target {md(name)} did not run** (every cell SKIPped)", ""]
     lines += _ship_table_markdown(results)
     errors = [lint for lint in results.lints if lint.level != "ok"]
     if errors:
-        lines += ["### Lints", ""] + [f"- **{lint.level}** {_md(lint.id)}: {_md(lint.message)}" for lint in errors] + [""]
+        lines += ["### Lints", ""] + [f"- **{lint.level}** {md(lint.id)}: {md(lint.message)}" for lint in errors] + [""]
     for variant, error in results.variant_errors.items():
-        lines += [f"> **The tool could not make the {variant} variant** (its cells are SKIP): {_md(error)}", ""]
+        lines += [f"> **The tool could not make the {variant} variant** (its cells are SKIP): {md(error)}", ""]
     if results.regressions:
         lines += [f"### ❗ {len(results.regressions)} regressions against the baseline", ""]
-        lines += [f"- {_md(str(r))}" for r in results.regressions] + [""]
+        lines += [f"- {md(str(r))}" for r in results.regressions] + [""]
     for host, grid in _verdict_grid(results).items():
-        lines += [f"### {_md(host)}", "", "| target | " + " | ".join(map(_md, grid["variants"])) + " |",
+        lines += [f"### {md(host)}", "", "| target | " + " | ".join(map(md, grid["variants"])) + " |",
                   "|---" * (len(grid["variants"]) + 1) + "|"]
         for target in grid["targets"]:
             marks = [_md_cell(grid["cells"].get((target, v))) for v in grid["variants"]]
-            lines.append(f"| {_md(target)} | " + " | ".join(marks) + " |")
+            lines.append(f"| {md(target)} | " + " | ".join(marks) + " |")
         lines.append("")
     lines += report_behaviour.summary_lines(results)
     problems = [c for c in results.cells if c.verdict in ("FAIL", "WARN")]
     if problems:
-        lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(_label(c, False))}: {_md('; '.join(_why(c)))}"
+        lines += ["### Why", ""] + [f"- **{c.verdict}** {md(c.host)} {md(cell_label(c, False))}: {md('; '.join(_why(c)))}"
                                     for c in problems if c.reasons]
     return "\n".join(lines) + "\n"
 
@@ -349,21 +344,21 @@ def _ship_table_markdown(results: RunResults) -> list[str]:
     multi_host = len(results.hosts) > 1
     lines = ["### What to ship", "", "| target | ships | verdict | Δ return | p50 / p99 | size | why |", "|---|---|---|---|---|---|---|"]
     for decision in results.decision:
-        where = _md(f"{decision.host} {decision.target}" if multi_host else decision.target)
+        where = md(f"{decision.host} {decision.target}" if multi_host else decision.target)
         chosen = decision.chosen
         if chosen is None:
-            lines.append(f"| {where} | {_md(decide.headline(decision, name))} | | | | | |")
+            lines.append(f"| {where} | {md(decide.headline(decision, name))} | | | | | |")
             continue
         ready = f"not deployment-ready: {'; '.join(decision.not_ready)}. " if decision.not_ready else ""
         latency = f"{_duration(chosen.p50_us)} / {_duration(chosen.p99_us)}" if chosen.p50_us and chosen.p99_us else "–"
         delta = decide.return_delta_text(chosen)
         size = decide.size_text(chosen.size_bytes) if chosen.size_bytes is not None else "–"
         flags = f" ({'; '.join(chosen.flags)})" if chosen.flags else ""
-        lines.append(f"| {where} | {_md(ready + decide.shipped_as(chosen, name) + flags)} | {chosen.verdict} | {delta} | {latency} "
-                     f"| {size} | {_md(chosen.why)} |")
+        lines.append(f"| {where} | {md(ready + decide.shipped_as(chosen, name) + flags)} | {chosen.verdict} | {delta} | {latency} "
+                     f"| {size} | {md(chosen.why)} |")
         if decision.runner_up:
-            lines.append(f"| | ↳ {_md(decide.runner_up_line(decision, name))} | | | | | |")
-    return lines + ["", f"Order: {_md(results.decision[0].tie_rule)}.", ""]
+            lines.append(f"| | ↳ {md(decide.runner_up_line(decision, name))} | | | | | |")
+    return lines + ["", f"Order: {md(results.decision[0].tie_rule)}.", ""]
 
 
 def _md_cell(cell: Cell | None) -> str:
@@ -383,12 +378,6 @@ def _md_cell(cell: Cell | None) -> str:
     return f"{icon} {cell.verdict}{drift}{latency}"
 
 
-def _md(text: str) -> str:
-    """Untrusted text in Markdown prose: every markup character escaped, line breaks and HTML neutralised."""
-    text = " ".join(str(text).split())
-    for char in "\\`*_[]<>|#~!&":
-        text = text.replace(char, f"\\{char}")
-    return text
 
 
 def _md_code(text: str) -> str:
@@ -413,7 +402,7 @@ def write_junit(results: RunResults, path: Path) -> None:
         suite.set("tests", str(len(cells) + len(regressions)))
         suite.set("failures", str(sum(c.verdict == "FAIL" for c in cells) + len(regressions)))
         for cell in cells:
-            case = ET.SubElement(suite, "testcase", classname=f"{host}.{cell.target}", name=_label(cell, False),
+            case = ET.SubElement(suite, "testcase", classname=f"{host}.{cell.target}", name=cell_label(cell, False),
                                  time=f"{cell.duration_s:.3f}")
             message = "; ".join(cell.reasons)
             if cell.verdict == "FAIL":
