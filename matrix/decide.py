@@ -92,6 +92,31 @@ def check_budget_targets(budgets: list[Budget], targets: list[str]) -> None:
             raise InputError(f"--budget {budget.targets}={budget.metric}:…: matches none of the selected targets ({', '.join(targets)})")
 
 
+@dataclass(frozen=True)
+class Request:
+    """What the decision was asked for (--budget, --prefer): part of the run's configuration, recorded in
+    results.settings["decision"], so a merge and the report decide and show what the run was asked."""
+
+    budget_specs: tuple[str, ...] = ()  # as given, e.g. "ort-cpu=p50:200us"
+    prefer: str = "latency"
+
+    @property
+    def budgets(self) -> list[Budget]:
+        return parse_budgets(list(self.budget_specs))
+
+    @classmethod
+    def recorded(cls, settings: dict) -> Request:
+        """The request a results file records (the first shard's, in a merge); none recorded: no budgets."""
+        asked = settings.get("decision") or {}
+        return cls(tuple(asked.get("budgets", [])), asked.get("prefer", "latency"))
+
+    def record(self) -> dict:
+        return {"budgets": list(self.budget_specs), "prefer": self.prefer}
+
+    def decide(self, results: RunResults) -> list[Decision]:
+        return decide_all(results, self.budgets, self.prefer)
+
+
 def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latency") -> list[Decision]:
     by_target: dict[tuple[str, str], list[Cell]] = defaultdict(list)
     for cell in results.cells:

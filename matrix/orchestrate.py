@@ -33,7 +33,7 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import (__version__, action_range, assist, batch_axes, cells, grid, guarded, isolation, observations, outdir, reference,
+from . import (__version__, action_range, assist, batch_axes, cells, decide, grid, guarded, isolation, observations, outdir, reference,
                reference_job, rollouts, source, observation_sources, userfiles, validated, variants)
 from .errors import InputError, Terminated
 from .lint import lint
@@ -77,6 +77,8 @@ class RunConfig:
     settings_grid: grid.Grid = field(default_factory=lambda: grid.Grid({}))  # --settings: runtime knobs per target
     batch_axes_given: dict[str, int] = field(default_factory=dict)  # --batch-axis (model.batch_axes holds the result)
     source: source.SourceSpec | None = None  # --source: the policy in its training framework, one more column
+    required: list[str] = field(default_factory=list)  # --require: targets that must run (not only SKIP)
+    decision: decide.Request = field(default_factory=decide.Request)  # --budget / --prefer: what to ship per target
 
     @property
     def observation_source(self) -> observation_sources.ObservationSource:
