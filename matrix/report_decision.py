@@ -34,7 +34,7 @@ def context(results: RunResults) -> dict:
         "return_delta_text": decide.return_delta_text,
         "cell_name": lambda cell: cell.candidate or name,
         "quality_axis": "|return delta|" if behaviour else "max drift",
-        "budgets_given": results.settings.get("decision", {}).get("budgets", []),
+        "budgets_given": list(decide.Request.recorded(results.settings).budget_specs),
     }
 
 
