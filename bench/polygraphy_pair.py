@@ -25,7 +25,7 @@ import venv
 from pathlib import Path
 
 from matrix import examples
-from matrix.paths import cache_dir
+from targets.paths import cache_dir
 
 GOAL = 1.2
 

@@ -6,8 +6,8 @@ BEFORE and AFTER are results.json files (or report folders holding one), e.g. a
 run of a bundled policy on the commit before a refactor and on the one after.
 Both are read through `matrix.results.load`, so a version-1 file is compared in
 version 2's names. Timings are left out (latency, cold start, durations,
-conversion time, the time-boxed latency notes, the decision, which prefers the
-fastest) and placement is compared as a set of rows (tract lists its nodes in
+conversion time, a rollout's time per step, a fix attempt's p50, the time-boxed
+latency notes, the decision, which prefers the fastest) and placement is compared as a set of rows (tract lists its nodes in
 no fixed order); everything else must be equal: verdicts, reasons, parity, contract,
 placement, backend, artifact sizes, op inventories, rollouts. Exit 1 when any
 cell differs or a cell is in one run only.
@@ -35,6 +35,10 @@ def comparable(cell: schema.Cell) -> dict:
     if data.get("artifact"):
         data["artifact"].pop("conversion_s", None)
     data["notes"] = [note for note in data["notes"] if not note.startswith(TIMING_NOTE)]
+    if data.get("rollout"):
+        data["rollout"].pop("step_us", None)  # wall time per step
+    for fix in data["fixes"]:
+        fix.pop("p50_us", None)  # a fix attempt's own latency
     # Some runtimes list their nodes in no fixed order (tract's profile): placement is a set of rows.
     data["placement"] = sorted(data["placement"], key=lambda row: json.dumps(row, sort_keys=True))
     return data

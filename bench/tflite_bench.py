@@ -26,7 +26,7 @@ from cell_timing import cell_p50
 
 import targets
 from matrix import examples, model, observations
-from matrix.paths import cache_dir
+from targets.paths import cache_dir
 from targets.base import PrepareContext
 from targets.tflite_session import TfliteSession
 

@@ -43,7 +43,7 @@ def after_cells(results: RunResults, context: AssistContext, diagnose_cells: boo
         _explain(cell, context.model)
     # Diagnosis and preparations rerun the first model with default settings (the context's template):
     # only its own default-settings cells are what they would explain.
-    plain = [c for c in results.cells if not c.candidate and not c.settings]
+    plain = [c for c in results.cells if c.configuration.first_model_with_defaults]
     if diagnose_cells:
         for cell in [c for c in plain if diagnose.wants_diagnosis(c)]:
             _diagnose(cell, context, console)

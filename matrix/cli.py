@@ -14,12 +14,11 @@ import sys
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 
 from . import __version__, options
+from . import cli_args as args
 from . import config as run_config_file
 from .errors import InputError, Terminated, raise_terminated
-from .rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
@@ -65,128 +64,6 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-class _ReportFolder(click.Path):
-    """A folder the tool writes: an empty name would silently mean the current folder."""
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, str) and not value.strip():
-            self.fail("is empty: name a report folder", param, ctx)
-        return super().convert(value, param, ctx)
-
-
-REPORT_FOLDER = _ReportFolder(path_type=Path)
-
-FAIL_ON = ("fail", "warn", "skip", "never")
-FAIL_ON_OPTION = click.option(
-    "--fail-on", type=click.Choice(FAIL_ON), default="fail", show_default=True,
-    help="Exit 1 when a cell is at least this bad (skip: a FAILed or SKIPped cell)."
-)
-BASELINE_OPTION = click.option(
-    "--baseline", type=click.Path(path_type=Path), help="Earlier results.json to flag regressions against (exit 1 if any)."
-)
-BATCH_AXIS_OPTION = click.option(
-    "--batch-axis", "batch_axis", multiple=True,
-    help="NAME=AXIS: the batch axis of an input where inference gets it wrong (repeatable; -1: no batch, fed whole). "
-         "Inferred otherwise: axis 0 of the first input, a recurrent pair's axis (an LSTM state [layers, batch, hidden]: 1), "
-         "the observation's batch symbol."
-)
-LATENCY_THRESHOLD_OPTION = click.option(
-    "--latency-threshold", default=0.25, show_default=True, help="p50 slowdown (fraction) that counts as a regression."
-)
-DRIFT_FACTOR_OPTION = click.option(
-    "--drift-factor", default=10.0, show_default=True, help="Drift growth factor that counts as a regression."
-)
-ALLOW_DIFFERENT_INPUTS_OPTION = click.option(
-    "--allow-different-inputs", is_flag=True,
-    help="Compare or merge results measured on different observations, episodes or judging settings (refused by "
-         "default); the difference is printed in every regression line."
-)
-
-
-def _csv(value: str) -> list[str]:
-    return [item.strip() for item in value.split(",") if item.strip()]
-
-
-def _ints(value: str, option: str) -> list[int]:
-    try:
-        numbers = [int(item) for item in _csv(value)]
-    except ValueError:
-        raise InputError(f"{option} {value!r}: expected comma-separated integers, e.g. 1,64") from None
-    if not numbers or min(numbers) < 1:
-        raise InputError(f"{option} {value!r}: batch sizes must be positive")
-    return numbers
-
-
-def _target_names(value: str, skip: str = "", option: str = "--targets") -> list[str]:
-    import targets as registry
-
-    from .selection import select_targets
-
-    chosen = select_targets(value, skip, list(registry.REGISTRY), option)
-    for label in chosen:  # a malformed @release, or one on a target that has none, is bad input
-        registry.get(label)
-    return chosen
-
-
-def _variants(value: str) -> list[str]:
-    from targets.base import VARIANTS
-
-    names = _csv(value)
-    unknown = [name for name in names if name not in VARIANTS]
-    if unknown or not names:
-        raise InputError(f"unknown variant {(unknown or [value])[0]!r}; known: {', '.join(VARIANTS)}")
-    if len(set(names)) < len(names):
-        twice = next(name for name in names if names.count(name) > 1)
-        raise InputError(f"--variants {value}: {twice} is given twice (each variant is one cell per target)")
-    return names
-
-
-# Where a value came from, strongest first: --precisions (the old name) loses to --variants given the same way.
-_SOURCE_RANK = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP, ParameterSource.DEFAULT)
-
-
-def _variants_option(variants: str, precisions: str | None) -> str:
-    """--variants, or the hidden --precisions it replaced (scripts and matrix.toml files still use it),
-    whichever was given more directly; both on the command line must agree."""
-    if precisions is None:
-        return variants
-    ctx = click.get_current_context()
-    new, old = ctx.get_parameter_source("variants"), ctx.get_parameter_source("precisions")
-    if new == old == ParameterSource.COMMANDLINE and _csv(variants) != _csv(precisions):
-        raise InputError(f"--variants {variants} and --precisions {precisions}: give one (--precisions is its old name)")
-    return precisions if _SOURCE_RANK.index(old) < _SOURCE_RANK.index(new) else variants
-
-
-def _tie_margin(value: float) -> float:
-    if not value >= 0 or value == float("inf"):
-        raise InputError(f"--tie-margin {value}: expected a finite number >= 0, e.g. 1e-3")
-    return value
-
-
-def _min_agreement(value: float) -> float:
-    if not 0 <= value <= 1:
-        raise InputError(f"--min-agreement {value}: expected a share between 0 and 1, e.g. 0.99")
-    return value
-
-
-def _tolerances(specs: list[str]):
-    """Every override (command line or the config's [tolerance] table) is a number >= 0 whose key matches some
-    target or variant."""
-    import targets as registry
-    from targets.base import VARIANTS
-
-    from .rules import Tolerances
-    from .runtime_versions import release_key
-    from .source import TARGET as SOURCE_TARGET
-
-    tolerances = Tolerances.parse(specs, click.get_current_context().meta.get("config_tolerances", {}))
-    for key, value in [*tolerances.overrides.items(), *tolerances.rtol_overrides.items()]:
-        where = f"tolerance {key!r}"
-        options.tolerance_value(value, where)
-        options.tolerance_key(release_key(key, where), [*registry.REGISTRY, SOURCE_TARGET], VARIANTS, where)
-    return tolerances
-
-
 def _use_user_browser(context: click.Context, parameter: click.Parameter, value: str | None) -> None:
     """--browser-endpoint / --browser-path reach the browser targets (and their cell workers) through the environment."""
     if not value:
@@ -222,277 +99,72 @@ BROWSER_PATH_OPTION = click.option(
 @click.option("--config", type=click.Path(path_type=Path), is_eager=True, expose_value=False,
               callback=run_config_file.load_into,
               help="Settings file (default ./matrix.toml, else [tool.policy-matrix] in ./pyproject.toml).")
-@click.option("--targets", default="all", show_default=True,
-              help="Comma-separated target names or globs (ort-web-*), or 'all'. NAME@VERSION runs that release of the "
-                   "runtime beside the default (ort-cpu@1.20.1,ort-cpu); `policy-matrix targets --versions NAME` lists them.")
-@click.option("--skip", default="", help="Comma-separated target names or globs to leave out.")
-@click.option("--variants", default=",".join(options.DEFAULT_VARIANTS), show_default=True,
-              help="Comma-separated variants (the artifact's precision): fp32, fp16, int8.")
-@click.option("--precisions", default=None, hidden=True, help="Old name of --variants, still accepted.")
-@click.option("--obs", type=click.Path(path_type=Path), help="Recorded observations (.npy for one input, .npz keyed by input name).")
-@click.option("--n-obs", default=options.DEFAULT_N_OBS, show_default=True, help="Size of the seeded observation set when --obs is not given.")
-@click.option("--seed", default=options.DEFAULT_SEED, show_default=True,
-              help="Seed of the generated observation set, and of the first episode (episode i resets with seed+i).")
-@click.option("--batch-sizes", default=",".join(map(str, options.DEFAULT_BATCH_SIZES)), show_default=True, help="Batch sizes to time.")
-@click.option("--warmup", default=options.DEFAULT_WARMUP, show_default=True, help="Untimed calls before timing.")
-@click.option("--iters", default=options.DEFAULT_ITERS, show_default=True, help="Timed calls per batch size.")
-@click.option("--threads", default=options.DEFAULT_THREADS, show_default=True, help="Intra-op threads given to each runtime.")
-@click.option("--tolerance", multiple=True,
-              help="TARGET:VARIANT=ATOL[,rtol=RTOL]: |y - y_ref| <= ATOL + RTOL*|y_ref| per element (repeatable; '*' "
-                   "wildcards; atol also from a [tolerance] table). Defaults: fp32 1e-4/1e-5, fp16 2e-2/1e-3, int8 0.25/1e-2.")
-@click.option("--tie-margin", default=DEFAULT_TIE_MARGIN, show_default=True,
-              help="Discrete actions: a flip counts only where the reference's top-1 minus top-2 logit is above this.")
-@click.option("--min-agreement", default=DEFAULT_MIN_AGREEMENT, show_default=True,
-              help="Discrete actions: flips that bring agreement with the reference below this share FAIL the cell (above it: WARN).")
-@click.option("--timeout", default=options.DEFAULT_TIMEOUT_S, show_default=True, help="Seconds a cell may take before it is killed and FAILs (at most 10^6).")
-@click.option("--out", type=REPORT_FOLDER, help="Report folder (default reports/<model name>).")
-@click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch).")
-@click.option("--memory-limit", default=None,
-              help="Memory each worker (and the reference, and the runner while it reads your files) may allocate, "
-                   "e.g. 4G, at most 1024T; beyond it the cell FAILs with 'out of memory'. Default: physical memory, at least 4G.")
-@click.option("--resume", type=REPORT_FOLDER,
-              help="Report folder of a killed or interrupted run: keep its finished cells, run only the missing ones.")
-@click.option("--require", default="", help="Comma-separated targets that must run (not only SKIP), else exit 1.")
-@click.option("--env", default=None,
-              help="Gymnasium id (e.g. CartPole-v1) or module:Class: every predicting cell drives episodes with its runtime in the loop.")
-@click.option("--episodes", default=None, type=int, help="Episodes per cell with --env.  [default: 10]")
-@click.option("--env-kwargs", default=None, help="JSON object of keyword arguments for the environment.")
-@click.option("--clip-actions/--no-clip-actions", default=None,
-              help="Clip continuous actions to the action space before stepping (reported per cell).  [default: no]")
-@click.option("--return-tolerance", default=None,
-              help="How much worse the paired mean return may be than the reference's: 5% or 0.05 (a fraction of "
-                   "|reference mean return|, at most 1; default 5%) or abs:10 (return units).")
-@click.option("--trajectory", type=click.Path(path_type=Path),
-              help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it.")
-@click.option("--initial-state", type=click.Path(path_type=Path),
-              help="Recurrent state each episode starts from (.npz: one array per state input); default zeros.")
-@BATCH_AXIS_OPTION
-@click.option("--diagnose", is_flag=True, help="For cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference.")
-@click.option("--assist", is_flag=True, help="For FAILed cells: try graph preparations (the diagnosed node kept in fp32, onnxsim, opset 17, rewrites) on the same target; "
-              "those that change the model's interface are refused.")
-@click.option("--candidate", "candidate_paths", multiple=True, type=click.Path(path_type=Path),
-              help="Another model with MODEL's interface (e.g. a distilled student), run through the same grid and judged "
-                   "against MODEL's float64 reference (repeatable).")
-@click.option("--settings", "settings_specs", multiple=True,
-              help="Runtime settings grid, TARGET:KNOB=V1,V2 (repeatable; TARGET may be a glob): ort-cpu/ort-cuda threads=N "
-                   "and opt=disable|basic|extended|all; tflite threads=N and xnnpack=on|off. A knob a target lacks is not run on it.")
-@click.option("--source", "source_spec", default=None, metavar="SPEC",
-              help="The policy as its training framework runs it, as one more column (export parity, the contract "
-                   "difference named, returns, latency): sb3:PATH.zip, torch:MODULE:ATTR, torchscript:PATH.pt or "
-                   "python:MODULE:FUNC. Loading it executes your own code and checkpoint, as training did; no other "
-                   "input is ever executed or unpickled.")
-@click.option("--source-python", default=None, metavar="PYTHON",
-              help="Interpreter of the training environment that runs --source (it needs numpy and the framework; "
-                   "default: this one).")
-@click.option("--source-normalize", type=click.Path(path_type=Path), default=None,
-              help="Observation statistics applied before --source, as in deployment: SB3 VecNormalize file, or .npz "
-                   "with mean and var (optional epsilon, clip_obs).")
-@click.option("--budget", "budget_specs", multiple=True,
-              help="TARGET=METRIC:VALUE the decision must meet (repeatable; '*' globs): p50:200us, p99:2ms (smallest timed "
-                   "batch), size:1MB.")
-@click.option("--prefer", type=click.Choice(["latency", "size", "accuracy"]), default="latency", show_default=True,
-              help="Among configurations meeting every budget, ship the fastest, the smallest or the most accurate.")
+@args.SELECTION
+@args.OBSERVATIONS
+@args.TIMING
+@args.JUDGING
+@args.LIMITS
+@args.OUTPUT
+@args.BEHAVIOUR
+@args.ASSIST
+@args.CANDIDATES
+@args.SOURCE
+@args.DECISION
 @click.option("--json", "as_json", is_flag=True,
               help="Also print the verdict counts and the per-target decision (the ship table) as JSON on stdout.")
-@FAIL_ON_OPTION
-@BASELINE_OPTION
-@LATENCY_THRESHOLD_OPTION
-@DRIFT_FACTOR_OPTION
-@ALLOW_DIFFERENT_INPUTS_OPTION
+@args.ENDING
 @BROWSER_ENDPOINT_OPTION
 @BROWSER_PATH_OPTION
-def run(model, targets, skip, variants, precisions, obs, n_obs, seed, batch_sizes, warmup, iters, threads, tolerance, tie_margin,
-        min_agreement, timeout, out, host_label, memory_limit, resume, require, env, episodes, env_kwargs, clip_actions,
-        return_tolerance, trajectory, initial_state, batch_axis, diagnose, assist, candidate_paths, settings_specs, source_spec,
-        source_python, source_normalize, budget_specs, prefer, as_json, fail_on, baseline, latency_threshold, drift_factor,
-        allow_different_inputs):
+def run(model: Path, as_json: bool, **values) -> None:
     """Run the matrix on MODEL and write the report."""
-    from . import batch_axes
-    from . import candidates as candidate_models
-    from . import decide, isolation
-    from . import model as model_loader
     from . import results as schema
     from .merge import shard_path as merge_shard_path
-    from .orchestrate import RunConfig, lock_out
+    from .orchestrate import lock_out
     from .orchestrate import run as run_matrix
 
-    thresholds = _thresholds(drift_factor, latency_threshold)
-    target_names = _target_names(targets, skip)
-    required = _required(require, target_names)
-    limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
-    budgets = decide.parse_budgets(list(budget_specs))
-    decide.check_budget_targets(budgets, target_names)
-    settings_grid = _settings_grid(list(settings_specs), target_names)
-    settings = RunConfig(  # cheap option checks first, the model (slow to load) last
-        targets=target_names,
-        variants=_variants(_variants_option(variants, precisions)),
-        out=_out_dir(out, resume, model),
-        observations=_observations_file(obs),
-        n_obs=options.at_least(n_obs, 1, "--n-obs"),
-        seed=options.at_least(seed, 0, "--seed"),
-        batch_sizes=_ints(batch_sizes, "--batch-sizes"),
-        warmup=options.at_least(warmup, 0, "--warmup"),
-        iters=options.at_least(iters, 1, "--iters"),
-        threads=options.at_least(threads, 1, "--threads"),
-        timeout_s=options.seconds(timeout, "--timeout"),
-        tolerances=_tolerances(list(tolerance)),
-        host_label=host_label,
-        tie_margin=_tie_margin(tie_margin),
-        min_agreement=_min_agreement(min_agreement),
-        memory_limit=limit,
-        resume=resume is not None,
-        diagnose=diagnose,
-        assist=assist,
-        settings_grid=settings_grid,
-        model=_load_model(model, limit, batch_axes.parse_given(batch_axis)),
-        batch_axes_given=batch_axes.parse_given(batch_axis),
-    )
-    model_loader.check_declared_sizes(settings.model, limit, 1 if obs else n_obs)
-    rollout_options = {"env": env, "episodes": episodes, "env_kwargs": env_kwargs, "clip_actions": clip_actions,
-                       "return_tolerance": return_tolerance, "trajectory": trajectory, "initial_state": initial_state}
-    with isolation.capped_runner(limit, "reading the candidates, trajectory and initial state"):
-        settings.candidates = candidate_models.load_all(settings.model, list(candidate_paths))
-        settings.rollout, settings.return_tolerance = _rollout_settings(settings.model, seed, rollout_options, settings.limits)
-    settings.source = _source_settings(source_spec, source_python, source_normalize, settings.model, limit, settings.timeout_s)
-    options.writable_dir(settings.out)
-    baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None  # a bad baseline fails first
-    with lock_out(settings.out):
+    ending = args.ENDING.parse(values)
+    config = args.run_config(model, values)
+    options.writable_dir(config.out)
+    baseline = schema.load(merge_shard_path(ending["baseline"])) if ending["baseline"] else None  # a bad one fails first
+    with lock_out(config.out):
         try:
-            results = run_matrix(settings, console)
+            results = run_matrix(config, console)
         except OSError as error:  # a full disk (or read-only cache) before any cell ran: cells handle their own
-            raise InputError(f"cannot write {error.filename or settings.out}: {error.strerror or error}") from None
-        results.settings["decision"] = {"budgets": list(budget_specs), "prefer": prefer}
-        results.decision = decide.decide_all(results, budgets, prefer)
-        _finish(results, settings.out, fail_on, baseline_results, thresholds, required, as_json, allow_different_inputs,
-                own_run=True)
-
-
-def _load_model(path: Path, limit: int, given_batch_axes: dict[str, int]):
-    """The model, read by the runner itself: under the run's memory cap (matrix.isolation.capped_runner)."""
-    from . import isolation
-    from . import model as model_loader
-
-    with isolation.capped_runner(limit, f"reading the model {path}"):
-        return model_loader.load(path, given_batch_axes, limit_bytes=limit)
-
-
-def _settings_grid(specs: list[str], target_names: list[str]):
-    import targets as registry
-
-    from . import grid
-
-    return grid.build(grid.parse(specs), [registry.get(name) for name in target_names])
-
-
-def _observations_file(path: Path | None) -> Path | None:
-    """--obs is a regular file (not a FIFO, a device or a folder): checked before anything reads it."""
-    from . import userfiles
-
-    if path is not None:
-        userfiles.check_regular(path, "observation")
-    return path
-
-
-def _out_dir(out: Path | None, resume: Path | None, model: Path) -> Path:
-    """--resume DIR continues in DIR; --out, when also given, must name the same folder."""
-    if resume is None:
-        return out or Path("reports") / model.stem
-    if out is not None and out.resolve() != resume.resolve():
-        raise InputError(f"--resume {resume} and --out {out}: a resumed run writes to the folder it resumes")
-    return resume
-
-
-def _required(value: str, target_names: list[str]) -> list[str]:
-    names = _target_names(value, option="--require") if value else []
-    missing = [name for name in names if name not in target_names]
-    if missing:
-        raise InputError(f"--require {missing[0]}: that target is not in --targets")
-    return names
-
-
-def _thresholds(drift_factor: float, latency_threshold: float):
-    from .compare import Thresholds
-
-    return Thresholds(options.non_negative(drift_factor, "--drift-factor"),
-                      options.non_negative(latency_threshold, "--latency-threshold"))
-
-
-def _source_settings(text: str | None, python: str | None, normalize: Path | None, info, memory_limit: int,
-                     timeout_s: float):
-    """--source checked before the run: its form, the model's single input, and that its interpreter has the framework."""
-    if text is None:
-        if python or normalize:
-            raise InputError("--source-python and --source-normalize need --source")
-        return None
-    from . import source
-
-    spec = source.parse(text, python, normalize)
-    source.check_model(info)
-    source.preflight(spec, memory_limit, timeout_s)
-    return spec
-
-
-def _rollout_settings(info, seed: int, given: dict, limits):
-    """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
-    from . import env_check, rollouts
-    from .rules import DEFAULT_RETURN_TOLERANCE, ReturnTolerance
-
-    chosen = {key: value for key, value in given.items() if value is not None}
-    return_tolerance = ReturnTolerance.parse(str(chosen.get("return_tolerance", DEFAULT_RETURN_TOLERANCE)))
-    env, trajectory = chosen.get("env"), chosen.get("trajectory")
-    if env and trajectory:
-        raise InputError("--env and --trajectory exclude each other: closed loop with an env, or open loop along a recording")
-    if not env and not trajectory:
-        given = sorted(key for key in ("episodes", "env_kwargs", "clip_actions", "initial_state") if chosen.get(key) is not None)
-        if given:
-            raise InputError(f"--{given[0].replace('_', '-')} needs --env (an environment to drive)")
-        return None, return_tolerance
-    env_kwargs = chosen.get("env_kwargs", "{}")
-    episodes = options.at_least(chosen.get("episodes", 10), 1, "--episodes")
-    plan = rollouts.plan_for(
-        info, env=env or "", episodes=episodes, seed=seed, env_kwargs=rollouts.parse_env_kwargs(env_kwargs),
-        clip_actions=bool(chosen.get("clip_actions", False)),
-        trajectory=str(Path(trajectory).resolve()) if trajectory else "",
-    )
-    if chosen.get("initial_state"):
-        rollouts.set_initial_state(plan, Path(chosen["initial_state"]), limits.memory_limit)
-    env_check.check(plan, limits)  # the environment is made in a guarded step: under --timeout and the cap
-    return plan, return_tolerance
+            raise InputError(f"cannot write {error.filename or config.out}: {error.strerror or error}") from None
+        results.settings["decision"] = config.decision.record()
+        results.decision = config.decision.decide(results)
+        _finish(results, config.out, ending["fail_on"], baseline, ending["thresholds"], config.required, as_json,
+                ending["allow_different_inputs"], own_run=True)
 
 
 @app.command()
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", type=REPORT_FOLDER, required=True, help="Folder of the merged report.")
-@FAIL_ON_OPTION
-@BASELINE_OPTION
-@LATENCY_THRESHOLD_OPTION
-@DRIFT_FACTOR_OPTION
-@ALLOW_DIFFERENT_INPUTS_OPTION
-def merge(shards, out, fail_on, baseline, latency_threshold, drift_factor, allow_different_inputs):
+@click.option("--out", type=args.REPORT_FOLDER, required=True, help="Folder of the merged report.")
+@args.ENDING
+def merge(shards, out, **values):
     """Merge SHARDS (results.json files or report folders, one per host) into one report."""
     from . import results as schema
+    from .decide import Request
     from .merge import merge as merge_shards
     from .merge import shard_path as merge_shard_path
-
-    from .decide import decide_all, parse_budgets
     from .orchestrate import lock_out
 
-    baseline_results = schema.load(merge_shard_path(baseline)) if baseline else None
-    thresholds = _thresholds(drift_factor, latency_threshold)
-    merged = merge_shards(list(shards), allow_different_inputs)
-    asked = merged.settings.get("decision", {})  # the first shard's budgets decide over every host's cells
-    merged.decision = decide_all(merged, parse_budgets(list(asked.get("budgets", []))), asked.get("prefer", "latency"))
+    ending = args.ENDING.parse(values)
+    baseline = schema.load(merge_shard_path(ending["baseline"])) if ending["baseline"] else None
+    merged = merge_shards(list(shards), ending["allow_different_inputs"])
+    merged.decision = Request.recorded(merged.settings).decide(merged)  # the first shard's budgets, over every host's cells
     with lock_out(options.writable_dir(out)):  # never replace the report of a run still writing there
-        _finish(merged, out, fail_on, baseline_results, thresholds, allow_different_inputs=allow_different_inputs)
+        _finish(merged, out, ending["fail_on"], baseline, ending["thresholds"],
+                allow_different_inputs=ending["allow_different_inputs"])
 
 
 @app.command()
 @click.option("--baseline", type=click.Path(path_type=Path), required=True, help="Earlier results.json (or its folder).")
 @click.option("--current", type=click.Path(path_type=Path), required=True, help="Newer results.json (or its folder).")
-@LATENCY_THRESHOLD_OPTION
-@DRIFT_FACTOR_OPTION
+@args.LATENCY_THRESHOLD_OPTION
+@args.DRIFT_FACTOR_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the regressions as a JSON list on stdout.")
-@ALLOW_DIFFERENT_INPUTS_OPTION
+@args.ALLOW_DIFFERENT_INPUTS_OPTION
 def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_different_inputs):
     """Regressions of CURRENT against BASELINE, per cell (exit 1 if any)."""
     from . import results as schema
@@ -500,7 +172,7 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_d
     from .merge import shard_path as merge_shard_path
 
     before, after = schema.load(merge_shard_path(baseline)), schema.load(merge_shard_path(current))
-    found = compare_results(before, after, _thresholds(drift_factor, latency_threshold), allow_different_inputs)
+    found = compare_results(before, after, args.thresholds(drift_factor, latency_threshold), allow_different_inputs)
     if as_json:
         _print_json([regression.model_dump(mode="json") for regression in found])
     else:
@@ -599,6 +271,8 @@ def _list_versions(name: str, as_json: bool) -> None:
     target = registry.get(name)
     try:
         offered = versions.supported_versions(target)
+    except versions.BadRelease as error:
+        raise InputError(str(error)) from None
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
         raise InputError(f"--versions {name}: cannot list releases: {error}") from None
     release = versions.release_of(target)
@@ -638,7 +312,7 @@ def _safe_version(target) -> str:
 @app.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the lints as a JSON list on stdout (id, level, message).")
-@BATCH_AXIS_OPTION
+@args.BATCH_AXIS_OPTION
 def lint(model: Path, as_json: bool, batch_axis: tuple[str, ...]) -> None:
     """The deployment-readiness lints alone (exit 1 if any is an error)."""
     from dataclasses import asdict
@@ -714,7 +388,7 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
     releases.check_threshold(chosen, threshold)
     if measure == "return" and not env:
         raise InputError("--measure return needs --env (an environment whose episodes give a return)")
-    names = _target_names(target)
+    names = args.target_names(target)
     if len(names) != 1 or "@" in names[0]:
         raise InputError(f"bisect: {target!r}: name one target, without @RELEASE (the range gives the releases)")
     offered, floor = releases.offered(names[0])
@@ -722,12 +396,12 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
     config = RunConfig(
         targets=names, variants=_one_variant(variant), out=out or Path("reports") / f"bisect-{model.stem}", observations=obs,
         n_obs=options.at_least(n_obs, 1, "--n-obs"), seed=options.at_least(seed, 0, "--seed"),
-        batch_sizes=_ints(batch_sizes, "--batch-sizes"), warmup=options.at_least(warmup, 0, "--warmup"),
+        batch_sizes=args.ints(batch_sizes, "--batch-sizes"), warmup=options.at_least(warmup, 0, "--warmup"),
         iters=options.at_least(iters, 1, "--iters"), threads=options.at_least(threads, 1, "--threads"),
-        timeout_s=options.seconds(timeout, "--timeout"), tolerances=_tolerances(list(tolerance)), memory_limit=limit,
-        model=_load_model(model, limit, {}),
+        timeout_s=options.seconds(timeout, "--timeout"), tolerances=args.tolerances(list(tolerance)), memory_limit=limit,
+        model=args.load_model(model, limit, {}),
     )
-    config.rollout, config.return_tolerance = _rollout_settings(
+    config.rollout, config.return_tolerance = args.rollout_settings(
         config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs}, config.limits)
     span = releases.releases_between(offered, old, new, floor)
     options.writable_dir(config.out)
@@ -737,7 +411,7 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
 
 
 def _one_variant(value: str) -> list[str]:
-    chosen = _variants(value)
+    chosen = args.variants(value)
     if len(chosen) != 1:
         raise InputError(f"--variant {value!r}: a bisect compares one variant's cell, e.g. --variant fp32")
     return chosen

@@ -47,7 +47,7 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
         label = f"as {old.target} in the baseline" if old.target != cell.target else ""
         prefix = ", ".join(part for part in (change, label) if part)
         found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind,
-                             detail=(f"{prefix}: {detail}" if prefix else detail) + caveat, configuration=cell.configuration)
+                             detail=(f"{prefix}: {detail}" if prefix else detail) + caveat, configuration=cell.configuration.axes)
                   for kind, detail in _changes(old, cell, thresholds)]
     return found
 

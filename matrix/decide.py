@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from . import noise, rules
 from .errors import InputError
-from .results import Cell, Decision, DecisionChoice, FixAttempt, RunResults, settings_label
+from .configuration import settings_label
+from .results import Cell, Decision, DecisionChoice, FixAttempt, RunResults
 from .runtime_versions import base_name
 
 PREFER = ("latency", "size", "accuracy")
@@ -89,6 +90,31 @@ def check_budget_targets(budgets: list[Budget], targets: list[str]) -> None:
     for budget in budgets:
         if not any(budget.applies_to(name) for name in targets):
             raise InputError(f"--budget {budget.targets}={budget.metric}:…: matches none of the selected targets ({', '.join(targets)})")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the decision was asked for (--budget, --prefer): part of the run's configuration, recorded in
+    results.settings["decision"], so a merge and the report decide and show what the run was asked."""
+
+    budget_specs: tuple[str, ...] = ()  # as given, e.g. "ort-cpu=p50:200us"
+    prefer: str = "latency"
+
+    @property
+    def budgets(self) -> list[Budget]:
+        return parse_budgets(list(self.budget_specs))
+
+    @classmethod
+    def recorded(cls, settings: dict) -> Request:
+        """The request a results file records (the first shard's, in a merge); none recorded: no budgets."""
+        asked = settings.get("decision") or {}
+        return cls(tuple(asked.get("budgets", [])), asked.get("prefer", "latency"))
+
+    def record(self) -> dict:
+        return {"budgets": list(self.budget_specs), "prefer": self.prefer}
+
+    def decide(self, results: RunResults) -> list[Decision]:
+        return decide_all(results, self.budgets, self.prefer)
 
 
 def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latency") -> list[Decision]:
@@ -334,8 +360,7 @@ def size_text(nbytes: float) -> str:
 
 def configuration(choice: DecisionChoice, model_name: str) -> str:
     """e.g. "student.onnx fp32 threads=2": the first model is named by its file."""
-    settings = ",".join(f"{knob}={value}" for knob, value in sorted(choice.settings.items()))
-    return " ".join(part for part in (choice.candidate or model_name, choice.variant, settings) if part)
+    return " ".join(part for part in (choice.candidate or model_name, choice.variant, settings_label(choice.settings)) if part)
 
 
 def evidence(choice: DecisionChoice) -> str:

@@ -284,7 +284,7 @@ def _run_exposed(cell, template, variant, names, subset_path: Path, folder: Path
     exposed_path = folder / "exposed.onnx"
     onnx.save(expose_intermediates(variant, names), str(exposed_path))
     spec = template.for_cell(
-        cell.target, cell.variant, observations=str(subset_path),
+        cell.configuration, observations=str(subset_path),
         onnx_variants={**template.onnx_variants, cell.variant: str(exposed_path)},
         batch_sizes=[template.chunk or 1], symbolic_batch=False, warmup=0, iters=1,
     )

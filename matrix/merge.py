@@ -42,7 +42,7 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
         for cell in shard.cells:
             if cell.key in cells:
                 raise InputError(
-                    f"cell {' '.join(filter(None, (cell.target, cell.variant, cell.configuration)))} of host {cell.host!r} is in both {cells[cell.key]} and {path}: "
+                    f"cell {' '.join(filter(None, (cell.target, cell.variant, cell.configuration.axes)))} of host {cell.host!r} is in both {cells[cell.key]} and {path}: "
                     "shards of one host must hold different cells (or rerun one with --host-label)"
                 )
             cells[cell.key] = path

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import os
 import platform
@@ -36,7 +35,8 @@ import targets as registry
 from targets import versions
 from targets.base import RunService, Target
 
-from . import (__version__, action_range, assist, batch_axes, cells, forkserver, grid, guarded, isolation, observations, outdir, reference,
+from . import (__version__, action_range, assist, batch_axes, cells, decide, forkserver, grid, guarded, isolation, observations,
+               outdir, reference,
                reference_job, rollouts, source, observation_sources, userfiles, validated, variants)
 from .errors import InputError, Terminated
 from .lint import lint
@@ -47,7 +47,8 @@ from .judge import Evidence, Judge
 from .protocol import SERVICE, STAGES, CellInputs, CellSpec
 from .outdir import write_atomic
 from .reference import Reference
-from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, settings_label, upgrade_v1_cell
+from .configuration import Configuration, settings_label
+from .results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, upgrade_v1_cell
 from .rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, ReturnTolerance, Tolerances
 
 
@@ -79,6 +80,8 @@ class RunConfig:
     settings_grid: grid.Grid = field(default_factory=lambda: grid.Grid({}))  # --settings: runtime knobs per target
     batch_axes_given: dict[str, int] = field(default_factory=dict)  # --batch-axis (model.batch_axes holds the result)
     source: source.SourceSpec | None = None  # --source: the policy in its training framework, one more column
+    required: list[str] = field(default_factory=list)  # --require: targets that must run (not only SKIP)
+    decision: decide.Request = field(default_factory=decide.Request)  # --budget / --prefer: what to ship per target
 
     @property
     def observation_source(self) -> observation_sources.ObservationSource:
@@ -206,7 +209,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
             finally:
                 results.cells.extend(schedule.cells_in_grid_order())
         # Diagnosis and fix attempts are judged on parity: they carry no rollout plan (no episodes driven for nothing).
-        context = assist.AssistContext(config.model, replace(template, rollout=None), judge,
+        context = assist.AssistContext(config.model, template, judge,
                                        Evidence(config.model, ref, dev_runtime), config.out, config.limits, services.env_for)
         assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
@@ -245,13 +248,13 @@ class CellSchedule:
     grid order. Targets that hold something large of their own (a browser) run one at a time
     (Target.one_at_a_time). An interrupted run kills the workers and keeps only the cells that finished."""
 
-    def __init__(self, config: RunConfig, configurations: list, runner: CellRunner, inputs_by_model: dict,
+    def __init__(self, config: RunConfig, configurations: list[Configuration], runner: CellRunner, inputs_by_model: dict,
                  finished: dict, journal: Journal, gate: cells.StageGate):
         self.config, self.runner, self.inputs_by_model = config, runner, inputs_by_model
         self.kept, self.journal = finished, journal
-        self.by_target: dict[str, list[tuple[int, tuple]]] = {}
+        self.by_target: dict[str, list[tuple[int, Configuration]]] = {}
         for index, configuration in enumerate(configurations):
-            self.by_target.setdefault(configuration[0], []).append((index, configuration))
+            self.by_target.setdefault(configuration.target_label, []).append((index, configuration))
         self.gate = gate
         self.done: dict[int, Cell] = {}
         self.recording = threading.Lock()
@@ -294,21 +297,21 @@ class CellSchedule:
                 busy = busy | {key}
         return chosen
 
-    def _run_cells(self, target_name: str, items: list[tuple[int, tuple]]) -> None:
+    def _run_cells(self, target_name: str, items: list[tuple[int, Configuration]]) -> None:
         worker = cells.Worker(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
         self.workers.append(worker)
         try:
-            for index, (_, candidate, variant, knobs) in items:
+            for index, configuration in items:
                 if self.interrupted.is_set():
                     return
-                kept = self.kept.get((target_name, variant, candidate, settings_label(knobs)))
+                kept = self.kept.get(configuration.key)
                 if kept is not None:
-                    label = escape(_cell_label(target_name, variant, candidate, knobs))
+                    label = escape(configuration.label)
                     self.runner.progress.add_task(f"{label}: {kept.verdict} (kept)", total=1, completed=1, start=False)
                     log_finished(self.runner.progress, label, f"{kept.verdict} (kept)", kept.duration_s)
                     self._record(index, kept, new=False)
                 else:
-                    spec = self.inputs_by_model[candidate].for_cell(target_name, variant, candidate=candidate, settings=knobs)
+                    spec = self.inputs_by_model[configuration.candidate].for_cell(configuration, rollout=True)
                     self._record(index, self.runner.run(registry.get(target_name), spec, worker), new=True)
         finally:
             worker.stop()
@@ -346,10 +349,10 @@ def _available_memory() -> int | None:
     return None
 
 
-def _configurations(config: RunConfig) -> list[tuple[str, str, str, dict[str, str]]]:
-    """(target, candidate, variant, settings) in run order: a deterministic grid, known before it starts."""
+def _configurations(config: RunConfig) -> list[Configuration]:
+    """The grid in run order (target, candidate, variant, settings): deterministic, known before it starts."""
     candidates = ["", *(c.path.name for c in config.candidates)]
-    return [(target, candidate, variant, knobs) for target in config.targets for candidate in candidates
+    return [Configuration.of(target, variant, candidate, knobs) for target in config.targets for candidate in candidates
             for variant in config.variants for knobs in config.settings_grid.for_target(target)]
 
 
@@ -395,10 +398,6 @@ def _install(target: Target, console: Console) -> str:
     return problem or f"ready (installed in {time.monotonic() - started:.0f} s)"
 
 
-def _cell_label(target: str, variant: str, candidate: str, knobs: dict[str, str]) -> str:
-    return " ".join(part for part in (target, variant, candidate, settings_label(knobs)) if part)
-
-
 def run_identity(config: RunConfig) -> dict:
     """What a resumed run must share with the run it continues for its cells to belong together."""
     source = {"seed": config.seed, "n_obs": config.n_obs}
@@ -432,7 +431,7 @@ def _grid_identity(config: RunConfig) -> dict:
     return identity
 
 
-def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, str, str, str], Cell]]:
+def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, ...], Cell]]:
     """The run id recorded in `out` and its finished cells, after checking they are comparable."""
     if not (out / RUN_FILE).exists():
         raise InputError(f"--resume {out}: no run to resume there ({RUN_FILE} missing)")
@@ -478,14 +477,15 @@ class Journal:
             self.broken = True
 
     @staticmethod
-    def finished(path: Path, run_id: str, model_sha256: str) -> dict[tuple[str, str, str, str], Cell]:
+    def finished(path: Path, run_id: str, model_sha256: str) -> dict[tuple[str, ...], Cell]:
+        """This run's finished cells by Configuration.key."""
         found = {}
         for line in _json_lines(path):
             if line.get("run_id") == run_id and line.get("model_sha256") == model_sha256:
                 with contextlib.suppress(ValueError, RecursionError):  # not a cell (edited, or nested too deep)
                     cell = Cell.model_validate(upgrade_v1_cell(line))
                     if not cells.failed_on_tool_io(cell):  # a full disk is no verdict: run it again
-                        found[(cell.target, cell.variant, cell.candidate, cell.settings_label)] = cell
+                        found[cell.configuration.key] = cell
         return found
 
 
@@ -616,7 +616,7 @@ class CellRunner:
         self.gate = gate  # cells run side by side (CellSchedule): judging is untimed work
 
     def run(self, target: Target, spec: CellSpec, worker: cells.Worker | None = None) -> Cell:
-        label = escape(_cell_label(target.name, spec.variant, spec.candidate, spec.settings))
+        label = escape(spec.configuration.label)
         reason = target.unavailable_reason() or target.variant_skip_reason(spec.variant) or versions.install_problem(target)
         if reason:
             self.progress.add_task(f"{label}: [dim]SKIP[/]", total=1, completed=1, start=False)
@@ -645,7 +645,7 @@ class CellRunner:
             env = self.services.env_for(target)
         except Exception as error:  # a service that cannot start costs its cells only
             return cells.CellOutcome.failed(SERVICE, f"{type(error).__name__}: {error}")
-        cell_dir = self.config.out / "cells" / _cell_dir_name(spec)
+        cell_dir = self.config.out / "cells" / spec.configuration.dir_name
         return cells.execute(cell_dir, spec, env, self.config.timeout_s, on_stage, self.config.memory_limit, worker)
 
     def _judge(self, target: Target, spec: CellSpec, outcome: cells.CellOutcome) -> Cell:
@@ -654,15 +654,6 @@ class CellRunner:
         if spec.candidate:
             cell.notes.append(f"candidate: judged against {self.config.model.path.name}'s float64 reference")
         return cell
-
-
-def _cell_dir_name(spec: CellSpec) -> str:
-    """A plain cell keeps its readable folder; other axes add a short hash (never a user's string as a path)."""
-    name = f"{spec.target}-{spec.variant}"
-    if not spec.candidate and not spec.settings:
-        return name
-    axes = json.dumps([spec.candidate, spec.settings], sort_keys=True)
-    return f"{name}-{hashlib.sha256(axes.encode()).hexdigest()[:10]}"
 
 
 def _version(target: Target) -> str:

@@ -444,7 +444,7 @@ def _attempt(cell, info, template, judge, folder, report_root, env, limits: guar
         attempt.prepared_onnx = str(paths[cell.variant].relative_to(report_root))
     batch = prepared.fixed_batch
     spec = template.for_cell(
-        cell.target, cell.variant, onnx_variants={k: str(v) for k, v in paths.items()},
+        cell.configuration, onnx_variants={k: str(v) for k, v in paths.items()},
         variant_errors=errors, symbolic_batch=batch is None, chunk=batch or template.chunk,
         batch_sizes=[batch] if batch else template.batch_sizes,
     )

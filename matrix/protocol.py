@@ -16,8 +16,9 @@ import numpy as np
 from pydantic import Field, ValidationError
 
 from . import options
+from .configuration import Configuration
 from .outdir import write_atomic
-from .paths import cache_dir
+from targets.paths import cache_dir
 from .results import ArtifactInfo, Backend, CellError, LatencyStats, Placement, Record
 
 # The worker's stages, in order; a progress bar counts them.
@@ -82,10 +83,14 @@ class CellInputs:
     latency_budget_s: float = 30.0  # per batch size: timing stops here and says how many calls it timed
     rollout: dict | None = None  # rollouts.RolloutPlan as a dict: drive episodes with this cell's session
 
-    def for_cell(self, target: str, variant: str, **changes) -> CellSpec:
-        """This run's inputs as one cell's spec; `changes` override shared fields (a subset, other files)."""
+    def for_cell(self, configuration: Configuration, *, rollout: bool = False, **changes) -> CellSpec:
+        """This run's inputs as the spec of the cell `configuration` names; `changes` override shared fields (a
+        subset, other files). Episodes only when asked: a derived cell (a diagnosis, a fix attempt) is judged on
+        parity, and driving episodes there would measure what is thrown away."""
         shared = {f.name: getattr(self, f.name) for f in fields(CellInputs)}
-        return CellSpec(**{**shared, "target": target, "variant": variant, **changes})
+        return CellSpec(**{**shared, "rollout": self.rollout if rollout else None, "target": configuration.target_label,
+                           "variant": configuration.variant, "candidate": configuration.candidate,
+                           "settings": configuration.knobs, **changes})
 
 
 @dataclass(kw_only=True)
@@ -96,6 +101,10 @@ class CellSpec(CellInputs):
     variant: str
     settings: dict[str, str] = field(default_factory=dict)  # runtime knobs handed to target.open ({}: defaults)
     candidate: str = ""  # which model's variants these are ("" : the first model)
+
+    @property
+    def configuration(self) -> Configuration:
+        return Configuration.of(self.target, self.variant, self.candidate, self.settings)
 
     def write(self, cell_dir: Path) -> None:
         (cell_dir / SPEC_FILE).write_text(json.dumps(asdict(self)))

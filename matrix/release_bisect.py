@@ -146,12 +146,15 @@ def threshold_for(measure: Measure, given: float | None, old: Cell) -> float:
 
 def parse_range(text: str) -> tuple[str, str]:
     """'1.20.1..1.23.0' -> ('1.20.1', '1.23.0')."""
-    from targets.versions import check_version
+    from targets.versions import BadRelease, check_version
 
     old, sep, new = text.partition(RANGE_SEPARATOR)
     if not sep or not old or not new:
         raise InputError(f"bisect range {text!r}: expected OLD..NEW, e.g. 1.20.1..1.23.0")
-    return check_version(f"x@{old}"), check_version(f"x@{new}")
+    try:
+        return check_version(f"x@{old}"), check_version(f"x@{new}")
+    except BadRelease as error:
+        raise InputError(str(error)) from None
 
 
 def offered(target_name: str) -> tuple[list[str], str]:
@@ -164,6 +167,8 @@ def offered(target_name: str) -> tuple[list[str], str]:
     target = registry.get(target_name)
     try:
         return versions.supported_versions(target), versions.release_of(target).floor
+    except versions.BadRelease as error:
+        raise InputError(str(error)) from None
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # the registry is out of reach
         raise InputError(f"bisect {target_name}: cannot list releases: {error}") from None
 

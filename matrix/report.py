@@ -24,21 +24,19 @@ from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, select_a
 
 from . import charts
 from .outdir import write_atomic
-from .paths import cache_dir
+from targets.paths import cache_dir
 from .results import VERDICTS, Cell, LatencyStats, RunResults
 from .rules import DEFAULT_RTOL, DEFAULT_TOLERANCE
 
 from . import assist_report, decide, noise, report_behaviour, report_decision, runtime_versions
+from .report_text import COLOURS, cell_label, md
 
-COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
 
 
 def write_all(results: RunResults, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if not results.decision:  # results made without a decision (an older shard): decide with the budgets it records
-        asked = results.settings.get("decision", {})
-        results.decision = decide.decide_all(results, decide.parse_budgets(list(asked.get("budgets", []))),
-                                             asked.get("prefer", "latency"))
+        results.decision = decide.Request.recorded(results.settings).decide(results)
     write_atomic(out / "results.json", results.model_dump_json(indent=2))
     write_atomic(out / "results.csv", _spreadsheet_safe(table(results)).to_csv(index=False))
     write_atomic(out / "latency.csv", _spreadsheet_safe(latency_table(results)).to_csv(index=False))
@@ -73,7 +71,7 @@ def table(results: RunResults) -> pd.DataFrame:
         discrete = [p for p in cell.parity if p.kind == "discrete"]
         rows.append({
             "host": cell.host, "target": cell.target, "variant": cell.variant,
-            "candidate": cell.candidate, "settings": cell.settings_label, "verdict": cell.verdict,
+            "candidate": cell.candidate, "settings": cell.configuration.settings_label, "verdict": cell.verdict,
             "runtime": cell.runtime_version, "max_abs_drift": cell.max_drift, "tolerance": cell.tolerance,
             "vs_ort_cpu_fp32": max((p.vs_dev_runtime_max_abs for p in cell.parity if p.vs_dev_runtime_max_abs is not None), default=None),
             "action_agreement": min((p.agreement for p in discrete), default=None),
@@ -103,7 +101,7 @@ LATENCY_COLUMNS = ["host", "target", "variant", "candidate", "settings", "verdic
 def latency_table(results: RunResults) -> pd.DataFrame:
     """Long format, one row per cell x batch size: pivot it without knowing which batch sizes ran."""
     rows = [{"host": cell.host, "target": cell.target, "variant": cell.variant, "candidate": cell.candidate,
-             "settings": cell.settings_label, "verdict": cell.verdict,
+             "settings": cell.configuration.settings_label, "verdict": cell.verdict,
              **stats.model_dump(), "emulated": bool(cell.backend and cell.backend.emulated)}
             for cell in results.cells for stats in cell.latency]
     return pd.DataFrame(rows, columns=LATENCY_COLUMNS)
@@ -118,7 +116,7 @@ def _verdict_grid(results: RunResults) -> dict[str, dict]:
     grid: dict[str, dict] = {}
     for cell in results.cells:
         host = grid.setdefault(cell.host, {"targets": [], "variants": [], "cells": {}})
-        row = " · ".join(part for part in (cell.target, cell.configuration) if part)  # one row per candidate and settings
+        row = " · ".join(part for part in (cell.target, cell.configuration.axes) if part)  # one row per candidate and settings
         if row not in host["targets"]:
             host["targets"].append(row)
         if cell.variant not in host["variants"]:
@@ -147,11 +145,6 @@ def _placement_matrix(results: RunResults) -> dict:
                 by_device[row.where].append((row.node, row.op_type))
         fallbacks += [(cell, where, nodes) for where, nodes in by_device.items()]
     return {"columns": columns, "rows": [(n, op_types[n], where[n]) for n in ordered], "fallbacks": fallbacks}
-
-
-def _label(cell: Cell, multi_host: bool) -> str:
-    label = f"{cell.target} {cell.variant}" + (f" · {cell.configuration}" if cell.configuration else "")
-    return f"{cell.host} · {label}" if multi_host else label
 
 
 def cell_anchors(results: RunResults) -> dict[tuple[str, str, str], str]:
@@ -187,7 +180,7 @@ def drift_chart(results: RunResults) -> str:
         continuous = [p for p in cell.parity if p.kind == "continuous"]
         if not continuous and not (cell.verdict == "FAIL" and cell.predicts and not cell.parity):
             continue
-        label = _label(cell, multi)
+        label = cell_label(cell, multi)
         tolerance = f"{cell.tolerance:g}" if cell.tolerance is not None else "none"
         marks = [charts.Mark(p.max_abs, f"{label} · {p.output}: max |Δ| {p.max_abs:.3e} (tolerance {tolerance}) → {cell.verdict}",
                              COLOURS[cell.verdict]) for p in continuous]
@@ -213,7 +206,7 @@ def latency_chart(results: RunResults) -> str:
     for cell in results.cells:
         if not cell.latency and not (cell.verdict == "FAIL" and cell.predicts):
             continue
-        label = _label(cell, multi)
+        label = cell_label(cell, multi)
         emulated = _emulated(cell)
         step = cell.backend.timer_resolution_us if cell.backend else None
         marks = [charts.Mark(s.p50_us, _latency_title(label, s, emulated, step), style[s.batch][1], style[s.batch][0],
@@ -302,35 +295,35 @@ def _csp_hash(script: str) -> str:
 
 def summary_markdown(results: RunResults) -> str:
     model = results.model
-    lines = [f"## policy-matrix: {_md_code(model['name'])}", "", f"sha256 `{model['sha256'][:16]}…` · {_md(results.created)}", ""]
+    lines = [f"## policy-matrix: {_md_code(model['name'])}", "", f"sha256 `{model['sha256'][:16]}…` · {md(results.created)}", ""]
     if "observation_source" in model:
-        lines += [f"observations: {_md(str(model['observation_source']))}", ""]
+        lines += [f"observations: {md(str(model['observation_source']))}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
     if results.interrupted:
-        lines += [f"> **{_md(results.interrupted.describe())}**", ""]
+        lines += [f"> **{md(results.interrupted.describe())}**", ""]
     for name in results.required_not_run:
-        lines += [f"> ❌ **required target {_md(name)} did not run** (every cell SKIPped)", ""]
+        lines += [f"> ❌ **required target {md(name)} did not run** (every cell SKIPped)", ""]
     lines += _ship_table_markdown(results)
     errors = [lint for lint in results.lints if lint.level != "ok"]
     if errors:
-        lines += ["### Lints", ""] + [f"- **{lint.level}** {_md(lint.id)}: {_md(lint.message)}" for lint in errors] + [""]
+        lines += ["### Lints", ""] + [f"- **{lint.level}** {md(lint.id)}: {md(lint.message)}" for lint in errors] + [""]
     for variant, error in results.variant_errors.items():
-        lines += [f"> **The tool could not make the {variant} variant** (its cells are SKIP): {_md(error)}", ""]
+        lines += [f"> **The tool could not make the {variant} variant** (its cells are SKIP): {md(error)}", ""]
     if results.regressions:
         lines += [f"### ❗ {len(results.regressions)} regressions against the baseline", ""]
-        lines += [f"- {_md(str(r))}" for r in results.regressions] + [""]
+        lines += [f"- {md(str(r))}" for r in results.regressions] + [""]
     for host, grid in _verdict_grid(results).items():
-        lines += [f"### {_md(host)}", "", "| target | " + " | ".join(map(_md, grid["variants"])) + " |",
+        lines += [f"### {md(host)}", "", "| target | " + " | ".join(map(md, grid["variants"])) + " |",
                   "|---" * (len(grid["variants"]) + 1) + "|"]
         for target in grid["targets"]:
             marks = [_md_cell(grid["cells"].get((target, v))) for v in grid["variants"]]
-            lines.append(f"| {_md(target)} | " + " | ".join(marks) + " |")
+            lines.append(f"| {md(target)} | " + " | ".join(marks) + " |")
         lines.append("")
     lines += report_behaviour.summary_lines(results)
     problems = [c for c in results.cells if c.verdict in ("FAIL", "WARN")]
     if problems:
-        lines += ["### Why", ""] + [f"- **{c.verdict}** {_md(c.host)} {_md(_label(c, False))}: {_md('; '.join(_why(c)))}"
+        lines += ["### Why", ""] + [f"- **{c.verdict}** {md(c.host)} {md(cell_label(c, False))}: {md('; '.join(_why(c)))}"
                                     for c in problems if c.reasons]
     return "\n".join(lines) + "\n"
 
@@ -349,21 +342,21 @@ def _ship_table_markdown(results: RunResults) -> list[str]:
     multi_host = len(results.hosts) > 1
     lines = ["### What to ship", "", "| target | ships | verdict | Δ return | p50 / p99 | size | why |", "|---|---|---|---|---|---|---|"]
     for decision in results.decision:
-        where = _md(f"{decision.host} {decision.target}" if multi_host else decision.target)
+        where = md(f"{decision.host} {decision.target}" if multi_host else decision.target)
         chosen = decision.chosen
         if chosen is None:
-            lines.append(f"| {where} | {_md(decide.headline(decision, name))} | | | | | |")
+            lines.append(f"| {where} | {md(decide.headline(decision, name))} | | | | | |")
             continue
         ready = f"not deployment-ready: {'; '.join(decision.not_ready)}. " if decision.not_ready else ""
         latency = f"{_duration(chosen.p50_us)} / {_duration(chosen.p99_us)}" if chosen.p50_us and chosen.p99_us else "–"
         delta = decide.return_delta_text(chosen)
         size = decide.size_text(chosen.size_bytes) if chosen.size_bytes is not None else "–"
         flags = f" ({'; '.join(chosen.flags)})" if chosen.flags else ""
-        lines.append(f"| {where} | {_md(ready + decide.shipped_as(chosen, name) + flags)} | {chosen.verdict} | {delta} | {latency} "
-                     f"| {size} | {_md(chosen.why)} |")
+        lines.append(f"| {where} | {md(ready + decide.shipped_as(chosen, name) + flags)} | {chosen.verdict} | {delta} | {latency} "
+                     f"| {size} | {md(chosen.why)} |")
         if decision.runner_up:
-            lines.append(f"| | ↳ {_md(decide.runner_up_line(decision, name))} | | | | | |")
-    return lines + ["", f"Order: {_md(results.decision[0].tie_rule)}.", ""]
+            lines.append(f"| | ↳ {md(decide.runner_up_line(decision, name))} | | | | | |")
+    return lines + ["", f"Order: {md(results.decision[0].tie_rule)}.", ""]
 
 
 def _md_cell(cell: Cell | None) -> str:
@@ -383,12 +376,6 @@ def _md_cell(cell: Cell | None) -> str:
     return f"{icon} {cell.verdict}{drift}{latency}"
 
 
-def _md(text: str) -> str:
-    """Untrusted text in Markdown prose: every markup character escaped, line breaks and HTML neutralised."""
-    text = " ".join(str(text).split())
-    for char in "\\`*_[]<>|#~!&":
-        text = text.replace(char, f"\\{char}")
-    return text
 
 
 def _md_code(text: str) -> str:
@@ -413,7 +400,7 @@ def write_junit(results: RunResults, path: Path) -> None:
         suite.set("tests", str(len(cells) + len(regressions)))
         suite.set("failures", str(sum(c.verdict == "FAIL" for c in cells) + len(regressions)))
         for cell in cells:
-            case = ET.SubElement(suite, "testcase", classname=f"{host}.{cell.target}", name=_label(cell, False),
+            case = ET.SubElement(suite, "testcase", classname=f"{host}.{cell.target}", name=cell_label(cell, False),
                                  time=f"{cell.duration_s:.3f}")
             message = "; ".join(cell.reasons)
             if cell.verdict == "FAIL":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 
+from .report_text import COLOURS, cell_label, md
 from .results import Cell, RunResults
 
 DIVERGED_NEVER = "never"
@@ -37,13 +38,11 @@ def grid_note(cell: Cell) -> str:
 
 def returns_chart(results: RunResults) -> str:
     """Per cell: episode returns as dots, the mean as a bar tick; the reference's mean as a dashed line."""
-    from .report import COLOURS, _label
-
     cells = [c for c in behaviour_cells(results) if c.rollout.mode == "closed-loop"]
     if not cells:
         return ""
     multi = len(results.hosts) > 1
-    labels = ["float64 reference"] + [_label(c, multi) for c in cells]
+    labels = ["float64 reference"] + [cell_label(c, multi) for c in cells]
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(8, 0.9 + 0.32 * len(labels)))
     reference = cells[0].rollout
@@ -97,9 +96,7 @@ def summary_lines(results: RunResults) -> list[str]:
     cells = [c for c in behaviour_cells(results) if c.rollout.mode == "closed-loop"]
     if not cells:
         return []
-    from .report import _md
-
-    env = _md(cells[0].rollout.env)
+    env = md(cells[0].rollout.env)
     lines = [f"### Behaviour ({env}, reference mean return {cells[0].rollout.reference_mean_return:.4g})", "",
              "| host | target | variant | mean return | Δ rel | Δ 95% CI (paired) | diverged at step |", "|---|---|---|---|---|---|---|"]
     for cell in cells:

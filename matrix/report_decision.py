@@ -34,7 +34,7 @@ def context(results: RunResults) -> dict:
         "return_delta_text": decide.return_delta_text,
         "cell_name": lambda cell: cell.candidate or name,
         "quality_axis": "|return delta|" if behaviour else "max drift",
-        "budgets_given": results.settings.get("decision", {}).get("budgets", []),
+        "budgets_given": list(decide.Request.recorded(results.settings).budget_specs),
     }
 
 
@@ -83,7 +83,7 @@ def scatter(cells: list[Cell], decision, behaviour: bool, model_name: str) -> Ma
         is_chosen = _is_chosen(cell, chosen)
         colour = CHOSEN if is_chosen else FRONT if index in front else OTHER
         emulated = bool(cell.backend and cell.backend.emulated)
-        title = (f"{cell.candidate or model_name} {cell.variant} {cell.settings_label}: p50 {decide.duration(x)}, "
+        title = (f"{cell.candidate or model_name} {cell.variant} {cell.configuration.settings_label}: p50 {decide.duration(x)}, "
                  f"{'|return delta|' if behaviour else 'drift'} {y:.2e}, {cell.verdict}"
                  + (" · on the Pareto front" if index in front else "") + (" · shipped" if is_chosen else "")
                  + (" · emulated adapter: latency not real" if emulated else ""))
@@ -101,8 +101,7 @@ def scatter(cells: list[Cell], decision, behaviour: bool, model_name: str) -> Ma
 
 
 def _is_chosen(cell: Cell, chosen) -> bool:
-    return chosen is not None and not chosen.fix and (cell.candidate, cell.variant, cell.settings) == (
-        chosen.candidate, chosen.variant, chosen.settings)
+    return chosen is not None and not chosen.fix and cell.configuration == chosen.configuration(cell.target)
 
 
 class _LabelSpace:
@@ -122,7 +121,7 @@ class _LabelSpace:
 def _point_label(cell: Cell) -> str:
     """A short name beside each dot: the candidate's file stem, the variant, the non-default settings."""
     stem = cell.candidate.rsplit(".", 1)[0] if cell.candidate else ""
-    return " ".join(part for part in (stem, cell.variant, cell.settings_label) if part)
+    return " ".join(part for part in (stem, cell.variant, cell.configuration.settings_label) if part)
 
 
 class _Axis:

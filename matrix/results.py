@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import outdir
+from .configuration import Configuration
 
 # What ran where and on which backend: defined once, by the target interface that reports them.
 from targets.base import BackendInfo as Backend
@@ -196,27 +197,19 @@ class Cell(Record):
     settings: dict[str, str] = Field(default_factory=dict)  # --settings: runtime knobs of this cell ({}: defaults)
 
     @property
-    def key(self) -> tuple[str, str, str, str, str]:
-        """A cell's identity: with candidates and settings, (host, target, variant) alone collide."""
-        return (self.host, self.target, self.variant, self.candidate, self.settings_label)
+    def configuration(self) -> Configuration:
+        """Every axis of this cell (matrix/configuration.py), from the fields this schema stores them in."""
+        return Configuration.of(self.target, self.variant, self.candidate, self.settings)
 
     @property
-    def settings_label(self) -> str:
-        return settings_label(self.settings)
-
-    @property
-    def configuration(self) -> str:
-        """The non-default axes, e.g. "student.onnx · threads=2": empty for a plain run's cell."""
-        return " · ".join(part for part in (self.candidate, self.settings_label) if part)
+    def key(self) -> tuple[str, ...]:
+        """A cell's identity: the host and its configuration ((host, target, variant) alone collide)."""
+        return (self.host, *self.configuration.key)
 
     @property
     def max_drift(self) -> float | None:
         drifts = [p.max_abs for p in self.parity if p.kind == "continuous"]
         return max(drifts) if drifts else None
-
-
-def settings_label(settings: dict[str, str]) -> str:
-    return ",".join(f"{knob}={value}" for knob, value in sorted(settings.items()))
 
 
 class DecisionChoice(Record):
@@ -246,6 +239,10 @@ class DecisionChoice(Record):
     flags: list[str] = Field(default_factory=list)  # e.g. an int8 file larger than its fp32
     why: str = ""  # chosen: why it won
     lost: str = ""  # qualified but ranked lower: why it lost to the one above it
+
+    def configuration(self, target: str) -> Configuration:
+        """Its configuration on `target` (the Decision's): the cell it was measured as."""
+        return Configuration.of(target, self.variant, self.candidate, self.settings)
 
 
 class Decision(Record):

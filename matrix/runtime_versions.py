@@ -11,7 +11,7 @@ and current. Tolerance and budget keys take TARGET@RELEASE; a plain TARGET cover
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import InputError
 from .noise import ratio_band
@@ -81,8 +81,8 @@ def _release(cell: Cell) -> str:
 
 
 def _slot(cell: Cell) -> tuple:
-    """Everything but the label and the release: host, runtime, precision, candidate, settings."""
-    return cell.host, base_name(cell.target), cell.variant, cell.candidate, cell.settings_label
+    """Everything but the release: host, runtime, precision, candidate, settings."""
+    return cell.host, *replace(cell.configuration, release="").key
 
 
 @dataclass
@@ -124,7 +124,7 @@ def comparisons(results: RunResults) -> list[VersionComparison]:
     """Every pinned release against its target's reference release (empty when no target ran at two releases)."""
     groups: dict[tuple, list[Cell]] = {}
     for cell in results.cells:
-        key = (cell.host, base_name(cell.target), cell.variant, cell.configuration)
+        key = (cell.host, base_name(cell.target), cell.variant, cell.configuration.axes)
         groups.setdefault(key, []).append(cell)
     found = []
     for (host, target, variant, configuration), cells in groups.items():

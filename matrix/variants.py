@@ -57,7 +57,7 @@ from . import guarded
 from . import model as model_loader
 from .model import ModelInfo
 from .outdir import write_atomic, write_atomic_with
-from .paths import cache_dir
+from targets.paths import cache_dir
 
 RECIPE = "fp16-keep-io-cast-io-or-blocked/int8-dynamic-u8u8/validated"  # part of the cache key: change it when a recipe changes
 MAX_BLOCKED_NODES = 8  # how many nodes the fp16 mixed-precision search keeps in fp32 before it gives up

@@ -20,10 +20,9 @@ import venv
 from dataclasses import dataclass
 from pathlib import Path
 
-from matrix.paths import cache_dir
-
 from .base import signal_name
 from .build_once import exclusive
+from .paths import cache_dir
 
 
 class EnvError(RuntimeError):

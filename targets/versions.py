@@ -36,11 +36,9 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from matrix.errors import InputError
-from matrix.paths import cache_dir
-
 from .base import CellSkip, Target
 from .build_once import build_once
+from .paths import cache_dir
 
 SEPARATOR = "@"
 PINNED_ENV = "POLICY_MATRIX_PINNED"  # the label whose environment a worker was started in
@@ -52,15 +50,20 @@ _VERSION = re.compile(r"^\d+\.\d+\.\d+([-+.]?[0-9A-Za-z]+)*$")
 INSTALL_TIMEOUT_S = 900
 
 
+class BadRelease(ValueError):
+    """A label names no release this target can run (malformed, or a target without releases): the user's
+    input, which the command line reports as bad input (matrix.cli)."""
+
+
 class VersionUnavailable(CellSkip):
     """The release cannot be installed here: the installer's words are the cell's SKIP reason."""
 
 
 def check_version(label: str) -> str:
-    """The version part of `label`, or bad input when it is not a release number."""
+    """The version part of `label` (BadRelease when it is not a release number)."""
     version = label.partition(SEPARATOR)[2]
     if len(version) > 64 or not _VERSION.match(version):
-        raise InputError(f"--targets {label!r}: {version!r} is not a release number (expected NAME@X.Y.Z, e.g. ort-cpu@1.20.1)")
+        raise BadRelease(f"--targets {label!r}: {version!r} is not a release number (expected NAME@X.Y.Z, e.g. ort-cpu@1.20.1)")
     return version
 
 
@@ -181,11 +184,11 @@ def release_of(target: Target) -> PipRelease | NpmRelease | None:
 
 
 def pinned(base: Target, label: str) -> Target:
-    """`base` under the label NAME@VERSION (bad input if it cannot be pinned or the version is malformed)."""
+    """`base` under the label NAME@VERSION (BadRelease if it cannot be pinned or the version is malformed)."""
     version = check_version(label)
     if release_of(base) is None:
         pinnable = ", ".join(name for name, t in _registry().items() if release_of(t) is not None)
-        raise InputError(f"--targets {label!r}: {base.name} cannot be pinned to a release (these can: {pinnable})")
+        raise BadRelease(f"--targets {label!r}: {base.name} cannot be pinned to a release (these can: {pinnable})")
     target = copy.copy(base)
     target.name = label  # the instance's name shadows the class's: cells, tables and results carry the label
     target.pinned_version = version
@@ -267,6 +270,6 @@ def supported_versions(target: Target) -> list[str]:
     """Releases the registry offers at or above the target's floor, oldest first (pre-releases left out)."""
     release = release_of(target)
     if release is None:
-        raise InputError(f"{target.name} cannot be pinned to a release")
+        raise BadRelease(f"{target.name} cannot be pinned to a release")
     offered = [v for v in release.registry_versions() if re.fullmatch(r"\d+(\.\d+)+", v)]
     return sorted((v for v in offered if _release_key(v) >= _release_key(release.floor)), key=_release_key)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from . import paths
 from .base import Feeds, PlacementRow
 from .build_once import build_once
 from .versions import NODE_MODULES_ENV
@@ -53,9 +54,7 @@ def install_dir() -> Path:
     checkout = (PACKAGED_HARNESS.parent / "pyproject.toml").exists()
     if checkout and os.access(PACKAGED_HARNESS, os.W_OK):
         return PACKAGED_HARNESS
-    from matrix.paths import cache_dir
-
-    return cache_dir() / "web-harness" / harness_digest()
+    return paths.cache_dir() / "web-harness" / harness_digest()
 
 
 def harness_dir() -> Path:

@@ -18,7 +18,7 @@ import pytest
 from conftest import load_results, run_cli
 from onnx import numpy_helper
 
-from matrix.paths import cache_dir
+from targets.paths import cache_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.tflite_env]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.paths import cache_dir
+from targets.paths import cache_dir
 from targets import coreml_conversion
 from targets.isolated_env import env_python
 from tests.source_policies import sb3_with_sources, torch_with_source

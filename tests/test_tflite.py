@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import targets
 from matrix import examples, model, observations
-from matrix.paths import cache_dir
+from targets.paths import cache_dir
 from targets import tflite, tflite_conversion
 from targets.base import PrepareContext
 from targets.tflite_provenance import BUILTIN, XNNPACK

@@ -8,6 +8,7 @@ import json
 from rich.console import Console
 
 from matrix import cells
+from matrix.configuration import Configuration
 from matrix.orchestrate import Journal
 from matrix.results import Cell, CellError
 
@@ -28,7 +29,7 @@ def test_a_cut_line_is_dropped_before_the_next_append(tmp_path):
     lines = [json.loads(raw) for raw in path.read_text().splitlines()]  # every line whole: none glued on
     assert [line["variant"] for line in lines] == ["fp32", "int8"]
     assert set(Journal.finished(path, STAMP["run_id"], STAMP["model_sha256"])) == {
-        ("ort-cpu", "fp32", "", ""), ("ort-cpu", "int8", "", "")}
+        Configuration("ort-cpu", "fp32").key, Configuration("ort-cpu", "int8").key}
 
 
 def test_cells_failed_by_the_disk_run_again_and_runtime_failures_are_kept(tmp_path):
@@ -37,7 +38,7 @@ def test_cells_failed_by_the_disk_run_again_and_runtime_failures_are_kept(tmp_pa
     path = tmp_path / "results.jsonl"
     path.write_text(_line("fp32") + _line("fp16", "FAIL", disk) + _line("int8", "FAIL", "open: no kernel for MatMulInteger"))
     finished = Journal.finished(path, STAMP["run_id"], STAMP["model_sha256"])
-    assert sorted(variant for _, variant, _, _ in finished) == ["fp32", "int8"]
+    assert sorted(cell.variant for cell in finished.values()) == ["fp32", "int8"]
 
 
 def test_a_worker_that_died_silently_on_a_full_disk_is_named_by_a_probe_write(tmp_path):

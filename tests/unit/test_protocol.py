@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from matrix import cells, guarded, options
+from matrix.configuration import Configuration
 from matrix import judge as judge_module
 from matrix.judge import Evidence, Judge
 from matrix.protocol import MEASUREMENT_FILE, STAGES, CellInputs, CellSpec, Measurement
@@ -21,11 +22,22 @@ def _inputs() -> CellInputs:
 
 
 def test_a_cells_spec_is_the_runs_inputs_plus_its_axes_and_round_trips(tmp_path):
-    spec = _inputs().for_cell("ort-cpu", "fp32", settings={"threads": "2"}, iters=5)
-    assert (spec.target, spec.variant, spec.settings, spec.iters) == ("ort-cpu", "fp32", {"threads": "2"}, 5)
+    configuration = Configuration.of("ort-cpu@1.20.1", "fp32", "student.onnx", {"threads": "2"})
+    spec = _inputs().for_cell(configuration, iters=5)
+    assert (spec.target, spec.variant, spec.candidate, spec.settings, spec.iters) == (
+        "ort-cpu@1.20.1", "fp32", "student.onnx", {"threads": "2"}, 5)
     assert (spec.chunk, spec.batch_axes, spec.warmup) == (4, {"obs": 0}, options.DEFAULT_WARMUP)
+    assert spec.configuration == configuration
     spec.write(tmp_path)
     assert CellSpec.read(tmp_path) == spec
+
+
+def test_a_derived_cell_drives_no_episodes_unless_asked():
+    """Diagnosis and fix attempts are judged on parity: a rollout there would be measured and thrown away."""
+    inputs = CellInputs(observations="obs.npz", onnx_variants={}, rollout={"env": "CartPole-v1", "episodes": 10})
+    plain = Configuration("ort-cpu", "fp32")
+    assert inputs.for_cell(plain).rollout is None
+    assert inputs.for_cell(plain, rollout=True).rollout == {"env": "CartPole-v1", "episodes": 10}
 
 
 def test_a_measurement_round_trips_with_the_targets_own_records(tmp_path):

@@ -40,8 +40,9 @@ def test_an_unknown_name_with_a_release_is_still_an_unknown_target():
                                    "ort-cpu@1.2 3", "ort-cpu@1..2", f"ort-cpu@1.{'9' * 70}"])
 def test_a_malformed_release_is_bad_input(label):
     import targets
+    from targets.versions import BadRelease
 
-    with pytest.raises(InputError, match="is not a release number"):
+    with pytest.raises(BadRelease, match="is not a release number"):
         targets.get(label)
 
 
@@ -55,8 +56,9 @@ def test_release_numbers_pass_the_syntax_check(label):
 
 def test_a_target_without_releases_cannot_be_pinned():
     import targets
+    from targets.versions import BadRelease
 
-    with pytest.raises(InputError, match="coreml cannot be pinned.*ort-cpu"):
+    with pytest.raises(BadRelease, match="coreml cannot be pinned.*ort-cpu"):
         targets.get("coreml@9.0.0")
 
 

@@ -6,7 +6,7 @@ import click
 import pytest
 from click.core import ParameterSource
 
-from matrix import cli
+from matrix import cli, cli_args
 from matrix.errors import InputError
 
 
@@ -15,7 +15,7 @@ def _resolve(variants: tuple[str, ParameterSource], precisions: tuple[str | None
     ctx.set_parameter_source("variants", variants[1])
     ctx.set_parameter_source("precisions", precisions[1])
     with ctx:
-        return cli._variants_option(variants[0], precisions[0])
+        return cli_args._variants_option(variants[0], precisions[0])
 
 
 DEFAULT = ("fp32,fp16,int8", ParameterSource.DEFAULT)

@@ -1,4 +1,5 @@
-"""Where policy-matrix keeps files that outlive a run."""
+"""Where policy-matrix keeps files that outlive a run (here, in the lower of the two packages: `matrix` and
+`targets` both use it, and `targets` never imports `matrix`)."""
 
 from __future__ import annotations
 
