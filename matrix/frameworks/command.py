@@ -20,9 +20,10 @@ from . import DEFAULT
 @click.option("--variants", default="fp32", show_default=True, help="Precisions (as `run --variants`).")
 @click.option("--episodes", default=3, show_default=True, help="Episodes per policy on its task (behaviour and parity on its own states).")
 @click.option("--seed", default=0, show_default=True, help="Seed of training and of the first episode.")
-@click.option("--iters", default=50, show_default=True, help="Timed calls per batch size.")
+@click.option("--iters", default=50, show_default=True, help="Timed calls at batch 1 (latency is beside the point here: one batch size).")
+@click.option("--jobs", default=1, show_default=True, help="Policies built and run at a time (each is its own processes).")
 @click.option("--rebuild", is_flag=True, help="Train and export again where a policy folder already holds a build.")
-def frameworks(chosen, out, targets, variants, episodes, seed, iters, rebuild):
+def frameworks(chosen, out, targets, variants, episodes, seed, iters, jobs, rebuild):
     """Each RL framework's default policies (CartPole-v1, Pendulum-v1, recurrent where it has one), trained
     for seconds and exported the way the framework documents, run on every target with --env, --source
     (export parity against the framework) and --assist: one measured table."""
@@ -35,7 +36,8 @@ def frameworks(chosen, out, targets, variants, episodes, seed, iters, rebuild):
 
     console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
     plan = Plan(out=out, targets=targets or DEFAULT_TARGETS, variants=variants, episodes=options.at_least(episodes, 1, "--episodes"),
-                seed=options.at_least(seed, 0, "--seed"), iters=options.at_least(iters, 1, "--iters"), rebuild=rebuild)
+                seed=options.at_least(seed, 0, "--seed"), iters=options.at_least(iters, 1, "--iters"), jobs=options.at_least(jobs, 1, "--jobs"),
+                rebuild=rebuild)
     options.writable_dir(out)
     rows = dry_run(plan, parse(chosen), lambda line: console.print(line, highlight=False, markup=False))
     settings = {"targets": plan.targets, "variants": plan.variants, "episodes": plan.episodes, "seed": plan.seed,

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class Plan:
     episodes: int = 3
     seed: int = 0
     iters: int = 50
+    jobs: int = 1  # policies built and run at a time
     rebuild: bool = False  # train and export again even where a policy folder holds a finished build
     run_args: list[str] = field(default_factory=list)  # further `policy-matrix run` options, as given
 
@@ -82,6 +84,7 @@ def run_matrix(python: Path, plan: Plan, manifest: dict, folder: Path) -> str:
     "" when it wrote results.json, else its last words."""
     command = [sys.executable, "-m", "matrix", "-q", "run", "policy.onnx", "--out", "report", "--fail-on", "never",
                "--targets", plan.targets, "--variants", plan.variants, "--seed", str(plan.seed), "--iters", str(plan.iters),
+               "--warmup", str(min(plan.iters, 10)), "--batch-sizes", "1",
                "--env", manifest["task"], "--episodes", str(plan.episodes), "--assist", *plan.run_args]
     if manifest.get("source"):
         command += ["--source", manifest["source"], "--source-python", str(python)]
@@ -96,18 +99,19 @@ def run_matrix(python: Path, plan: Plan, manifest: dict, folder: Path) -> str:
 
 
 def dry_run(plan: Plan, frameworks: list[Framework], on_progress) -> list[Row]:
-    rows = []
-    for framework in frameworks:
-        if framework.unavailable:
-            rows.append(framework_row(framework, framework.unavailable))
-            continue
-        python, why = interpreter(framework, on_progress)
-        if python is None:
-            rows.append(framework_row(framework, why))
-            continue
-        for policy in framework.policies:
-            rows.append(_policy(plan, framework, python, policy, on_progress))
-    return rows
+    """Rows in the order asked for; the policies' builds and runs (independent subprocesses) `plan.jobs` at a time."""
+    slots: list[Row | Future] = []
+    with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
+        for framework in frameworks:
+            if framework.unavailable:
+                slots.append(framework_row(framework, framework.unavailable))
+                continue
+            python, why = interpreter(framework, on_progress)
+            if python is None:
+                slots.append(framework_row(framework, why))
+                continue
+            slots += [pool.submit(_policy, plan, framework, python, policy, on_progress) for policy in framework.policies]
+    return [slot.result() if isinstance(slot, Future) else slot for slot in slots]
 
 
 def _policy(plan: Plan, framework: Framework, python: Path, policy: str, on_progress) -> Row:

@@ -24,13 +24,20 @@ def _model(policy: str):
     """(policy, trainable): the policy outputs the action; the trainable view shares its layers."""
     import keras
 
+    import tensorflow as tf
+
+    class Greedy(keras.layers.Layer):
+        """tf.argmax: keras.ops.argmax lowers to Bitcast/BitwiseAnd, which tf2onnx 1.17 leaves unconverted."""
+
+        def call(self, logits):
+            return tf.argmax(logits, axis=-1)
+
     discrete = policy == "mlp-cartpole"
     obs = keras.Input((4 if discrete else 3,), name="obs")
     hidden = keras.layers.Dense(HIDDEN, activation="relu")(obs)
     if discrete:
         logits = keras.layers.Dense(2)(hidden)
-        action = keras.ops.argmax(logits, axis=-1)
-        return keras.Model(obs, action), keras.Model(obs, logits)
+        return keras.Model(obs, Greedy()(logits)), keras.Model(obs, logits)
     action = keras.ops.multiply(keras.layers.Dense(1, activation="tanh")(hidden), MAX_TORQUE)
     model = keras.Model(obs, action)
     return model, model
@@ -41,6 +48,7 @@ def build(policy: str, folder: Path, seed: int) -> dict:
 
     import _kit
     import keras
+    import onnx
     import tensorflow as tf
     import tf2onnx
 
@@ -60,13 +68,16 @@ def build(policy: str, folder: Path, seed: int) -> dict:
     signature = (tf.TensorSpec((None, _kit.OBS_SIZE[task]), tf.float32, name="obs"),)
     try:
         tf2onnx.convert.from_keras(model, input_signature=signature, output_path=str(folder / "policy.onnx"))
+        onnx.checker.check_model(str(folder / "policy.onnx"), full_check=True)  # ops it left unconverted fail here
         path = "tf2onnx.convert.from_keras"
     except Exception as error:  # Keras 3 models lack what from_keras reads: the converter's own words
         fallbacks.append(f"tf2onnx.convert.from_keras failed: {type(error).__name__}: {' '.join(str(error).split())[:200]}")
         model.export(folder / "saved_model")
         command = [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(folder / "saved_model"),
                    "--output", str(folder / "policy.onnx")]
-        subprocess.run(command, check=True, capture_output=True, text=True)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the tf2onnx command line failed: {done.stderr.strip().splitlines()[-1:]}")
         path = "model.export (SavedModel) + python -m tf2onnx.convert --saved-model"
     return {"task": task, "training": training, "export_path": path, "fallbacks": fallbacks,
             "version": f"tf2onnx {tf2onnx.__version__}, keras {keras.__version__}, tensorflow {tf.__version__}",

@@ -91,17 +91,30 @@ def policy_row(framework: Framework, manifest: dict, folder: Path, table_folder:
 
 
 def exported_file_facts(path: Path) -> tuple[list[str], bool]:
-    """Operators outside the standard ONNX domain (custom ops a runtime must have registered) and
-    whether the weights live in an external-data file beside the graph."""
+    """Operators no ONNX schema defines at the model's opset (a custom domain a runtime must have
+    registered, or a converter's op left unconverted in the default domain) and whether the weights
+    live in an external-data file beside the graph."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
+    opsets = {entry.domain or "": entry.version for entry in model.opset_import}
     nodes = list(model.graph.node) + [n for f in model.functions for n in f.node]
     local_functions = {(f.domain, f.name) for f in model.functions}
-    custom = sorted({f"{n.domain}:{n.op_type}" for n in nodes
-                     if n.domain not in STANDARD_DOMAINS and (n.domain, n.op_type) not in local_functions})
+    custom = sorted({f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in nodes
+                     if (n.domain, n.op_type) not in local_functions and not _defined(n, opsets)})
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     return custom, external
+
+
+def _defined(node, opsets: dict[str, int]) -> bool:
+    import onnx
+
+    domain = "" if node.domain in STANDARD_DOMAINS else node.domain
+    try:
+        onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
+    except onnx.defs.SchemaError:
+        return False
+    return True
 
 
 def parity_text(source, manifest: dict) -> tuple[str, str]:
