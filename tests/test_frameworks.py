@@ -53,7 +53,7 @@ def test_a_row_summarises_its_targets_and_the_fixes_that_made_them_pass():
     row = Row(framework="sb3 2.9.2", title="", policy="ppo-cartpole", targets=[
         TargetVerdict("ort-cpu", "PASS"), TargetVerdict("coreml", "CONVERTED"),
         TargetVerdict("ort-web-webgl", "FAIL", "no ArgMax kernel", "argmax-cut (then: argmax on the host)")])
-    assert row.summary() == "1/3 PASS; ort-web-webgl FAIL: no ArgMax kernel"
+    assert row.summary() == "1/3 PASS; coreml CONVERTED; ort-web-webgl FAIL: no ArgMax kernel"
     assert row.fixes() == ["ort-web-webgl: argmax-cut (then: argmax on the host)"]
 
 

@@ -45,7 +45,11 @@ class Framework:
 
     @property
     def label(self) -> str:
-        return f"{self.name} {self.version}".strip()
+        """`rsl_rl 5.5.1`, `sb3 (stable-baselines3 2.9.2)`, `cleanrl (torch of the base)`."""
+        if not self.version:
+            return f"{self.name} ({self.package} of the base)"
+        same = self.package.replace("-", "_").startswith(self.name) or self.name.startswith(self.package)
+        return f"{self.name} {self.version}" if same else f"{self.name} ({self.package} {self.version})"
 
     @property
     def file(self) -> Path:

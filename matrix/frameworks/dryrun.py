@@ -81,7 +81,9 @@ def build(python: Path, framework: Framework, policy: str, folder: Path, seed: i
 
 def run_matrix(python: Path, plan: Plan, manifest: dict, folder: Path) -> str:
     """`policy-matrix run` on the export, from the policy's folder (where --source finds its module);
-    "" when it wrote results.json, else its last words."""
+    "" when it wrote results.json, else its last words. A finished run of this build is kept (--rebuild redoes both)."""
+    if (folder / "report" / "results.json").exists():
+        return ""
     command = [sys.executable, "-m", "matrix", "-q", "run", "policy.onnx", "--out", "report", "--fail-on", "never",
                "--targets", plan.targets, "--variants", plan.variants, "--seed", str(plan.seed), "--iters", str(plan.iters),
                "--warmup", str(min(plan.iters, 10)), "--batch-sizes", "1",

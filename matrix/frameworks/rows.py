@@ -53,7 +53,7 @@ class Row:
             return ""
         counts = Counter(t.verdict for t in self.targets)
         head = f"{counts.get('PASS', 0)}/{len(self.targets)} PASS"
-        rest = [f"{t.target} {t.verdict}: {t.why}" for t in self.targets if t.verdict not in ("PASS", "CONVERTED")]
+        rest = [f"{t.target} {t.verdict}" + (f": {t.why}" if t.why else "") for t in self.targets if t.verdict != "PASS"]
         return "; ".join([head, *rest])
 
     def fixes(self) -> list[str]:
@@ -74,8 +74,8 @@ def policy_row(framework: Framework, manifest: dict, folder: Path, table_folder:
     row = framework_row(framework, "", manifest["policy"], manifest)
     measured = results_file.load(folder / "report" / "results.json")
     model = measured.model
-    row.opset = f"{model.opset} / IR {model.ir_version}"
-    row.ops = list(model.op_types)
+    row.opset = f"{model.get('opset')} / IR {model.get('ir_version')}"
+    row.ops = list(model.get("op_types", []))
     row.nonstandard_ops, row.external_data = exported_file_facts(folder / "policy.onnx")
     lints = {lint.id: lint for lint in measured.lints}
     batch = lints.get("symbolic-batch")

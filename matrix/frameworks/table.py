@@ -43,6 +43,6 @@ def markdown_cells(row: Row) -> list[str]:
     custom = ", ".join(row.nonstandard_ops) or "none"
     if row.external_data:
         custom += "; weights in an external-data file"
-    parity = f"{row.parity_verdict} {row.parity}".strip()
+    parity = f"{row.parity_verdict} {row.parity}".strip() + (f"; returns: {row.returns}" if row.returns else "")
     return [framework, f"{row.policy} ({row.task})", export, row.opset, custom, row.dynamic_batch, parity,
             row.summary(), "; ".join(row.fixes())]
