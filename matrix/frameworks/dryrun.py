@@ -13,8 +13,10 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from targets.build_once import exclusive
 
 from . import KIT, Framework, environments
 from .rows import Row, framework_row, policy_row
@@ -34,7 +36,6 @@ class Plan:
     iters: int = 50
     jobs: int = 1  # policies built and run at a time
     rebuild: bool = False  # train and export again even where a policy folder holds a finished build
-    run_args: list[str] = field(default_factory=list)  # further `policy-matrix run` options, as given
 
 
 def interpreter(framework: Framework, on_progress) -> tuple[Path | None, str]:
@@ -87,7 +88,7 @@ def run_matrix(python: Path, plan: Plan, manifest: dict, folder: Path) -> str:
     command = [sys.executable, "-m", "matrix", "-q", "run", "policy.onnx", "--out", "report", "--fail-on", "never",
                "--targets", plan.targets, "--variants", plan.variants, "--seed", str(plan.seed), "--iters", str(plan.iters),
                "--warmup", str(min(plan.iters, 10)), "--batch-sizes", "1",
-               "--env", manifest["task"], "--episodes", str(plan.episodes), "--assist", *plan.run_args]
+               "--env", manifest["task"], "--episodes", str(plan.episodes), "--assist"]
     if manifest.get("source"):
         command += ["--source", manifest["source"], "--source-python", str(python)]
     try:
@@ -117,16 +118,18 @@ def dry_run(plan: Plan, frameworks: list[Framework], on_progress) -> list[Row]:
 
 
 def _policy(plan: Plan, framework: Framework, python: Path, policy: str, on_progress) -> Row:
+    """One policy, under its folder's lock: two dry-runs sharing an --out build and run it once."""
     folder = policy_folder(plan, framework, policy)
-    if plan.rebuild:
-        shutil.rmtree(folder, ignore_errors=True)
-    on_progress(f"{framework.label} {policy}: train and export")
-    failed = build(python, framework, policy, folder, plan.seed)
-    if failed:
-        return framework_row(framework, f"build failed: {failed}", policy=policy)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    on_progress(f"{framework.label} {policy}: the matrix ({plan.targets})")
-    failed = run_matrix(python, plan, manifest, folder)
+    with exclusive(folder):
+        if plan.rebuild:
+            shutil.rmtree(folder, ignore_errors=True)
+        on_progress(f"{framework.label} {policy}: train and export")
+        failed = build(python, framework, policy, folder, plan.seed)
+        if failed:
+            return framework_row(framework, f"build failed: {failed}", policy=policy)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        on_progress(f"{framework.label} {policy}: the matrix ({plan.targets})")
+        failed = run_matrix(python, plan, manifest, folder)
     if failed:
         return framework_row(framework, f"policy-matrix run failed: {failed}", policy=policy, manifest=manifest)
     return policy_row(framework, manifest, folder, plan.out)

@@ -106,11 +106,3 @@ def _pip_words(stderr: str) -> str:
     lines = [line.rstrip() for line in stderr.splitlines() if line.strip()]
     start = next((i for i, line in enumerate(lines) if line.startswith("ERROR")), max(len(lines) - 6, 0))
     return "\n".join(lines[start:start + 12]) or "pip failed without a message"
-
-
-def disk_use(framework: Framework) -> int:
-    """Bytes of the layer alone (the base environment is shared and counted once, elsewhere)."""
-    built = python(framework)
-    if built is None:
-        return 0
-    return sum(path.stat().st_size for path in built.parent.parent.rglob("*") if path.is_file() and not path.is_symlink())

@@ -15,7 +15,7 @@ REQUIREMENTS = ["stable-baselines3=={version}", "onnxscript==0.7.2"]
 BASE = "torch"
 POLICIES = {"ppo-cartpole": "CartPole-v1", "dqn-cartpole": "CartPole-v1", "sac-pendulum": "Pendulum-v1"}
 EXPORT = "th.onnx.export of OnnxableSB3Policy / the SAC actor, opset 17, input 'input' (SB3's export guide)"
-TRAINING = {  # (algorithm, keyword arguments, timesteps): seconds on a laptop core, enough to move off chance
+TRAINING = {  # (algorithm, keyword arguments, timesteps): short runs (seconds on an idle core), seeded
     "ppo-cartpole": ("PPO", {"n_steps": 512, "batch_size": 64}, 8192),
     "dqn-cartpole": ("DQN", {"learning_starts": 1000, "exploration_fraction": 0.3, "target_update_interval": 250}, 10000),
     "sac-pendulum": ("SAC", {"learning_starts": 200}, 1500),
@@ -45,6 +45,7 @@ def build(policy: str, folder, seed: int) -> dict:
         def forward(self, observation):
             return self.actor(observation, deterministic=True)
 
+    th.set_num_threads(1)  # seconds of training on a shared machine: one thread, no oversubscription
     algorithm, settings, steps = TRAINING[policy]
     task = POLICIES[policy]
     started = time.monotonic()
