@@ -72,7 +72,8 @@ def build(python: Path, framework: Framework, policy: str, folder: Path, seed: i
     try:
         done = subprocess.run(command, cwd=folder, env={**clean, "PYTHONHASHSEED": "0"}, capture_output=True,
                               text=True, timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as late:
+        (folder / "build.log").write_text(_text(late.stdout) + _text(late.stderr))
         return f"training and export ran past {BUILD_TIMEOUT_S} s"
     (folder / "build.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0 or not (folder / "manifest.json").exists():
@@ -133,6 +134,10 @@ def _policy(plan: Plan, framework: Framework, python: Path, policy: str, on_prog
     if failed:
         return framework_row(framework, f"policy-matrix run failed: {failed}", policy=policy, manifest=manifest)
     return policy_row(framework, manifest, folder, plan.out)
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def _last_words(stderr: str, lines: int = 3) -> str:

@@ -15,10 +15,10 @@ REQUIREMENTS = ["stable-baselines3=={version}", "onnxscript==0.7.2"]
 BASE = "torch"
 POLICIES = {"ppo-cartpole": "CartPole-v1", "dqn-cartpole": "CartPole-v1", "sac-pendulum": "Pendulum-v1"}
 EXPORT = "th.onnx.export of OnnxableSB3Policy / the SAC actor, opset 17, input 'input' (SB3's export guide)"
-TRAINING = {  # (algorithm, keyword arguments, timesteps): short runs (seconds on an idle core), seeded
-    "ppo-cartpole": ("PPO", {"n_steps": 512, "batch_size": 64}, 8192),
-    "dqn-cartpole": ("DQN", {"learning_starts": 1000, "exploration_fraction": 0.3, "target_update_interval": 250}, 10000),
-    "sac-pendulum": ("SAC", {"learning_starts": 200}, 1500),
+TRAINING = {  # (algorithm, keyword arguments, timesteps): short seeded runs, seconds on an idle core
+    "ppo-cartpole": ("PPO", {"n_steps": 256, "batch_size": 64, "n_epochs": 4}, 2048),
+    "dqn-cartpole": ("DQN", {"learning_starts": 500, "exploration_fraction": 0.3, "target_update_interval": 250}, 4000),
+    "sac-pendulum": ("SAC", {"learning_starts": 200}, 800),
 }
 
 

@@ -36,7 +36,7 @@ def markdown(rows: list[Row], settings: dict) -> str:
 
 
 def markdown_cells(row: Row) -> list[str]:
-    framework = f"{row.framework} ({row.version})" if row.version else row.framework
+    framework = f"{row.framework.split()[0]} ({row.version})" if row.version else row.framework
     if row.problem and not row.targets:
         return [framework, row.policy, row.export_path, "", "", "", "", f"not measured: {row.problem}", ""]
     export = row.export_path + (f" (fallback: {'; '.join(row.fallbacks)})" if row.fallbacks else "")
