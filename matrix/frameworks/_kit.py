@@ -8,8 +8,9 @@ module is run as a script from a policy folder that holds a copy of this file be
 
 from __future__ import annotations
 
-import json
 import importlib.metadata
+import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -99,7 +100,7 @@ def torch_export(module, example, path: Path, documented: dict, fallbacks: list[
 
 
 def _first_line(error: Exception) -> str:
-    text = " ".join(str(error).split())
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).split())  # torch colours its messages
     return f"{type(error).__name__}: {text[:240]}"
 
 

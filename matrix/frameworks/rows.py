@@ -4,6 +4,7 @@ exported file itself (opset, IR, operator domains, external data) and the build'
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from . import Framework
 SOURCE = "source"  # the --source column's target name (matrix/source.py)
 STANDARD_DOMAINS = ("", "ai.onnx")
 REASON_CHARS = 140
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in an exporter's message
 
 
 @dataclass
@@ -67,7 +69,8 @@ def framework_row(framework: Framework, problem: str, policy: str = "", manifest
     manifest = manifest or {}
     return Row(framework=framework.label, title=framework.export, policy=policy, task=manifest.get("task", ""),
                problem=problem, version=manifest.get("version", ""), training=manifest.get("training", ""),
-               export_path=manifest.get("export_path", ""), fallbacks=manifest.get("fallbacks", []))
+               export_path=manifest.get("export_path", ""),
+               fallbacks=[_short(ANSI.sub("", text)) for text in manifest.get("fallbacks", [])])
 
 
 def policy_row(framework: Framework, manifest: dict, folder: Path, table_folder: Path) -> Row:
