@@ -14,7 +14,7 @@ BASELINE ?=
 # `make matrix` shows the report whatever the verdicts; FAIL_ON=fail makes FAILed cells fail make.
 FAIL_ON ?= never
 
-.PHONY: setup setup-core setup-web setup-tflite setup-coreml matrix examples test test-fast merge clean
+.PHONY: setup setup-core setup-web setup-tflite setup-coreml setup-frameworks matrix examples frameworks test test-fast merge clean
 
 setup: setup-core setup-web setup-tflite setup-coreml
 
@@ -37,6 +37,14 @@ setup-coreml: setup-core
 
 setup-tflite: setup-core
 	@$(BIN)/policy-matrix setup tflite
+
+# The RL framework dry-run: each framework's default policies, exported the way it documents, on every target.
+# Its environments are opt-in (several GB, never part of `make setup`): `policy-matrix setup frameworks` builds them once.
+setup-frameworks: setup
+	@$(BIN)/policy-matrix setup frameworks
+
+frameworks: setup-frameworks
+	$(BIN)/policy-matrix frameworks $(ARGS)
 
 matrix: setup
 	$(BIN)/policy-matrix run $(MODEL) --fail-on $(FAIL_ON) $(ARGS)

@@ -24,6 +24,7 @@ from . import cells, diagnose, guarded, messages, preparations
 from .judge import Evidence, Judge
 from .model import ModelInfo
 from .protocol import CellInputs
+from .source import TARGET as SOURCE_TARGET
 from .results import Cell, RunResults
 
 
@@ -42,8 +43,9 @@ def after_cells(results: RunResults, context: AssistContext, diagnose_cells: boo
     for cell in results.cells:
         _explain(cell, context.model)
     # Diagnosis and preparations rerun the first model with default settings (the context's template):
-    # only its own default-settings cells are what they would explain.
-    plain = [c for c in results.cells if c.configuration.first_model_with_defaults]
+    # only its own default-settings cells are what they would explain. The --source column is the
+    # training framework, not a runtime: no graph preparation changes what it computes.
+    plain = [c for c in results.cells if c.configuration.first_model_with_defaults and c.target != SOURCE_TARGET]
     if diagnose_cells:
         for cell in [c for c in plain if diagnose.wants_diagnosis(c)]:
             _diagnose(cell, context, console)

@@ -19,6 +19,7 @@ from . import __version__, options
 from . import cli_args as args
 from . import config as run_config_file
 from .errors import InputError, Terminated, raise_terminated
+from .frameworks.command import frameworks as frameworks_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
@@ -337,10 +338,11 @@ def lint(model: Path, as_json: bool, batch_axis: tuple[str, ...]) -> None:
 
 
 @app.command()
-@click.argument("groups", nargs=-1, type=click.Choice(["core", "web", "tflite", "coreml", "all"]))
+@click.argument("groups", nargs=-1, type=click.Choice(["core", "web", "tflite", "coreml", "all", "frameworks"]))
 def setup(groups: tuple[str, ...]) -> None:
     """Install what the targets of GROUPS need (default: all): core (tract), web (npm packages,
     Playwright, Chromium), tflite (LiteRT, the onnx2tf environment), coreml (its environment).
+    frameworks (opt-in, never part of all): each RL framework's environment for `policy-matrix frameworks`.
     Only what is missing is installed: a second run does nothing (exit 1 if a step failed)."""
     from .installer import setup as run_setup
 
@@ -408,6 +410,9 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
     with lock_out(config.out):
         found = releases.bisect(config, names[0], span, chosen, threshold, console)
     sys.exit(0 if found else 1)
+
+
+app.add_command(frameworks_command)
 
 
 def _one_variant(value: str) -> list[str]:

@@ -207,17 +207,41 @@ def _environment(report: Reporter, label: str, built: Callable[[], Path | None],
             raise SetupError(str(error)) from None
 
 
+def framework_environments(report: Reporter) -> None:
+    """Each RL framework's pinned environment for `policy-matrix frameworks`; one that fails to
+    install is said with pip's words and the others are still built (the table shows it as a row)."""
+    from .frameworks import DEFAULT, environments, load
+
+    failed = []
+    for framework in (load(name) for name in DEFAULT):
+        if framework.unavailable:
+            report.warn(f"{framework.label}: {framework.unavailable}")
+            continue
+        if environments.python(framework):
+            report.ok(f"{framework.label} environment")
+            continue
+        with report.work(f"building the {framework.label} environment once ({', '.join(framework.pins()) or 'base only'})"):
+            try:
+                environments.ensure(framework)
+            except (environments.BuildFailed, subprocess.TimeoutExpired) as error:
+                failed.append(f"{framework.label}: {' '.join(str(error).split())[:300]}")
+    if failed:
+        raise SetupError("; ".join(failed))
+
+
 GROUPS: dict[str, tuple[Callable[[Reporter], None], ...]] = {
     "core": (core_runtimes,),
     "web": (npm_packages, python_playwright, chromium),
     "tflite": (litert_runtime, onnx2tf_environment),
     "coreml": (coreml_environment,),
+    "frameworks": (framework_environments,),
 }
+OPT_IN = ("frameworks",)  # large (torch, TensorFlow, JAX layers): never part of `all` or `make setup`
 
 
 def setup(groups: list[str], console: Console, verbosity: int) -> bool:
     """Run every step of the groups ("all" = each of them); False if a step failed (the others still ran)."""
-    names = list(GROUPS) if "all" in groups else list(dict.fromkeys(groups))
+    names = [g for g in GROUPS if g not in OPT_IN] if "all" in groups else list(dict.fromkeys(groups))
     report, ok = Reporter(console, verbosity), True
     for name in names:
         for step in GROUPS[name]:

@@ -29,6 +29,16 @@ def missing_runtimes(markers) -> list[str]:
             for name in RUNTIME_MARKERS[marker] if (reason := REGISTRY[name].unavailable_reason())]
 
 
+def pytest_collection_modifyitems(config, items):
+    """The frameworks tier (the whole framework table, tens of minutes) runs only when `-m` names it."""
+    if "frameworks" in (config.getoption("markexpr") or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("frameworks") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
+
 @pytest.hookimpl(tryfirst=True)  # before the skipif markers are evaluated
 def pytest_runtest_setup(item):
     if os.environ.get("CI", "").lower() == "true":
