@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from matrix import examples
 
@@ -29,6 +30,22 @@ def missing_runtimes(markers) -> list[str]:
             for name in RUNTIME_MARKERS[marker] if (reason := REGISTRY[name].unavailable_reason())]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns the xdist_group marks into scheduling groups
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), a module whose tests share a module- or
+    class-scoped fixture (a CLI run they only read, a converted model, started browsers) runs on one worker, so the
+    fixture is made once; tests that share nothing wider than themselves are spread one by one."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _shares_a_fixture(item) -> bool:
+    fixtures = getattr(item, "_fixtureinfo", None)  # None for items that are not test functions
+    return bool(fixtures) and any(definitions[-1].scope in ("module", "class", "package")
+                                  for definitions in fixtures.name2fixturedefs.values())
+
+
 @pytest.hookimpl(tryfirst=True)  # before the skipif markers are evaluated
 def pytest_runtest_setup(item):
     if os.environ.get("CI", "").lower() == "true":
@@ -47,15 +64,25 @@ def example_path():
     return examples.path
 
 
+def _session_folder(tmp_path_factory) -> Path:
+    """A folder of this test session that every pytest-xdist worker sees (each worker has its own basetemp)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def ort_cpu_runs(tmp_path_factory) -> dict[str, Path]:
-    """One real ort-cpu run of every bundled policy, all precisions (shared: it is the slow part)."""
-    runs = {}
-    for name in EXAMPLES:
-        out = tmp_path_factory.mktemp(name)
-        done = run_cli("run", examples.path(name), "--targets", "ort-cpu", "--iters", "30", "--warmup", "5", "--out", out)
-        assert done.returncode == 0, done.stderr
-        runs[name] = out
+    """One real ort-cpu run of every bundled policy, all precisions (shared: it is the slow part). Under
+    pytest-xdist the first worker that needs it makes it and the others read it."""
+    folder = _session_folder(tmp_path_factory) / "ort_cpu_runs"
+    runs = {name: folder / name for name in EXAMPLES}
+    with FileLock(f"{folder}.lock"):
+        if not (folder / "complete").exists():
+            for name, out in runs.items():
+                done = run_cli("run", examples.path(name), "--targets", "ort-cpu", "--iters", "30", "--warmup", "5",
+                               "--out", out)
+                assert done.returncode == 0, done.stderr
+            (folder / "complete").touch()
     return runs
 
 
