@@ -8,8 +8,9 @@ BIN    := $(VENV)/bin
 MODEL  ?= matrix/example_policies/continuous_mlp.onnx
 ARGS   ?=
 PYTEST_ARGS ?=
-# The tests run on every core (pytest-xdist); a module whose tests share a module-scoped fixture stays on one
-# worker (tests/conftest.py), so browsers, conversions and shared CLI runs are started once.
+# `make test` runs on every core (pytest-xdist); a module whose tests share a module-scoped fixture stays on one
+# worker (tests/conftest.py), so browsers, conversions and shared CLI runs are started once. `make test-fast` stays
+# in one process: each worker collects the whole suite (~10 s of imports), more than the unit tier gains.
 PYTEST_WORKERS ?= -n auto --dist loadgroup
 SHARDS ?=
 OUT    ?= reports/merged
@@ -54,7 +55,7 @@ test: setup
 # browser, converter environment or CLI subprocess; only the core install is needed.
 FAST_MARKERS := not browser and not tflite_env and not coreml_env and not slow
 test-fast: setup-core
-	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # Merge shards (one results.json per host) into one report; BASELINE=old/results.json flags regressions.
 merge: setup-core
