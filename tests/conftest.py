@@ -64,17 +64,17 @@ def example_path():
     return examples.path
 
 
-def _session_folder(tmp_path_factory) -> Path:
+def _session_folder(config, tmp_path_factory) -> Path:
     """A folder of this test session that every pytest-xdist worker sees (each worker has its own basetemp)."""
     base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return base.parent if hasattr(config, "workerinput") else base
 
 
 @pytest.fixture(scope="session")
-def ort_cpu_runs(tmp_path_factory) -> dict[str, Path]:
+def ort_cpu_runs(request, tmp_path_factory) -> dict[str, Path]:
     """One real ort-cpu run of every bundled policy, all precisions (shared: it is the slow part). Under
     pytest-xdist the first worker that needs it makes it and the others read it."""
-    folder = _session_folder(tmp_path_factory) / "ort_cpu_runs"
+    folder = _session_folder(request.config, tmp_path_factory) / "ort_cpu_runs"
     runs = {name: folder / name for name in EXAMPLES}
     with FileLock(f"{folder}.lock"):
         if not (folder / "complete").exists():
