@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,31 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "matrix", *map(str, args)], capture_output=True, text=True, timeout=timeout
     )
+
+
+@pytest.fixture
+def policy_matrix(tmp_path, monkeypatch, capsys):
+    """Run `policy-matrix ARGS` in this process, as `cli.main()` runs it (the jobs and workers it starts are still
+    processes of their own), without a subprocess to start and import per case; return (exit code, stderr lines).
+    ARGS without a command are a `run`'s."""
+    from matrix import cli
+
+    monkeypatch.chdir(tmp_path)  # no matrix.toml of the checkout is found
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+
+    def invoke(args: list) -> tuple[int, list[str]]:
+        command = [] if args[0] in ("compare", "merge") else ["run"]
+        monkeypatch.setattr(sys, "argv", ["policy-matrix", *command, *map(str, args)])
+        try:
+            with pytest.raises(SystemExit) as ended:
+                cli.main()
+        finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        return ended.value.code, lines
+
+    return invoke
 
 
 @pytest.fixture(scope="session")
