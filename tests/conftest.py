@@ -64,14 +64,14 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 def policy_matrix(tmp_path, monkeypatch, capsys):
     """Run `policy-matrix ARGS` in this process, as `cli.main()` runs it (the jobs and workers it starts are still
     processes of their own), without a subprocess to start and import per case; return (exit code, stderr lines).
-    ARGS without a command are a `run`'s."""
+    ARGS that do not start with a command are a `run`'s."""
     from matrix import cli
 
     monkeypatch.chdir(tmp_path)  # no matrix.toml of the checkout is found
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
 
     def invoke(args: list) -> tuple[int, list[str]]:
-        command = [] if args[0] in ("compare", "merge") else ["run"]
+        command = [] if str(args[0]) in cli.app.commands else ["run"]
         monkeypatch.setattr(sys, "argv", ["policy-matrix", *command, *map(str, args)])
         try:
             with pytest.raises(SystemExit) as ended:
