@@ -97,13 +97,12 @@ def test_the_teacher_is_shipped_when_the_student_misses_quality_and_nothing_meet
     ({"obs": 5}, "input 'obs' has shape [batch, 5], not [batch, 8]"),
     ({"action_name": "act"}, "outputs ['act'] instead of ['action']"),
 ])
-def test_a_candidate_with_another_interface_is_one_clear_line_and_exit_2(models, tmp_path, change, words):
+def test_a_candidate_with_another_interface_is_one_clear_line_and_exit_2(models, tmp_path, change, words, policy_matrix):
     other = tmp_path / "other.onnx"
     onnx.save(student(**change), str(other))
-    done = run_cli("run", models["teacher"], "--candidate", other, "--targets", "ort-cpu", "--out", tmp_path / "out")
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines() == [f"policy-matrix: error: --candidate {other}: its interface differs from "
-                                                f"teacher.onnx's: {words}"]
+    code, lines = policy_matrix([models["teacher"], "--candidate", other, "--targets", "ort-cpu", "--out", tmp_path / "out"])
+    assert code == 2
+    assert lines == [f"policy-matrix: error: --candidate {other}: its interface differs from teacher.onnx's: {words}"]
 
 
 def test_ort_settings_grid_reaches_the_runtime_and_shows_in_results_csv_and_report(tmp_path):
