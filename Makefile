@@ -8,6 +8,10 @@ BIN    := $(VENV)/bin
 MODEL  ?= matrix/example_policies/continuous_mlp.onnx
 ARGS   ?=
 PYTEST_ARGS ?=
+# `make test` runs on every core (pytest-xdist); a module whose tests share a module-scoped fixture stays on one
+# worker (tests/conftest.py), so browsers, conversions and shared CLI runs are started once. `make test-fast` stays
+# in one process: each worker collects the whole suite (~10 s of imports), more than the unit tier gains.
+PYTEST_WORKERS ?= -n auto --dist loadgroup
 SHARDS ?=
 OUT    ?= reports/merged
 BASELINE ?=
@@ -53,7 +57,7 @@ examples: setup
 	$(BIN)/python -m matrix.examples
 
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The unit tier: pure functions on saved fixtures (tests/unit, tests/fixtures), under a minute, with no
 # browser, converter environment or CLI subprocess; only the core install is needed.

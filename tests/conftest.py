@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from matrix import examples
 
@@ -29,7 +31,24 @@ def missing_runtimes(markers) -> list[str]:
             for name in RUNTIME_MARKERS[marker] if (reason := REGISTRY[name].unavailable_reason())]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns the xdist_group marks into scheduling groups
 def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), a module whose tests share a module- or
+    class-scoped fixture (a CLI run they only read, a converted model, started browsers) runs on one worker, so the
+    fixture is made once; tests that share nothing wider than themselves are spread one by one."""
+    _deselect_frameworks_tier(config, items)
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _shares_a_fixture(item) -> bool:
+    fixtures = getattr(item, "_fixtureinfo", None)  # None for items that are not test functions
+    return bool(fixtures) and any(definitions[-1].scope in ("module", "class", "package")
+                                  for definitions in fixtures.name2fixturedefs.values())
+
+
+def _deselect_frameworks_tier(config, items) -> None:
     """The frameworks tier (the whole framework table, tens of minutes) runs only when `-m` names it."""
     if "frameworks" in (config.getoption("markexpr") or ""):
         return
@@ -52,20 +71,55 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture
+def policy_matrix(tmp_path, monkeypatch, capsys):
+    """Run `policy-matrix ARGS` in this process, as `cli.main()` runs it (the jobs and workers it starts are still
+    processes of their own), without a subprocess to start and import per case; return (exit code, stderr lines).
+    ARGS that do not start with a command are a `run`'s."""
+    from matrix import cli
+
+    monkeypatch.chdir(tmp_path)  # no matrix.toml of the checkout is found
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+
+    def invoke(args: list) -> tuple[int, list[str]]:
+        command = [] if str(args[0]) in cli.app.commands else ["run"]
+        monkeypatch.setattr(sys, "argv", ["policy-matrix", *command, *map(str, args)])
+        try:
+            with pytest.raises(SystemExit) as ended:
+                cli.main()
+        finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        return ended.value.code, lines
+
+    return invoke
+
+
 @pytest.fixture(scope="session")
 def example_path():
     return examples.path
 
 
+def _session_folder(config, tmp_path_factory) -> Path:
+    """A folder of this test session that every pytest-xdist worker sees (each worker has its own basetemp)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(config, "workerinput") else base
+
+
 @pytest.fixture(scope="session")
-def ort_cpu_runs(tmp_path_factory) -> dict[str, Path]:
-    """One real ort-cpu run of every bundled policy, all precisions (shared: it is the slow part)."""
-    runs = {}
-    for name in EXAMPLES:
-        out = tmp_path_factory.mktemp(name)
-        done = run_cli("run", examples.path(name), "--targets", "ort-cpu", "--iters", "30", "--warmup", "5", "--out", out)
-        assert done.returncode == 0, done.stderr
-        runs[name] = out
+def ort_cpu_runs(request, tmp_path_factory) -> dict[str, Path]:
+    """One real ort-cpu run of every bundled policy, all precisions (shared: it is the slow part). Under
+    pytest-xdist the first worker that needs it makes it and the others read it."""
+    folder = _session_folder(request.config, tmp_path_factory) / "ort_cpu_runs"
+    runs = {name: folder / name for name in EXAMPLES}
+    with FileLock(f"{folder}.lock"):
+        if not (folder / "complete").exists():
+            for name, out in runs.items():
+                done = run_cli("run", examples.path(name), "--targets", "ort-cpu", "--iters", "30", "--warmup", "5",
+                               "--out", out)
+                assert done.returncode == 0, done.stderr
+            (folder / "complete").touch()
     return runs
 
 

@@ -1,4 +1,6 @@
-"""Bad input ends in one clear line on stderr and exit code 2, never a traceback."""
+"""Bad input ends in one clear line on stderr and exit code 2, never a traceback. The cases run in this process
+(cli.main(), tests/conftest.py's `policy_matrix`); a bad model under `lint` and a usage error run as a user's
+process, for its exit code and its stderr (tests/test_hostile_input.py does the same for `run`)."""
 
 from pathlib import Path
 
@@ -9,8 +11,6 @@ from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from matrix.examples import path as example
-
-pytestmark = [pytest.mark.slow]
 
 
 def _tiny(node: onnx.NodeProto, initializers=()) -> onnx.ModelProto:
@@ -73,21 +73,36 @@ BAD_MODELS = {
 }
 
 
+def _assert_one_line(result: tuple[int, list[str]], expected: str) -> None:
+    code, lines = result
+    assert code == 2, (code, lines[-5:])
+    assert len(lines) == 1 and expected in lines[0], lines[-5:]
+
+
 def _assert_clean_exit_2(done, expected: str) -> None:
-    assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and expected in lines[0], done.stderr
+    _assert_one_line((done.returncode, [line for line in done.stderr.splitlines() if line.strip()]), expected)
 
 
-@pytest.mark.parametrize("case", BAD_MODELS)
-@pytest.mark.parametrize("command", ["run", "lint"])
-def test_bad_model_exits_2_with_one_line(case, command, tmp_path):
+def _bad_model_args(case, command, tmp_path) -> tuple[list, str]:
     make, expected = BAD_MODELS[case]
     folder = tmp_path / "models"
     folder.mkdir()
     out = ["--out", tmp_path / "out"] if command == "run" else []
-    _assert_clean_exit_2(run_cli(command, make(folder), *out), expected)
+    return [command, make(folder), *out], expected
+
+
+@pytest.mark.parametrize("case", BAD_MODELS)
+@pytest.mark.parametrize("command", ["run", "lint"])
+def test_bad_model_exits_2_with_one_line(case, command, tmp_path, policy_matrix):
+    args, expected = _bad_model_args(case, command, tmp_path)
+    _assert_one_line(policy_matrix(args), expected)
+
+
+@pytest.mark.slow
+def test_a_bad_model_under_lint_is_one_line_and_exit_2_from_the_real_process(tmp_path):
+    args, expected = _bad_model_args("type clash (full check)", "lint", tmp_path)
+    _assert_clean_exit_2(run_cli(*args), expected)
 
 
 @pytest.mark.parametrize(
@@ -106,14 +121,15 @@ def test_bad_model_exits_2_with_one_line(case, command, tmp_path):
         (["--targets", "coreml@9.0.0"], "cannot be pinned to a release"),
     ],
 )
-def test_bad_options_exit_2(args, expected, tmp_path):
-    _assert_clean_exit_2(run_cli("run", example("continuous_mlp"), "--out", tmp_path, *args), expected)
+def test_bad_options_exit_2(args, expected, tmp_path, policy_matrix):
+    _assert_one_line(policy_matrix([example("continuous_mlp"), "--out", tmp_path, *args]), expected)
 
 
+@pytest.mark.slow
 def test_usage_errors_are_one_line_too():
     _assert_clean_exit_2(run_cli("run"), "Missing argument")
 
 
-def test_observations_of_the_wrong_shape_exit_2(tmp_path):
+def test_observations_of_the_wrong_shape_exit_2(tmp_path, policy_matrix):
     np.save(tmp_path / "obs.npy", np.zeros((10, 5), np.float32))
-    _assert_clean_exit_2(run_cli("run", example("continuous_mlp"), "--obs", tmp_path / "obs.npy", "--out", tmp_path), "expects")
+    _assert_one_line(policy_matrix([example("continuous_mlp"), "--obs", tmp_path / "obs.npy", "--out", tmp_path]), "expects")

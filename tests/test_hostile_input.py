@@ -1,7 +1,9 @@
 """Hostile input, table-driven: every malformed model, observation file, option and config
 ends in exit 2 and one line on stderr, never a traceback and never a silent acceptance.
 
-The models are built here with onnx.helper, so each case shows exactly what is hostile.
+The models are built here with onnx.helper, so each case shows exactly what is hostile. The cases run in this
+process (`cli.main()`, tests/conftest.py's `policy_matrix`); one case of each table and the memory-bounded
+ones run as a user's process (tests/unit/test_hostile_parsing.py holds the parsing layer's own table).
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from matrix.examples import path as example
-
-pytestmark = [pytest.mark.slow]
 
 OPSET = [helper.make_opsetid("", 18)]
 MLP = example("continuous_mlp")  # input obs [batch, 17]
@@ -331,11 +331,10 @@ CONFIGS = {
 }
 
 
-def assert_clean_exit_2(done, expected: str) -> None:
-    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
-    assert "Traceback" not in done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and expected in lines[0], done.stderr[-2000:]
+def assert_one_line(result: tuple[int, list[str]], expected: str) -> None:
+    code, lines = result
+    assert code == 2, (code, lines[-5:])
+    assert len(lines) == 1 and expected in lines[0], lines[-5:]
     assert len(lines[0]) < 1000, "one readable line, not a dump"
 
 
@@ -344,39 +343,85 @@ def test_the_table_has_at_least_40_cases():
     assert total >= 40
 
 
-@pytest.mark.parametrize("case", MODELS)
-def test_hostile_model(case, tmp_path):
+# Each case runs in this process (cli.main() with its real jobs and workers, no interpreter to start and import
+# per case: ~0.04 s a case against ~3 s); test_the_real_process_exits_2_with_one_line runs one case of each table
+# as a user's process, for its exit code and its stderr.
+
+
+def _model_case(case, tmp_path):
     make, expected = MODELS[case]
     folder = tmp_path / "models"
     folder.mkdir()
-    assert_clean_exit_2(run_cli("run", make(folder), "--targets", "ort-cpu", "--out", tmp_path / "out"), expected)
+    return [make(folder), "--targets", "ort-cpu", "--out", tmp_path / "out"], expected
 
 
-@pytest.mark.parametrize("case", OBSERVATIONS)
-def test_hostile_observation_file(case, tmp_path):
+def _observation_case(case, tmp_path):
     make, expected = OBSERVATIONS[case]
-    done = run_cli("run", MLP, "--targets", "ort-cpu", "--obs", make(tmp_path), "--out", tmp_path / "out")
-    assert_clean_exit_2(done, expected)
+    return [MLP, "--targets", "ort-cpu", "--obs", make(tmp_path), "--out", tmp_path / "out"], expected
 
 
-@pytest.mark.parametrize("case", OPTIONS)
-def test_hostile_option(case, tmp_path):
+def _option_case(case, tmp_path):
     args, expected = OPTIONS[case]
-    assert_clean_exit_2(run_cli("run", MLP, "--out", tmp_path / "out", *args), expected)
+    return [MLP, "--out", tmp_path / "out", *args], expected
 
 
-@pytest.mark.parametrize("case", PATH_OPTIONS)
-def test_hostile_path_option(case, tmp_path):
+def _path_option_case(case, tmp_path):
     args, expected = PATH_OPTIONS[case](tmp_path)
-    assert_clean_exit_2(run_cli("run", MLP, "--targets", "ort-cpu", *args), expected)
+    return [MLP, "--targets", "ort-cpu", *args], expected
 
 
-@pytest.mark.parametrize("case", CONFIGS)
-def test_hostile_config(case, tmp_path):
+def _config_case(case, tmp_path):
     text, expected = CONFIGS[case]
     config = tmp_path / "matrix.toml"
     config.write_bytes(text if isinstance(text, bytes) else text.encode())
-    assert_clean_exit_2(run_cli("run", MLP, "--config", config, "--out", tmp_path / "out"), expected)
+    return [MLP, "--config", config, "--out", tmp_path / "out"], expected
+
+
+@pytest.mark.parametrize("case", MODELS)
+def test_hostile_model(case, tmp_path, policy_matrix):
+    args, expected = _model_case(case, tmp_path)
+    assert_one_line(policy_matrix(args), expected)
+
+
+@pytest.mark.parametrize("case", OBSERVATIONS)
+def test_hostile_observation_file(case, tmp_path, policy_matrix):
+    args, expected = _observation_case(case, tmp_path)
+    assert_one_line(policy_matrix(args), expected)
+
+
+@pytest.mark.parametrize("case", OPTIONS)
+def test_hostile_option(case, tmp_path, policy_matrix):
+    args, expected = _option_case(case, tmp_path)
+    assert_one_line(policy_matrix(args), expected)
+
+
+@pytest.mark.parametrize("case", PATH_OPTIONS)
+def test_hostile_path_option(case, tmp_path, policy_matrix):
+    args, expected = _path_option_case(case, tmp_path)
+    assert_one_line(policy_matrix(args), expected)
+
+
+@pytest.mark.parametrize("case", CONFIGS)
+def test_hostile_config(case, tmp_path, policy_matrix):
+    args, expected = _config_case(case, tmp_path)
+    assert_one_line(policy_matrix(args), expected)
+
+
+def test_missing_config(tmp_path, policy_matrix):
+    assert_one_line(policy_matrix([MLP, "--config", tmp_path / "nope.toml", "--out", tmp_path / "out"]), "cannot read the config")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table, case", [(_model_case, "ConstantOfShape of 4 TB"), (_observation_case, "pickled object array"),
+                                         (_option_case, "--timeout nan"), (_path_option_case, "--out unwritable"),
+                                         (_config_case, "non-UTF-8")],
+                         ids=lambda value: getattr(value, "__name__", value))
+def test_the_real_process_exits_2_with_one_line(table, case, tmp_path):
+    args, expected = table(case, tmp_path)
+    done = run_cli("run", *args)
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert_one_line((done.returncode, lines), expected)
 
 
 # --- the runner's own memory (tests/unit/test_hostile_parsing.py holds the in-process table) -----------
@@ -408,6 +453,7 @@ def _external_1gib(tmp):
     return [_save(tmp / "m", _model(nodes, [_float_io(["b", 4])], [_float_io(["b", 4], "action")], [weight]))], "above the memory limit"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [_obs_dev_zero, _external_1gib], ids=["--obs /dev/zero", "1 GiB of external data"])
 def test_a_hostile_file_is_refused_within_the_memory_cap(make, tmp_path):
     args, expected = make(tmp_path)
@@ -418,6 +464,7 @@ def test_a_hostile_file_is_refused_within_the_memory_cap(make, tmp_path):
     assert peak < 512 << 20, f"peak {peak / 2**20:.0f} MiB"
 
 
+@pytest.mark.slow
 def test_an_npz_of_unused_giants_runs_reading_only_the_models_input(tmp_path):
     """11 arrays of 100 MB beside the one the model needs (1.1 GB declared, compressed to little):
     a documented run under --memory-limit 300M, since only `obs` is read."""
@@ -431,6 +478,3 @@ def test_an_npz_of_unused_giants_runs_reading_only_the_models_input(tmp_path):
     # 1.1 GB of unused arrays were never read is half of them, not the cap itself (peaks seen: 156-344 MiB).
     assert peak < 550 << 20, f"peak {peak / 2**20:.0f} MiB"
 
-
-def test_missing_config(tmp_path):
-    assert_clean_exit_2(run_cli("run", MLP, "--config", tmp_path / "nope.toml", "--out", tmp_path / "out"), "cannot read the config")

@@ -1,7 +1,8 @@
 """Hostile input through the real parsing layer, in process: `policy-matrix ...` as `cli.main()` runs it,
-without a subprocess per case. Each case must end in exit code 2 and one line on stderr naming the
-problem, before any cell runs. (tests/test_hostile_input.py keeps the cases that need the real
-process: its exit code, and the runner's peak memory.)
+without a subprocess per case (the `policy_matrix` fixture of tests/conftest.py). Each case must end in exit
+code 2 and one line on stderr naming the problem, before any cell runs. (tests/test_hostile_input.py holds the
+table of malformed models, observations, options and configs, and the cases that need the real process: its exit
+code, and the runner's peak memory.)
 
 Each maker gets an empty folder and returns (argv, expected words of the one line).
 """
@@ -10,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from saved import FIXTURES
 
-from matrix import cli
 from matrix.examples import path as example
 
 MLP = str(example("continuous_mlp"))  # obs [batch, 17] float32
@@ -29,27 +27,6 @@ OPSET = [helper.make_opsetid("", 18)]
 SHARD = FIXTURES / "shard_continuous_mlp.json"
 # Cheapest run settings: a case the parser wrongly accepts costs seconds, not minutes, before it fails.
 QUICK = ["--targets", "ort-cpu", "--variants", "fp32", "--iters", "1", "--warmup", "0", "--batch-sizes", "1", "--n-obs", "4"]
-
-
-@pytest.fixture
-def policy_matrix(tmp_path, monkeypatch, capsys):
-    """Run `policy-matrix ARGS` in this process; return (exit code, stderr lines)."""
-    monkeypatch.chdir(tmp_path)  # no matrix.toml of the checkout is found
-    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-
-    def invoke(args: list) -> tuple[int, list[str]]:
-        command = [] if args[0] in ("compare", "merge") else ["run"]
-        monkeypatch.setattr(sys, "argv", ["policy-matrix", *command, *map(str, args)])
-        try:
-            with pytest.raises(SystemExit) as ended:
-                cli.main()
-        finally:
-            for number, handler in handlers.items():
-                signal.signal(number, handler)
-        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-        return ended.value.code, lines
-
-    return invoke
 
 
 def assert_one_line(result: tuple[int, list[str]], expected: str) -> None:
