@@ -62,7 +62,9 @@ class JsonLinesProcess:
         descriptor = self.stderr.fileno()
         return os.pread(descriptor, os.fstat(descriptor).st_size, 0).decode(errors="replace")
 
-    def close(self, timeout_s: float = 10) -> None:
+    def close(self, timeout_s: float = 30) -> None:
+        # 30 s: an interpreter holding torch/coremltools takes over 10 s to exit on a loaded 2-core machine (CI
+        # measured it); only a child that hangs after its input ended waits the whole grace before it is killed.
         if self.process.poll() is None:
             try:
                 self.process.stdin.close()  # end of input: the child finishes and exits
