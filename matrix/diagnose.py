@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx.reference import ReferenceEvaluator
 
 from . import cells, guarded, observations, reference, variants
 from . import model as model_loader
@@ -78,7 +77,7 @@ def reference_intermediates(proto: onnx.ModelProto, feeds: observations.Feeds) -
     """Every node output of the original graph, evaluated in float64."""
     wide = reference.to_float64(proto)
     names = _node_outputs(wide.graph)
-    values = ReferenceEvaluator(wide).run(names, {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()})
+    values = reference.evaluator_for(wide).run(names, {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()})
     return dict(zip(names, values))
 
 

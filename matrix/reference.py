@@ -23,6 +23,7 @@ from onnx.reference import ReferenceEvaluator
 from . import outdir
 from .model import ModelInfo
 from .observations import Feeds, run_in_batches
+from .reference_ops import CORRECTED_OPS
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 NARROW_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}  # an explicit Cast to these keeps its rounding
@@ -40,12 +41,17 @@ class Reference:
 def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
     wide = to_float64(_tensor_outputs_only(model.proto, model.excluded_outputs))
     decisions = _expose_logits(wide)
-    evaluator = ReferenceEvaluator(wide)
+    evaluator = evaluator_for(wide)
     names = [spec.name for spec in model.outputs] + [logits for logits, _, _ in decisions.values()]
     wide_feeds = {name: _widen(array) for name, array in feeds.items()}
     results = run_in_batches(lambda f: dict(zip(names, evaluator.run(names, f))), wide_feeds, batch, model.batch_axes)
     margins = {output: _margin(results.pop(logits), axis, op) for output, (logits, axis, op) in decisions.items()}
     return Reference(outputs=results, margins=margins)
+
+
+def evaluator_for(proto: onnx.ModelProto) -> ReferenceEvaluator:
+    """onnx's reference evaluator with the operators it gets wrong replaced (reference_ops.py)."""
+    return ReferenceEvaluator(proto, new_ops=CORRECTED_OPS)
 
 
 def save(ref: Reference, path: Path) -> None:

@@ -355,11 +355,9 @@ def replay(step: Step, plan: RolloutPlan) -> np.ndarray:
 
 def reference_step(model: ModelInfo) -> Step:
     """The float64 reference as a step function (float inputs widened, the graph evaluated exactly)."""
-    from onnx.reference import ReferenceEvaluator
+    from .reference import evaluator_for, to_float64
 
-    from .reference import to_float64
-
-    evaluator = ReferenceEvaluator(to_float64(model.proto))
+    evaluator = evaluator_for(to_float64(model.proto))
     names = [spec.name for spec in model.outputs]
 
     def step(feeds: Feeds) -> Feeds:
