@@ -43,7 +43,7 @@ class CellOutcome:
 
 def execute(
     cell_dir: Path, spec: CellSpec, env: dict[str, str], timeout_s: float, on_stage, memory_limit: int | None = None,
-    worker: Worker | None = None,
+    worker: WorkerProcess | None = None,
 ) -> CellOutcome:
     """Run the cell in `worker` (a fresh worker process of its own when None); on_stage(name) is
     called as it reports progress. Files that cannot be written (a full disk) make this cell's
@@ -133,7 +133,7 @@ class StageGate:
             self.release(UNTIMED)
 
 
-class Worker:
+class WorkerProcess:
     """One worker process serving the cells of one target in turn (`python -m matrix.worker --serve`).
 
     Isolation stays per target: the process has its own group and memory cap like a one-cell

@@ -1,6 +1,6 @@
 """One run: model -> observations -> reference -> cells -> results -> report.
 
-The cells of one target share a worker process (cells.Worker), and a cell that
+The cells of one target share a worker process (cells.WorkerProcess), and a cell that
 kills it costs only itself: the target's next cell gets a fresh one. Several
 targets' workers run at once (CellSchedule), but latency is measured with
 nothing else running (cells.StageGate): a shared 2-core machine gives honest
@@ -241,7 +241,7 @@ def _candidate_inputs(template: CellInputs, candidate_variants: dict[str, tuple]
 
 
 class CellSchedule:
-    """Each target's cells in grid order in one worker process (cells.Worker), several targets at once: as
+    """Each target's cells in grid order in one worker process (cells.WorkerProcess), several targets at once: as
     many as the cores and the memory allow. Their stages are granted by one cells.StageGate, so opening
     sessions and pages, contract, parity, rollouts and placement run side by side while latency is measured
     with nothing else running. Each finished cell goes to the journal at once; the report lists them in
@@ -258,7 +258,7 @@ class CellSchedule:
         self.gate = gate
         self.done: dict[int, Cell] = {}
         self.recording = threading.Lock()
-        self.workers: list[cells.Worker] = []
+        self.workers: list[cells.WorkerProcess] = []
         self.interrupted = threading.Event()
 
     def run(self) -> None:
@@ -298,7 +298,7 @@ class CellSchedule:
         return chosen
 
     def _run_cells(self, target_name: str, items: list[tuple[int, Configuration]]) -> None:
-        worker = cells.Worker(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
+        worker = cells.WorkerProcess(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
         self.workers.append(worker)
         try:
             for index, configuration in items:
@@ -615,7 +615,7 @@ class CellRunner:
         self.services, self.progress = services, progress
         self.gate = gate  # cells run side by side (CellSchedule): judging is untimed work
 
-    def run(self, target: Target, spec: CellSpec, worker: cells.Worker | None = None) -> Cell:
+    def run(self, target: Target, spec: CellSpec, worker: cells.WorkerProcess | None = None) -> Cell:
         label = escape(spec.configuration.label)
         reason = target.unavailable_reason() or target.variant_skip_reason(spec.variant) or versions.install_problem(target)
         if reason:
@@ -640,7 +640,7 @@ class CellRunner:
                 self.progress.update(task, completed=STAGES.index(stage_name), description=f"{label}: {name}")
         return on_stage
 
-    def _execute(self, target: Target, spec: CellSpec, worker: cells.Worker | None, on_stage) -> cells.CellOutcome:
+    def _execute(self, target: Target, spec: CellSpec, worker: cells.WorkerProcess | None, on_stage) -> cells.CellOutcome:
         try:
             env = self.services.env_for(target)
         except Exception as error:  # a service that cannot start costs its cells only

@@ -240,7 +240,7 @@ def serve() -> None:
     The interpreter, the imports and the runtime's own start-up are paid once per target, not per
     cell. Each cell's stderr (the runtime's native output too) goes to its own worker.log. A cell
     that crashes this process costs the cells still queued for it only: the parent starts a fresh
-    worker for them (cells.Worker)."""
+    worker for them (cells.WorkerProcess)."""
     for line in sys.stdin:
         cell_dir = Path(line.strip())
         _stderr_to(cell_dir / "worker.log")
