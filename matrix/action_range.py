@@ -35,7 +35,7 @@ def add_to(results: RunResults, model: ModelInfo, plan: RolloutPlan, reference: 
         return
     results.lints.append(LintResult(**vars(found)))
     if found.level == "warn":
-        results.settings["rollout"]["action_range"] = found.message
+        results.run_options["rollout"]["action_range"] = found.message
 
 
 def reach_lint(model: ModelInfo, plan: RolloutPlan, reference: ReferenceRollout | None) -> Lint | None:

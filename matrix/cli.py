@@ -132,7 +132,7 @@ def run(model: Path, as_json: bool, **values) -> None:
             results = run_matrix(config, console)
         except OSError as error:  # a full disk (or read-only cache) before any cell ran: cells handle their own
             raise InputError(f"cannot write {error.filename or config.out}: {error.strerror or error}") from None
-        results.settings["decision"] = config.decision.record()
+        results.run_options["decision"] = config.decision.record()
         results.decision = config.decision.decide(results)
         _finish(results, config.out, ending["fail_on"], baseline, ending["thresholds"], config.required, as_json,
                 ending["allow_different_inputs"], own_run=True)
@@ -153,7 +153,7 @@ def merge(shards, out, **values):
     ending = args.ENDING.parse(values)
     baseline = schema.load(merge_shard_path(ending["baseline"])) if ending["baseline"] else None
     merged = merge_shards(list(shards), ending["allow_different_inputs"])
-    merged.decision = Request.recorded(merged.settings).decide(merged)  # the first shard's budgets, over every host's cells
+    merged.decision = Request.recorded(merged.run_options).decide(merged)  # the first shard's budgets, over every host's cells
     with lock_out(options.writable_dir(out)):  # never replace the report of a run still writing there
         _finish(merged, out, ending["fail_on"], baseline, ending["thresholds"],
                 allow_different_inputs=ending["allow_different_inputs"])
@@ -403,7 +403,7 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
         timeout_s=options.seconds(timeout, "--timeout"), tolerances=args.tolerances(list(tolerance)), memory_limit=limit,
         model=args.load_model(model, limit, {}),
     )
-    config.rollout, config.return_tolerance = args.rollout_settings(
+    config.rollout, config.return_tolerance = args.rollout_options(
         config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs}, config.limits)
     span = releases.releases_between(offered, old, new, floor)
     options.writable_dir(config.out)

@@ -55,7 +55,7 @@ DRIFT_FACTOR_OPTION = click.option(
 )
 ALLOW_DIFFERENT_INPUTS_OPTION = click.option(
     "--allow-different-inputs", is_flag=True,
-    help="Compare or merge results measured on different observations, episodes or judging settings (refused by "
+    help="Compare or merge results measured on different observations, episodes or judging options (refused by "
          "default); the difference is printed in every regression line."
 )
 
@@ -223,7 +223,7 @@ class Behaviour(Group):
     NAMES = ("env", "episodes", "env_kwargs", "clip_actions", "return_tolerance", "trajectory", "initial_state")
 
     def parse(self, values: dict, model, seed: int, limits) -> dict:
-        plan, return_tolerance = rollout_settings(model, seed, {name: values[name] for name in self.NAMES}, limits)
+        plan, return_tolerance = rollout_options(model, seed, {name: values[name] for name in self.NAMES}, limits)
         return {"rollout": plan, "return_tolerance": return_tolerance}
 
 
@@ -260,7 +260,7 @@ class Source(Group):
     )
 
     def parse(self, values: dict, model, memory_limit: int, timeout_s: float) -> dict:
-        return {"source": _source_settings(values["source_spec"], values["source_python"], values["source_normalize"],
+        return {"source": _source_option(values["source_spec"], values["source_python"], values["source_normalize"],
                                            model, memory_limit, timeout_s)}
 
 
@@ -450,7 +450,7 @@ def thresholds(drift_factor: float, latency_threshold: float):
                       options.non_negative(latency_threshold, "--latency-threshold"))
 
 
-def _source_settings(text: str | None, python: str | None, normalize: Path | None, info, memory_limit: int,
+def _source_option(text: str | None, python: str | None, normalize: Path | None, info, memory_limit: int,
                      timeout_s: float):
     """--source checked before the run: its form, the model's single input, and that its interpreter has the framework."""
     if text is None:
@@ -465,7 +465,7 @@ def _source_settings(text: str | None, python: str | None, normalize: Path | Non
     return spec
 
 
-def rollout_settings(info, seed: int, given: dict, limits):
+def rollout_options(info, seed: int, given: dict, limits):
     """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
     from . import env_check, rollouts
     from .rules import DEFAULT_RETURN_TOLERANCE, ReturnTolerance

@@ -13,7 +13,7 @@ A regression is one of:
 - fallback: nodes that now fall back and did not before.
 Cells only in one of the two files are not regressions (target subsets differ).
 Two results measured on different inputs (observation set, environment, episodes and
-seeds) or judged with different settings are refused, naming the difference; with
+seeds) or judged with different options are refused, naming the difference; with
 --allow-different-inputs the difference is printed in every regression line.
 When the runtime's version differs between the two (a nightly after an upgrade), each of that
 cell's regressions names it: "ort-web-wasm 1.22.0 -> 1.30.0: batch 1: p50 ...".
@@ -65,16 +65,16 @@ def _same_model(baseline: RunResults, current: RunResults) -> None:
 # What two results must share for their cells to be compared: the inputs and how cells were judged.
 # A key absent from either file (written before it was recorded) cannot be told apart, so it is not a difference.
 COMPARED_MODEL_KEYS = {"observations_sha256": "observations (sha256)", "observation_kind": "observation source"}
-COMPARED_SETTINGS = ("tolerances", "rtol", "tie_margin", "min_agreement", "threads")
+COMPARED_OPTIONS = ("tolerances", "rtol", "tie_margin", "min_agreement", "threads")
 COMPARED_ROLLOUT = ("mode", "env", "env_kwargs", "episodes", "seeds", "trajectory", "clip_actions", "initial_state",
                     "return_tolerance")
 
 
 def input_differences(first: RunResults, second: RunResults) -> list[str]:
-    """What differs between the inputs and judging settings of two results, in words ([] when nothing does)."""
+    """What differs between the inputs and judging options of two results, in words ([] when nothing does)."""
     found = [_difference(name, first.model.get(key), second.model.get(key)) for key, name in COMPARED_MODEL_KEYS.items()]
-    found += [_difference(key, first.settings.get(key), second.settings.get(key)) for key in COMPARED_SETTINGS]
-    rollouts = first.settings.get("rollout"), second.settings.get("rollout")
+    found += [_difference(key, first.run_options.get(key), second.run_options.get(key)) for key in COMPARED_OPTIONS]
+    rollouts = first.run_options.get("rollout"), second.run_options.get("rollout")
     if bool(rollouts[0]) != bool(rollouts[1]):
         found.append(f"rollouts: {_shown(rollouts[0])} vs {_shown(rollouts[1])}")
     elif all(rollouts):

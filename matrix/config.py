@@ -1,4 +1,4 @@
-"""`run` settings from a file: every command-line option of `run` has a key of the same name.
+"""`run` options from a file: every command-line option of `run` has a key of the same name.
 
 Looked up in this order: `--config FILE`, else `matrix.toml` in the current folder,
 else `[tool.policy-matrix]` of `pyproject.toml` there. Options given on the command
@@ -29,12 +29,12 @@ from .errors import InputError
 
 CONFIG_FILE = "matrix.toml"
 PYPROJECT_TABLE = ("tool", "policy-matrix")
-# Options that are not run settings in a file: the file itself, and the table kept apart.
+# Options that are not run options in a file: the file itself, and the table kept apart.
 NOT_FROM_FILE = ("config", "tolerance")
 
 
 def find(explicit: Path | None) -> tuple[Path, dict] | None:
-    """The config file in effect and its settings table, or None."""
+    """The config file in effect and its options table, or None."""
     if explicit is not None:
         return explicit, _read(explicit)
     if Path(CONFIG_FILE).is_file():
@@ -53,7 +53,7 @@ def _read(path: Path) -> dict:
 
 
 def default_map(command: click.Command, path: Path, table: dict) -> dict:
-    """The file's settings as click defaults for `command`, keyed by parameter name.
+    """The file's options as click defaults for `command`, keyed by parameter name.
 
     Lists become the comma-separated text the options take; relative paths are
     taken from the file's folder. An unknown key is an error, not a silent no-op.
@@ -126,7 +126,7 @@ def tolerances(table: dict, path: Path) -> dict[str, float]:
 
 
 def load_into(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
-    """Eager callback of `run --config`: the file's settings become the other options' defaults."""
+    """Eager callback of `run --config`: the file's options become the other options' defaults."""
     found = find(value)
     if found is not None:
         path, table = found

@@ -95,7 +95,7 @@ def check_budget_targets(budgets: list[Budget], targets: list[str]) -> None:
 @dataclass(frozen=True)
 class Request:
     """What the decision was asked for (--budget, --prefer): part of the run's configuration, recorded in
-    results.settings["decision"], so a merge and the report decide and show what the run was asked."""
+    results.run_options["decision"], so a merge and the report decide and show what the run was asked."""
 
     budget_specs: tuple[str, ...] = ()  # as given, e.g. "ort-cpu=p50:200us"
     prefer: str = "latency"
@@ -105,9 +105,9 @@ class Request:
         return parse_budgets(list(self.budget_specs))
 
     @classmethod
-    def recorded(cls, settings: dict) -> Request:
+    def recorded(cls, run_options: dict) -> Request:
         """The request a results file records (the first shard's, in a merge); none recorded: no budgets."""
-        asked = settings.get("decision") or {}
+        asked = run_options.get("decision") or {}
         return cls(tuple(asked.get("budgets", [])), asked.get("prefer", "latency"))
 
     def record(self) -> dict:
@@ -122,7 +122,7 @@ def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latenc
     for cell in results.cells:
         if cell.verdict != "SKIP" and cell.predicts and cell.target != "source":  # the training framework is not shipped
             by_target[(cell.host, cell.target)].append(cell)
-    behaviour = "rollout" in results.settings
+    behaviour = "rollout" in results.run_options
     not_ready = [f"{lint.id}: {lint.message}" for lint in results.lints if lint.level == "error"]
     return [decide_target(host, target, cells, [b for b in budgets if b.applies_to(target)], prefer, behaviour, not_ready)
             for (host, target), cells in sorted(by_target.items())]

@@ -47,8 +47,8 @@ class Judge:
                              tie_margin=self.tie_margin, return_tolerance=self.return_tolerance,
                              synthetic_inputs=self.observations.synthetic)
 
-    def settings(self) -> dict:
-        """The run's settings entries that say how cells were judged."""
+    def run_options(self) -> dict:
+        """The run's options that say how cells were judged."""
         return {"tolerances": self.tolerances.overrides, "rtol": self.tolerances.rtol_overrides,
                 "tie_margin": self.tie_margin, "min_agreement": self.min_agreement}
 

@@ -29,7 +29,7 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
     shards = [(shard_path(p), schema.load(shard_path(p))) for p in paths]
     first_path, merged = shards[0]
     merged = merged.model_copy(deep=True)
-    merged.settings = {**merged.settings, "shards": [str(p) for p, _ in shards]}
+    merged.run_options = {**merged.run_options, "shards": [str(p) for p, _ in shards]}
     seen = {host.label: first_path for host in merged.hosts}
     cells = {cell.key: first_path for cell in merged.cells}
     for path, shard in shards[1:]:

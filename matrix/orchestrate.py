@@ -182,10 +182,10 @@ def run(config: RunConfig, console: Console) -> RunResults:
     results = _empty_results(config, feeds, template, judge)
     results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.variants}
     if config.rollout:
-        results.settings["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe(),
+        results.run_options["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe(),
                                        "return_rule": "paired per-seed return differences, Student's t interval of the mean"}
         action_range.add_to(results, config.model, config.rollout, ref_rollout)
-    results.settings["run_id"] = run_id
+    results.run_options["run_id"] = run_id
     configurations = _configurations(config)
     results.grid = _grid_record(config, len(configurations))
     _print_grid(config, len(configurations), console)
@@ -197,7 +197,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     evidence = Evidence(config.model, ref, dev_runtime, ref_rollout, config.rollout)
     try:
         if config.source:  # first: its returns are the top row of Behaviour
-            results.settings["source"] = config.source.describe()
+            results.run_options["source"] = config.source.describe()
             results.cells.append(_source_cell(config, results.hosts[0].label, obs_path, chunk, judge, evidence, console))
             jsonl.append(results.cells[-1])
         with _progress(console) as progress:
@@ -439,12 +439,12 @@ def resume_state(out: Path, identity: dict) -> tuple[str, dict[tuple[str, ...], 
     if recorded.model_sha256 != identity["model_sha256"]:
         raise InputError(f"--resume {out}: that run measured another model (sha256 {recorded.model_sha256[:12]}…)")
     # A run recorded before `precisions` was called `variants` resumes like one recorded after.
-    before, now = renamed(recorded.settings, "precisions", "variants"), identity["settings"]
+    before, now = renamed(recorded.run_options, "precisions", "variants"), identity["settings"]
     changed = [key for key in now if before.get(key) != now[key]]
     if changed:
         key = changed[0]
         then = userfiles.one_line(repr(before.get(key)), 100)
-        raise InputError(f"--resume {out}: settings differ from that run ({key}: {then} then, {now[key]!r} now)")
+        raise InputError(f"--resume {out}: options differ from that run's ({key}: {then} then, {now[key]!r} now)")
     return recorded.run_id, Journal.finished(out / "results.jsonl", recorded.run_id, identity["model_sha256"])
 
 
@@ -453,7 +453,7 @@ class RunRecord(BaseModel):
 
     run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    settings: dict = Field(default_factory=dict)
+    run_options: dict = Field(default_factory=dict, alias="settings")
 
 
 class Journal:
@@ -586,10 +586,10 @@ def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge)
                "observation_kind": obs_source.kind, "observations_sha256": observation_sources.feeds_sha256(feeds),
                "inputs_fed_whole": batch_axes.fed_whole(config.model)},
         hosts=[host_info(config.host_label)],
-        settings={
+        run_options={
             "batch_sizes": template.batch_sizes, "warmup": config.warmup, "iters": config.iters, "threads": config.threads,
             "targets": config.targets, "variants": config.variants, "timeout_s": config.timeout_s,
-            **judge.settings(),
+            **judge.run_options(),
         },
         lints=[LintResult(**vars(item)) for item in lint(config.model)],
         cells=[],

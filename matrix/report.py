@@ -36,7 +36,7 @@ from .report_text import COLOURS, cell_label, md
 def write_all(results: RunResults, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if not results.decision:  # results made without a decision (an older shard): decide with the budgets it records
-        results.decision = decide.Request.recorded(results.settings).decide(results)
+        results.decision = decide.Request.recorded(results.run_options).decide(results)
     write_atomic(out / "results.json", results.model_dump_json(indent=2))
     write_atomic(out / "results.csv", _spreadsheet_safe(table(results)).to_csv(index=False))
     write_atomic(out / "latency.csv", _spreadsheet_safe(latency_table(results)).to_csv(index=False))

@@ -20,7 +20,7 @@ FRONT, OTHER, CHOSEN = "#3b6fb6", "#9aa0a6", "#2e9e5b"
 
 def context(results: RunResults) -> dict:
     name = str(results.model.get("name", "the model"))
-    behaviour = "rollout" in results.settings
+    behaviour = "rollout" in results.run_options
     return {
         "decisions": results.decision,
         "scatters": {(d.host, d.target): scatter(_cells_of(results, d.host, d.target), d, behaviour, name)
@@ -34,7 +34,7 @@ def context(results: RunResults) -> dict:
         "return_delta_text": decide.return_delta_text,
         "cell_name": lambda cell: cell.candidate or name,
         "quality_axis": "|return delta|" if behaviour else "max drift",
-        "budgets_given": list(decide.Request.recorded(results.settings).budget_specs),
+        "budgets_given": list(decide.Request.recorded(results.run_options).budget_specs),
     }
 
 

@@ -93,7 +93,7 @@ class RolloutPlan:
         return bool(self.trajectory)
 
     def describe(self) -> dict:
-        """The run's settings entry: what a reader needs to reproduce the episodes."""
+        """The run's options entry: what a reader needs to reproduce the episodes."""
         states = {"states": [s.input for s in self.states], "initial_state": self.initial_state or "zeros"} if self.states else {}
         if self.open_loop:
             return {"mode": "open-loop", "trajectory": Path(self.trajectory).name, **states}

@@ -57,7 +57,7 @@ class SourceSpec:
         return {"kind": self.kind, "target": self.target, "normalize": self.normalize}
 
     def describe(self) -> dict:
-        """The run's settings entry (file names only: a path says nothing to a reader of another host)."""
+        """The run's options entry (file names only: a path says nothing to a reader of another host)."""
         shown = Path(self.target).name if self.kind in FILE_KINDS else self.target
         return {"source": f"{self.kind}:{shown}", "python": self.python,
                 "normalize": Path(self.normalize).name if self.normalize else ""}

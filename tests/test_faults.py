@@ -133,7 +133,7 @@ def test_runner_kill_9_takes_its_worker_along_and_resume_finishes_the_matrix(tmp
 def test_resume_refuses_other_settings(tmp_path):
     assert run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path).returncode == 0
     done = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path)
-    assert done.returncode == 2 and "settings differ" in done.stderr and "iters" in done.stderr
+    assert done.returncode == 2 and "options differ" in done.stderr and "iters" in done.stderr
     done = run_cli("run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--resume", tmp_path)
     assert done.returncode == 2 and "another model" in done.stderr
 

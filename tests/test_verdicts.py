@@ -109,7 +109,7 @@ def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_reco
     judged, reasons = verdict(int8, Context(Tolerance(0.25)))
     assert judged == "WARN" and "nothing quantized" in reasons[0]
     int8.verdict = judged
-    results = RunResults(tool_version="t", created="now", model={}, hosts=[], settings={}, lints=[], cells=[int8, fp32])
+    results = RunResults(tool_version="t", created="now", model={}, hosts=[], run_options={}, lints=[], cells=[int8, fp32])
     (decision,) = shipping.decide_all(results, [])
     assert decision.chosen.variant == "fp32" and decision.runner_up is None  # the faster-or-equal int8 is out
     assert shipping.decide_target("h", "t", [int8], [], "latency").closest.misses == ["int8 in name only: nothing quantized"]

@@ -21,7 +21,7 @@ def test_a_version_1_file_reads_in_version_2_names():
     assert raw["schema_version"] == 1 and "precisions" in raw["settings"]
     loaded = schema.load(FIXTURES / V1)
     assert loaded.schema_version == schema.SCHEMA_VERSION == 2
-    assert loaded.settings["variants"] == raw["settings"]["precisions"] and "precisions" not in loaded.settings
+    assert loaded.run_options["variants"] == raw["settings"]["precisions"] and "precisions" not in loaded.run_options
     old = [p["vs_baseline_max_abs"] for cell in raw["cells"] for p in cell["parity"]]
     assert [p.vs_dev_runtime_max_abs for cell in loaded.cells for p in cell.parity] == old
     assert any(value for value in old)  # the fixture carries a non-zero value, so a dropped field would show
@@ -34,7 +34,7 @@ def test_a_version_1_interruption_becomes_the_typed_record(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(raw))
     loaded = schema.load(tmp_path / "results.json")
     assert loaded.interrupted == schema.Interruption(after_cells=1, signal="SIGTERM")
-    assert not {"interrupted_after_cells", "interrupted_by"} & set(loaded.settings)
+    assert not {"interrupted_after_cells", "interrupted_by"} & set(loaded.run_options)
 
 
 def test_compare_and_merge_take_a_version_1_baseline(tmp_path):

@@ -99,7 +99,7 @@ def test_answers_that_fit_no_output_are_a_skip_not_the_exports_verdict():
 
 def test_the_report_says_what_the_source_row_is_with_the_users_strings_escaped():
     results = RunResults.model_validate(fixture_json("shard_continuous_mlp.json"))
-    results.settings["source"] = {"source": "python:<script>x</script>", "python": "/usr/bin/python3", "normalize": ""}
+    results.run_options["source"] = {"source": "python:<script>x</script>", "python": "/usr/bin/python3", "normalize": ""}
     html = report.render_html(results)
     assert "Row <b>source</b>: the policy as its training framework runs it" in html
     assert "<code>python:&lt;script&gt;x&lt;/script&gt;</code>" in html and "<script>x</script>" not in html
