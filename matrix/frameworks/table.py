@@ -8,7 +8,8 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..report import _md, _templates
+from ..report import _templates
+from ..report_text import md
 from .rows import Row
 
 COLUMNS = ("framework", "policy", "export path (fallbacks)", "opset / IR", "non-standard ops", "dynamic batch",
@@ -27,11 +28,11 @@ def write(rows: list[Row], out: Path, run_options: dict) -> None:
 
 def markdown(rows: list[Row], run_options: dict) -> str:
     lines = ["## RL frameworks: default policies through their documented export, on every target", "",
-             _md(f"targets: {run_options['targets']}; variants: {run_options['variants']}; "
+             md(f"targets: {run_options['targets']}; variants: {run_options['variants']}; "
                  f"{run_options['episodes']} episodes per task, seed {run_options['seed']}"), "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
-        lines.append("| " + " | ".join(_md(cell) if cell else "–" for cell in markdown_cells(row)) + " |")
+        lines.append("| " + " | ".join(md(cell) if cell else "–" for cell in markdown_cells(row)) + " |")
     return "\n".join(lines) + "\n"
 
 
