@@ -5,8 +5,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from matrix import cells, observations, variants
-from matrix.model import ModelInfo
+from matrix.run import cells, variants
+from matrix.inputs import observations
+from matrix.inputs.model import ModelInfo
 
 
 def cell_p50(target: str, info: ModelInfo, feeds: observations.Feeds, batch: int, iters: int) -> float:

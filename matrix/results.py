@@ -44,7 +44,7 @@ class LatencyStats(Record):
     mean_us: Microseconds
     std_us: Microseconds
     min_us: Microseconds
-    # the p50's noise band over the timed calls (matrix/noise.py); None in results written before it existed
+    # the p50's noise band over the timed calls (matrix/judge/noise.py); None in results written before it existed
     p50_low_us: Microseconds | None = None
     p50_high_us: Microseconds | None = None
 
@@ -117,7 +117,7 @@ class Rollout(Record):
     reference_std_return: float | None = None
     return_delta: float | None = None  # mean return minus the reference's
     return_delta_rel: float | None = None  # divided by max(|reference mean return|, 1)
-    # the paired per-seed return differences' t interval of the mean (matrix/stats.py), at `confidence`
+    # the paired per-seed return differences' t interval of the mean (matrix/judge/stats.py), at `confidence`
     return_delta_low: float | None = None
     return_delta_high: float | None = None
     confidence: float | None = None
@@ -222,7 +222,7 @@ class DecisionChoice(Record):
     batch: int | None = None  # the smallest timed batch: its p50/p99 are the ones budgets apply to
     p50_us: float | None = None
     p99_us: float | None = None
-    p50_low_us: float | None = None  # the p50's noise band (matrix/noise.py): what "equally fast" is judged by
+    p50_low_us: float | None = None  # the p50's noise band (matrix/judge/noise.py): what "equally fast" is judged by
     p50_high_us: float | None = None
     size_bytes: int | None = None
     drift: float | None = None  # max |action - float64 reference of the first model| (continuous outputs)

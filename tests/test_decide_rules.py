@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from matrix import decide
-from matrix.compare import compare
+from matrix.decide import decide
+from matrix.decide.compare import compare
 from matrix.errors import InputError
 from matrix.results import ArtifactInfo, Backend, Cell, FixAttempt, LatencyStats, LintResult, OutputParity, RunResults
 

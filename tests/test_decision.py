@@ -10,8 +10,9 @@ import pytest
 from conftest import load_results, run_cli
 from decision_policies import student, teacher
 
-from matrix import decide, results as schema
-from matrix.examples import path as example
+from matrix.decide import decide
+from matrix import results as schema
+from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.slow]  # CLI runs in subprocesses
 

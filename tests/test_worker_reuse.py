@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from matrix import cells, observations, variants
-from matrix.examples import path as example
-from matrix.model import load
+from matrix.run import cells, variants
+from matrix.inputs import observations
+from matrix.inputs.examples import path as example
+from matrix.inputs.model import load
 
 pytestmark = [pytest.mark.slow]  # real worker processes, killed and timed out
 

@@ -8,8 +8,8 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..report import _templates
-from ..report_text import md
+from ..report.report import _templates
+from ..report.report_text import md
 from .rows import Row
 
 COLUMNS = ("framework", "policy", "export path (fallbacks)", "opset / IR", "non-standard ops", "dynamic batch",

@@ -7,9 +7,9 @@ import pytest
 
 from saved import FIXTURES
 from matrix import results as schema
-from matrix.compare import DRIFT_NOISE_FLOOR, Thresholds, compare
+from matrix.decide.compare import DRIFT_NOISE_FLOOR, Thresholds, compare
 from matrix.errors import InputError
-from matrix.merge import merge
+from matrix.decide.merge import merge
 from matrix.results import Backend, LatencyStats, Placement
 
 SHARD = FIXTURES / "shard_continuous_mlp.json"
@@ -240,7 +240,7 @@ def test_merge_refuses_shards_on_different_observations(shard, tmp_path):
 
 
 def test_the_compare_command_exits_2_with_one_line(shard, tmp_path, capsys, monkeypatch):
-    from matrix import cli
+    from matrix.cli import cli
 
     _on(shard, "recorded", "a" * 64).save(tmp_path / "recorded.json")
     _on(shard, "synthetic", "b" * 64).save(tmp_path / "synthetic.json")

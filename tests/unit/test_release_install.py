@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 import targets
-from matrix.orchestrate import install_releases
+from matrix.run.orchestrate import install_releases
 from targets import versions
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from saved import FIXTURES, fixture_json
 from matrix import results as schema
-from matrix.compare import compare
+from matrix.decide.compare import compare
 from matrix.errors import InputError
-from matrix.merge import merge
+from matrix.decide.merge import merge
 
 V1 = "results_v1_continuous_mlp.json"
 
@@ -69,7 +69,7 @@ def test_a_version_1_journal_line_keeps_its_development_runtime_drift():
 
 
 def test_a_run_recorded_before_the_rename_resumes_with_its_finished_cells(tmp_path):
-    from matrix.orchestrate import RUN_FILE, resume_state
+    from matrix.run.orchestrate import RUN_FILE, resume_state
 
     old = fixture_json(V1)
     sha = old["model"]["sha256"]
@@ -87,7 +87,7 @@ def test_a_run_recorded_before_the_rename_resumes_with_its_finished_cells(tmp_pa
 
 
 def test_an_interrupted_run_says_so_in_the_report_and_the_summary():
-    from matrix.report import render_html, summary_markdown
+    from matrix.report.report import render_html, summary_markdown
 
     results = schema.load(FIXTURES / V1)
     assert "interrupted" not in summary_markdown(results) and "interrupted (" not in render_html(results)

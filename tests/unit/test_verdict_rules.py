@@ -8,7 +8,7 @@ import pytest
 
 from matrix.errors import InputError
 from matrix.results import ArtifactInfo, Backend, Cell, CellError, ContractCheck, OutputParity, Placement
-from matrix.rules import DEFAULT_RTOL, DEFAULT_TOLERANCE, Context, Tolerance, Tolerances, verdict
+from matrix.judge.rules import DEFAULT_RTOL, DEFAULT_TOLERANCE, Context, Tolerance, Tolerances, verdict
 
 
 def verdict_of(cell: Cell, atol: float, min_agreement: float = 0.99) -> tuple[str, list[str]]:
