@@ -461,7 +461,7 @@ def relative_delta(value: float, reference: float) -> float:
     return (value - reference) / max(abs(reference), RETURN_FLOOR)
 
 
-# --- the core's half: the record (matrix/rules.behaviour judges it) -------------------------------
+# --- the core's half: the record (matrix/judge/rules.behaviour judges it) -------------------------------
 
 def summarise(measured: dict | None, arrays: dict[str, np.ndarray], reference: ReferenceRollout | None, plan: RolloutPlan | None):
     """The cell's Rollout record, from what its worker drove and what the reference drove."""
