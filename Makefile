@@ -54,7 +54,7 @@ matrix: setup
 	$(BIN)/policy-matrix run $(MODEL) --fail-on $(FAIL_ON) $(ARGS)
 
 examples: setup
-	$(BIN)/python -m matrix.examples
+	$(BIN)/python -m matrix.inputs.examples
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from matrix import cells, observations, variants
-from matrix.model import ModelInfo
+from matrix.run import cells, variants
+from matrix.inputs import observations
+from matrix.inputs.model import ModelInfo
 
 
 def cell_p50(target: str, info: ModelInfo, feeds: observations.Feeds, batch: int, iters: int) -> float:
@@ -19,7 +20,7 @@ def cell_p50(target: str, info: ModelInfo, feeds: observations.Feeds, batch: int
             onnx_variants={k: str(v) for k, v in paths.items()}, variant_errors=errors,
             batch_sizes=[batch], warmup=50, iters=iters, batch_axes=info.batch_axes,
         )
-        worker = cells.Worker(memory_limit=None, lifetime_s=600)  # the worker a run's cells share
+        worker = cells.WorkerProcess(memory_limit=None, lifetime_s=600)  # the worker a run's cells share
         try:
             outcome = cells.execute(folder / "cell", spec, {}, 600, lambda _: None, None, worker)
         finally:

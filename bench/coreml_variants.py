@@ -19,8 +19,8 @@ from onnx import numpy_helper
 from onnxruntime.quantization import quantize_dynamic
 
 import targets
-from matrix.examples import BUILDERS
-from matrix.examples import path as example
+from matrix.inputs.examples import BUILDERS
+from matrix.inputs.examples import path as example
 from targets.base import PrepareContext
 
 

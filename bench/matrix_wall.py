@@ -12,7 +12,7 @@ measured wall time: what is not inside a named stage shows as "unaccounted".
     .venv/bin/python bench/matrix_wall.py --policies pixel_cnn --targets 'ort-*,tract'
     .venv/bin/python bench/matrix_wall.py --json before.json                # keep the numbers to compare later
 
-Targets run side by side (matrix.orchestrate.CellSchedule), so the per-target sums add up to more
+Targets run side by side (matrix.run.orchestrate.CellSchedule), so the per-target sums add up to more
 than the "cells" step, and a stage's seconds include the wait for the next stage's turn (latency
 runs alone). The machine's load changes every number: run it twice and compare like with like.
 """
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import psutil  # the dev extra's; it reads the run's process tree
-from matrix import guarded
-from matrix.protocol import MEASUREMENT_FILE, SPEC_FILE, STAGES, Measurement
+from matrix.run import guarded
+from matrix.run.protocol import MEASUREMENT_FILE, SPEC_FILE, STAGES, Measurement
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "matrix" / "example_policies"

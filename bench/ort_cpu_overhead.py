@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 from cell_timing import cell_p50
 
-from matrix import examples, model, observations
+from matrix.inputs import examples, model, observations
 from targets.base import Artifact
 from targets.ort_cpu import OrtSession
 

@@ -24,7 +24,7 @@ import time
 import venv
 from pathlib import Path
 
-from matrix import examples
+from matrix.inputs import examples
 from targets.paths import cache_dir
 
 GOAL = 1.2

@@ -31,10 +31,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 import rollout_policies  # noqa: E402
 
 import targets  # noqa: E402
-from matrix import cells, observations, rollouts, variants  # noqa: E402
-from matrix import model as model_loader  # noqa: E402
-from matrix.orchestrate import Services  # noqa: E402
-from matrix.protocol import Measurement  # noqa: E402
+from matrix.run import cells, rollouts, variants  # noqa: E402
+from matrix.inputs import observations  # noqa: E402
+from matrix.inputs import model as model_loader  # noqa: E402
+from matrix.run.orchestrate import Services  # noqa: E402
+from matrix.run.protocol import Measurement  # noqa: E402
 
 FAMILIES = ("ort-cpu", "ort-node", "ort-web-wasm", "tflite", "tract")
 ENV = "Pendulum-v1"

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from matrix import results as schema  # noqa: E402
-from matrix.merge import shard_path  # noqa: E402
+from matrix.decide.merge import shard_path  # noqa: E402
 
 TIMING_FIELDS = ("latency", "cold_start_ms", "duration_s")
 TIMING_NOTE = "latency at batch"  # "...: 12 of 200 calls timed within the 30 s budget"

@@ -25,7 +25,7 @@ import numpy as np
 from cell_timing import cell_p50
 
 import targets
-from matrix import examples, model, observations
+from matrix.inputs import examples, model, observations
 from targets.paths import cache_dir
 from targets.base import PrepareContext
 from targets.tflite_session import TfliteSession

@@ -27,8 +27,8 @@ import onnx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from matrix import examples  # noqa: E402
-from matrix.model import load as load_model  # noqa: E402
+from matrix.inputs import examples  # noqa: E402
+from matrix.inputs.model import load as load_model  # noqa: E402
 from targets import REGISTRY  # noqa: E402
 from targets.base import Artifact  # noqa: E402
 

@@ -32,7 +32,7 @@ class Record(BaseModel):
     """Every results record: an infinite drift (NaN outputs, an fp16 overflow) is written as the JSON
     string "Infinity" and read back as inf, rather than as null, which the reader would refuse."""
 
-    model_config = ConfigDict(ser_json_inf_nan="strings")
+    model_config = ConfigDict(ser_json_inf_nan="strings", validate_by_name=True, serialize_by_alias=True)
 
 
 class LatencyStats(Record):
@@ -44,7 +44,7 @@ class LatencyStats(Record):
     mean_us: Microseconds
     std_us: Microseconds
     min_us: Microseconds
-    # the p50's noise band over the timed calls (matrix/noise.py); None in results written before it existed
+    # the p50's noise band over the timed calls (matrix/judge/noise.py); None in results written before it existed
     p50_low_us: Microseconds | None = None
     p50_high_us: Microseconds | None = None
 
@@ -117,7 +117,7 @@ class Rollout(Record):
     reference_std_return: float | None = None
     return_delta: float | None = None  # mean return minus the reference's
     return_delta_rel: float | None = None  # divided by max(|reference mean return|, 1)
-    # the paired per-seed return differences' t interval of the mean (matrix/stats.py), at `confidence`
+    # the paired per-seed return differences' t interval of the mean (matrix/judge/stats.py), at `confidence`
     return_delta_low: float | None = None
     return_delta_high: float | None = None
     confidence: float | None = None
@@ -222,7 +222,7 @@ class DecisionChoice(Record):
     batch: int | None = None  # the smallest timed batch: its p50/p99 are the ones budgets apply to
     p50_us: float | None = None
     p99_us: float | None = None
-    p50_low_us: float | None = None  # the p50's noise band (matrix/noise.py): what "equally fast" is judged by
+    p50_low_us: float | None = None  # the p50's noise band (matrix/judge/noise.py): what "equally fast" is judged by
     p50_high_us: float | None = None
     size_bytes: int | None = None
     drift: float | None = None  # max |action - float64 reference of the first model| (continuous outputs)
@@ -309,7 +309,7 @@ class RunResults(Record):
     created: str
     model: dict
     hosts: list[Host]
-    settings: dict
+    run_options: dict = Field(alias="settings")  # the run's options ("settings" in results.json since version 1)
     lints: list[LintResult]
     cells: list[Cell]
     regressions: list[Regression] = Field(default_factory=list)  # filled when compared with a baseline
@@ -349,8 +349,8 @@ class AskedDecision(BaseModel):
     prefer: Literal["latency", "size", "accuracy"] = "latency"
 
 
-class SettingsSummary(BaseModel):
-    """The keys of `RunResults.settings` that readers use, each optional (older files lack some)."""
+class RunOptionsSummary(BaseModel):
+    """The keys of `RunResults.run_options` that readers use, each optional (older files lack some)."""
 
     model_config = ConfigDict(extra="allow")
     batch_sizes: list[Annotated[int, Field(ge=1)]] | None = None
@@ -376,12 +376,12 @@ class CellShape(BaseModel):
 
 class ResultsShape(BaseModel):
     """What a results file must hold beyond RunResults' own types: checked first, so a shard's
-    malformed `model` or `settings`, or an unknown verdict, is one line naming the field, not an
+    malformed `model` or `settings` (the run's options), or an unknown verdict, is one line naming the field, not an
     error deep in merge, compare or the report."""
 
     model_config = ConfigDict(extra="allow")
     model: ModelSummary
-    settings: SettingsSummary
+    run_options: RunOptionsSummary = Field(alias="settings")
     cells: list[CellShape]
 
 
@@ -408,16 +408,16 @@ def upgrade_v1(data: dict) -> dict:
     """A version-1 results file in version 2's names, so compare and merge read an old baseline:
     `precisions` became `variants`, `vs_baseline_max_abs` (ORT CPU fp32) `vs_dev_runtime_max_abs`
     ("baseline" now only means an earlier results.json), and the interruption a field of its own."""
-    settings, cells = data.get("settings") or {}, data.get("cells") or []
-    if not isinstance(settings, dict) or not isinstance(cells, list):
+    run_options, cells = data.get("settings") or {}, data.get("cells") or []
+    if not isinstance(run_options, dict) or not isinstance(cells, list):
         return {**data, "schema_version": 2}  # validation names what is wrong with them
-    settings = renamed(dict(settings), "precisions", "variants")
+    run_options = renamed(dict(run_options), "precisions", "variants")
     interrupted = None
-    if "interrupted_after_cells" in settings:
-        interrupted = {"after_cells": settings.pop("interrupted_after_cells"),
-                       "signal": settings.pop("interrupted_by", "SIGINT")}
+    if "interrupted_after_cells" in run_options:
+        interrupted = {"after_cells": run_options.pop("interrupted_after_cells"),
+                       "signal": run_options.pop("interrupted_by", "SIGINT")}
     cells = [upgrade_v1_cell(cell) for cell in cells]
-    return {**data, "schema_version": 2, "settings": settings, "cells": cells, "interrupted": interrupted}
+    return {**data, "schema_version": 2, "settings": run_options, "cells": cells, "interrupted": interrupted}
 
 
 def upgrade_v1_cell(cell: dict) -> dict:

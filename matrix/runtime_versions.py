@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from .errors import InputError
-from .noise import ratio_band
+from .judge.noise import ratio_band
 from .results import Cell, RunResults
 
 _RELEASE = re.compile(r"\d+(?:\.\d+)+[^\s,;()]*")
@@ -111,7 +111,7 @@ class VersionComparison:
 
     @property
     def latency_bands(self) -> dict[int, tuple[float, float]]:
-        """Batch -> the noise band of that ratio (matrix/noise.py), where both p50s carry theirs."""
+        """Batch -> the noise band of that ratio (matrix/judge/noise.py), where both p50s carry theirs."""
         before = {s.batch: s.p50_band for s in self.reference.latency if s.p50_band}
         return {s.batch: ratio_band(before[s.batch], s.p50_band) for s in self.other.latency if s.p50_band and s.batch in before}
 

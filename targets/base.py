@@ -196,11 +196,11 @@ class Target(ABC):
     predicts: ClassVar[bool] = True
     # Targets with the same key share one RunService per run.
     service_key: ClassVar[str | None] = None
-    # Targets with the same key never run their workers at once (matrix.orchestrate.CellSchedule): each
+    # Targets with the same key never run their workers at once (matrix.run.orchestrate.CellSchedule): each
     # worker of theirs holds something large of its own (a browser: ~1 GiB resident).
     one_at_a_time: ClassVar[str | None] = None
     # True when the artifact is the ONNX variant itself: graph outputs added to it (the
-    # intermediates matrix/diagnose.py exposes) reach the runtime unchanged.
+    # intermediates matrix/assist/diagnose.py exposes) reach the runtime unchanged.
     runs_onnx_as_is: ClassVar[bool] = False
     # Runtime settings this target can vary (the settings grid); a knob it lacks is never run on it.
     knobs: ClassVar[dict[str, Knob]] = {}

@@ -259,7 +259,7 @@ class OrtWebWebgpu(OrtWebTarget):
             return BackendInfo(self.backend, self.backend, emulated=emulated, detail=detail)
         if rows and all(row.where != NOT_LOGGED for row in rows):
             # The adapter and the EP were there; ORT placed every node elsewhere. That is a total fallback
-            # (the placement rows say so, judged like any runtime's by matrix/rules.backend), not a missing backend.
+            # (the placement rows say so, judged like any runtime's by matrix/judge/rules.backend), not a missing backend.
             where = sorted({row.where for row in rows})
             return BackendInfo(self.backend, self.backend, emulated=emulated,
                                detail=f"adapter {adapter}; ORT placed no node on {self.ort_ep}; all ran on {', '.join(where)}")

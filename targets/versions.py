@@ -6,7 +6,7 @@ string the runtime reports. No suffix means the project's pinned default.
 
 Where the release comes from (measured on Linux x86_64, Python 3.11):
 - Python runtimes (onnxruntime, tract, ai-edge-litert): `pip install --no-deps --target DIR PACKAGE==VERSION`,
-  put first on the cell worker's PYTHONPATH. The worker is the same `matrix.worker --serve` in
+  put first on the cell worker's PYTHONPATH. The worker is the same `matrix.run.worker --serve` in
   the project's venv, so --timeout and the memory cap cover it alike, and everything else
   (numpy, onnx) stays the project's. An overlay, not a venv: onnxruntime 1.20.1 imports beside
   numpy 2 (its wheel is 42 MB; a full venv with numpy, onnx and protobuf would copy ~150 MB per
@@ -52,7 +52,7 @@ INSTALL_TIMEOUT_S = 900
 
 class BadRelease(ValueError):
     """A label names no release this target can run (malformed, or a target without releases): the user's
-    input, which the command line reports as bad input (matrix.cli)."""
+    input, which the command line reports as bad input (matrix.cli.cli)."""
 
 
 class VersionUnavailable(CellSkip):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from matrix import examples
+from matrix.inputs import examples
 
 EXAMPLES = list(examples.BUILDERS)
 
@@ -76,7 +76,7 @@ def policy_matrix(tmp_path, monkeypatch, capsys):
     """Run `policy-matrix ARGS` in this process, as `cli.main()` runs it (the jobs and workers it starts are still
     processes of their own), without a subprocess to start and import per case; return (exit code, stderr lines).
     ARGS that do not start with a command are a `run`'s."""
-    from matrix import cli
+    from matrix.cli import cli
 
     monkeypatch.chdir(tmp_path)  # no matrix.toml of the checkout is found
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
@@ -132,7 +132,7 @@ def load_policy(tmp_path):
     """ModelInfo of a built ONNX graph, loaded the way a run loads a user's file."""
     import onnx
 
-    from matrix import model
+    from matrix.inputs import model
 
     def load(proto: onnx.ModelProto, name: str = "policy"):
         path = tmp_path / f"{name}.onnx"

@@ -19,10 +19,12 @@ from conftest import run_cli
 from web_fixtures import softsign_mlp
 
 import targets
-from matrix import examples, messages, preparations
+from matrix.inputs import examples
+from matrix import messages
+from matrix.assist import preparations
 from matrix import results as schema
-from matrix.diagnose import expose_intermediates
-from matrix.preparations import Prepared
+from matrix.assist.diagnose import expose_intermediates
+from matrix.assist.preparations import Prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.tflite_env, pytest.mark.coreml_env]
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 
 
 def _tiny(node: onnx.NodeProto, initializers=()) -> onnx.ModelProto:

@@ -9,7 +9,7 @@ import pytest
 from conftest import load_results, run_cli
 
 from matrix import results as schema
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.slow]
 

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import targets as registry
-from matrix import examples
-from matrix.cli import app
+from matrix.inputs import examples
+from matrix.cli.cli import app
 
 from conftest import load_results, run_cli
 

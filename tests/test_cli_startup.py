@@ -20,7 +20,7 @@ HEAVY = ("numpy", "pandas", "matplotlib", "onnx", "onnxruntime", "pydantic", "ji
 @pytest.mark.parametrize("flag", ["--version", "--help"])
 def test_version_and_help_import_nothing_heavy(flag):
     probe = ("import sys; sys.argv = ['policy-matrix', %r]\n"
-             "from matrix.cli import main\n"
+             "from matrix.cli.cli import main\n"
              "try:\n    main()\nexcept SystemExit:\n    pass\n"
              "import json; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))") % flag
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

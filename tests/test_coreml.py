@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import targets
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 from targets import coreml
 from targets.base import CellSkip, PrepareContext
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from matrix import decide
-from matrix.compare import compare
+from matrix.decide import decide
+from matrix.decide.compare import compare
 from matrix.errors import InputError
 from matrix.results import ArtifactInfo, Backend, Cell, FixAttempt, LatencyStats, LintResult, OutputParity, RunResults
 
@@ -65,7 +65,7 @@ def test_malformed_budgets_are_input_errors(spec):
 
 def test_cells_that_differ_only_in_candidate_or_settings_do_not_collide_in_compare():
     def results(cells):
-        return RunResults(tool_version="t", created="now", model={"sha256": "x"}, hosts=[], settings={}, lints=[], cells=cells)
+        return RunResults(tool_version="t", created="now", model={"sha256": "x"}, hosts=[], run_options={}, lints=[], cells=cells)
 
     before = [_cell("fp32", 10, 1, 1e-7, settings={"threads": "1"}), _cell("fp32", 10, 1, 1e-7, settings={"threads": "2"})]
     after = [_cell("fp32", 10, 1, 1e-7, settings={"threads": "1"}), _cell("fp32", 10, 1, 1e-7, verdict="FAIL", settings={"threads": "2"})]
@@ -124,7 +124,7 @@ def test_error_lints_say_not_deployment_ready_and_discrete_policies_are_describe
     discrete = _cell("fp16", 10, 2000, 0)
     discrete.parity = [OutputParity(output="action", kind="discrete", max_abs=1, mean_abs=0, p99_abs=0, max_rel=0,
                                     agreement=0.992, flips=2)]
-    results = RunResults(tool_version="t", created="now", model={"name": "m.onnx", "sha256": "x"}, hosts=[], settings={},
+    results = RunResults(tool_version="t", created="now", model={"name": "m.onnx", "sha256": "x"}, hosts=[], run_options={},
                          lints=[LintResult(id="random-op", level="error", message="RandomNormal makes actions random")],
                          cells=[discrete])
     results.decision = decide.decide_all(results, [])

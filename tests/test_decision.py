@@ -10,8 +10,9 @@ import pytest
 from conftest import load_results, run_cli
 from decision_policies import student, teacher
 
-from matrix import decide, results as schema
-from matrix.examples import path as example
+from matrix.decide import decide
+from matrix import results as schema
+from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.slow]  # CLI runs in subprocesses
 
@@ -173,7 +174,7 @@ def test_budgets_settings_and_candidates_come_from_matrix_toml(models, tmp_path)
     done = run_cli("run", models["teacher"], "--config", config, "--out", tmp_path / "out")
     assert done.returncode == 0, done.stderr
     results = schema.load(tmp_path / "out" / "results.json")
-    assert len(results.cells) == 4 and results.settings["decision"] == {"budgets": ["ort-cpu=size:5kB"], "prefer": "size"}
+    assert len(results.cells) == 4 and results.run_options["decision"] == {"budgets": ["ort-cpu=size:5kB"], "prefer": "size"}
     (decision,) = results.decision
     assert decision.chosen.candidate == "student.onnx" and decision.chosen.size_bytes < 5000
     assert decision.runner_up.candidate == "student.onnx"  # the other thread count; the teacher is over 5 kB

@@ -3,7 +3,7 @@
 import numpy as np
 import onnxruntime as ort
 
-from matrix import examples, model
+from matrix.inputs import examples, model
 
 
 def test_examples_regenerate_byte_for_byte(tmp_path):

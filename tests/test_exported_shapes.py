@@ -19,10 +19,12 @@ from onnx import helper
 
 import policies
 import targets
-from matrix import action_range, batch_axes, messages, model, observations, rollouts
+from matrix.run import action_range, rollouts
+from matrix.inputs import batch_axes, model, observations
+from matrix import messages
 from matrix.errors import InputError
-from matrix.graph_facts import StatePair
-from matrix.lint import lint
+from matrix.inputs.graph_facts import StatePair
+from matrix.inputs.lint import lint
 
 FAST = ("--n-obs", "16", "--iters", "5", "--warmup", "1", "--variants", "fp32")
 

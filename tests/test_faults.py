@@ -25,7 +25,7 @@ import pytest
 from conftest import load_results, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -70,7 +70,7 @@ def _worker_of(run: subprocess.Popen, cell_dir: Path) -> psutil.Process:
     log = (cell_dir / "worker.log").resolve()
 
     def serving() -> psutil.Process | None:
-        return next((worker for worker in _descendants(run.pid, "matrix.worker") if _stderr_is(worker, log)), None)
+        return next((worker for worker in _descendants(run.pid, "matrix.run.worker") if _stderr_is(worker, log)), None)
 
     return _wait_for(serving, f"a worker for {cell_dir}")
 
@@ -110,7 +110,7 @@ def test_runner_kill_9_takes_its_worker_along_and_resume_finishes_the_matrix(tmp
             "--host-label", "resume-host"]
     run = _start(MLP, *args, "--out", tmp_path)
     _wait_for(lambda: len(_jsonl(tmp_path)) >= 1, "the first finished cell in results.jsonl")
-    workers = _descendants(run.pid, "matrix.worker")
+    workers = _descendants(run.pid, "matrix.run.worker")
     run.kill()
     run.wait()
     _assert_gone(workers)  # the parent-death signal: no worker outlives its runner
@@ -133,7 +133,7 @@ def test_runner_kill_9_takes_its_worker_along_and_resume_finishes_the_matrix(tmp
 def test_resume_refuses_other_settings(tmp_path):
     assert run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path).returncode == 0
     done = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path)
-    assert done.returncode == 2 and "settings differ" in done.stderr and "iters" in done.stderr
+    assert done.returncode == 2 and "options differ" in done.stderr and "iters" in done.stderr
     done = run_cli("run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--resume", tmp_path)
     assert done.returncode == 2 and "another model" in done.stderr
 
@@ -234,7 +234,7 @@ raise SystemExit(0 if address not in (None, ctypes.c_void_p(-1).value) else 3)
 def test_the_memory_cap_counts_memory_not_address_space_reservations():
     """CUDA, V8 and wasm reserve tens of GiB of inaccessible address space at start: under the cap
     that reservation must succeed (an address-space cap would stop them from starting at all)."""
-    from matrix import isolation
+    from matrix.run import isolation
 
     process = isolation.start([sys.executable, "-c", RESERVE_64_GIB], memory_limit=1 << 30, timeout_s=60)
     assert process.wait(timeout=60) == 0
@@ -334,7 +334,7 @@ def test_watchdog_kills_a_group_whose_runner_is_gone():
     """The fallback where no parent-death signal exists: a separate watchdog process."""
     runner = subprocess.Popen(["sleep", "600"])
     group = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    watchdog = subprocess.Popen([sys.executable, "-m", "matrix.isolation", str(runner.pid), str(group.pid), "inf"])
+    watchdog = subprocess.Popen([sys.executable, "-m", "matrix.run.isolation", str(runner.pid), str(group.pid), "inf"])
     try:
         assert watchdog.poll() is None and group.poll() is None
         runner.kill()
@@ -350,7 +350,7 @@ def test_watchdog_kills_a_group_whose_runner_is_gone():
 def test_watchdog_kills_a_group_past_its_timeout():
     runner = subprocess.Popen(["sleep", "600"])
     group = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    watchdog = subprocess.Popen([sys.executable, "-m", "matrix.isolation", str(runner.pid), str(group.pid), "1"])
+    watchdog = subprocess.Popen([sys.executable, "-m", "matrix.run.isolation", str(runner.pid), str(group.pid), "1"])
     try:
         assert group.wait(timeout=STATE_TIMEOUT_S) == -signal.SIGKILL
         assert runner.poll() is None  # the runner itself is left alone

@@ -44,7 +44,7 @@ def test_each_framework_module_declares_pinned_requirements_and_its_policies(nam
 
 
 def test_setup_all_leaves_the_framework_environments_out():
-    from matrix.installer import GROUPS, OPT_IN
+    from matrix.cli.installer import GROUPS, OPT_IN
 
     assert "frameworks" in GROUPS and "frameworks" in OPT_IN
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from assist_fixtures import sb3_pendulum_like, write
 
-from matrix import examples, guarded, preparations, variants
-from matrix import model as model_loader
+from matrix.inputs import examples
+from matrix.run import guarded, variants
+from matrix.assist import preparations
+from matrix.inputs import model as model_loader
 
 MLP = model_loader.load(examples.path("continuous_mlp"))
 

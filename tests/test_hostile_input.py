@@ -19,7 +19,7 @@ import pytest
 from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 
 OPSET = [helper.make_opsetid("", 18)]
 MLP = example("continuous_mlp")  # input obs [batch, 17]

@@ -11,8 +11,8 @@ from conftest import load_results, run_cli
 from playwright.sync_api import sync_playwright
 
 from matrix import results as schema
-from matrix.compare import compare
-from matrix.examples import path as example
+from matrix.decide.compare import compare
+from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

@@ -4,8 +4,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from matrix import model, observations, reference
-from matrix.examples import path
+from matrix.inputs import model, observations
+from matrix.reference import reference
+from matrix.inputs.examples import path
 
 
 def test_reference_is_float64_and_close_to_ort_fp32():

@@ -10,9 +10,9 @@ import pytest
 from conftest import run_cli
 from markdown_it import MarkdownIt
 
-from matrix import report
+from matrix.report import report
 from matrix import results as schema
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.slow]
 
@@ -121,7 +121,7 @@ def test_noisy_rule_and_per_sample_throughput(hostile_host_run):
 
 
 def test_chart_text_is_escaped():
-    from matrix import charts
+    from matrix.report import charts
 
     hostile = "<img src=x onerror=alert(1)>"
     svg = str(charts.dot_plot([charts.Row(hostile, [charts.Mark(1e-3, hostile, "#000")], note=hostile, href="#a\"b")],
@@ -133,7 +133,7 @@ def test_chart_text_is_escaped():
 def test_an_infinite_value_or_tolerance_sits_on_the_right_edge():
     """NaN outputs give an infinite drift and `--tolerance X=inf` an infinite tick: the axis spans the
     finite values and the infinite ones are drawn at its end, never a crash."""
-    from matrix import charts
+    from matrix.report import charts
 
     rows = [charts.Row("a", [charts.Mark(float("inf"), "inf drift", "#000")], tick=float("inf")),
             charts.Row("b", [charts.Mark(1e-4, "finite", "#000")], tick=1e-3)]

@@ -6,7 +6,7 @@ from conftest import run_cli
 from playwright.sync_api import sync_playwright
 
 from matrix import results as schema
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

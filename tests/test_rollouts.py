@@ -20,10 +20,10 @@ import rollout_policies as policies
 from conftest import load_results, run_cli
 
 import targets
-from matrix import cells, rollouts
-from matrix import model as model_loader
+from matrix.run import cells, rollouts
+from matrix.inputs import model as model_loader
 from matrix.errors import InputError
-from matrix.lint import lint
+from matrix.inputs.lint import lint
 from matrix.results import Rollout
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.tflite_env]

@@ -7,9 +7,10 @@ from xml.etree import ElementTree as ET
 import pytest
 from conftest import EXAMPLES, load_results, run_cli
 
-from matrix import decide, noise
+from matrix.decide import decide
+from matrix.judge import noise
 from matrix import results as schema
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.slow]
 
@@ -120,7 +121,7 @@ def test_an_interrupted_run_writes_its_report_and_leaves_no_worker(tmp_path):
     deadline = time.monotonic() + 300  # a busy CI machine is slow; what is waited for is a state, not a time
     workers = []
     while not workers and time.monotonic() < deadline and run.poll() is None:
-        workers = [p for p in psutil.Process(run.pid).children(recursive=True) if "matrix.worker" in _cmdline(p)]
+        workers = [p for p in psutil.Process(run.pid).children(recursive=True) if "matrix.run.worker" in _cmdline(p)]
         time.sleep(0.1)
     assert workers, "the cell's worker should be running"
     run.send_signal(signal.SIGINT)
@@ -160,7 +161,7 @@ def test_recommendation_ships_the_simplest_of_equally_fast_passing_variants(ort_
     steady = [c for c in passing if c.latency[0].p99_us <= decide.TAIL_FACTOR * min(p.latency[0].p99_us for p in passing)]
     fastest = min(steady, key=lambda c: c.latency[0].p50_us)
 
-    def as_fast(cell) -> bool:  # the noise bands' rule (matrix/noise.py), not the decision's own code
+    def as_fast(cell) -> bool:  # the noise bands' rule (matrix/judge/noise.py), not the decision's own code
         return not noise.differs(noise.ratio_band(fastest.latency[0].p50_band, cell.latency[0].p50_band), decide.SAME_SPEED)
 
     assert chosen in steady and as_fast(chosen) and decision.chosen.why

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix import installer
+from matrix.cli import installer
 from targets import coreml, isolated_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.coreml_env]

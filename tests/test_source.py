@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix import source
+from matrix.reference import source
 from matrix.errors import InputError
 from tests.source_policies import mlp_with_source
 

@@ -10,11 +10,13 @@ import pytest
 from conftest import EXAMPLES
 
 import targets
-from matrix import cells, model, observations, reference, variants
-from matrix.examples import path as example
-from matrix.orchestrate import Services
-from matrix.judge import Evidence, Judge
-from matrix.rules import DEFAULT_TOLERANCE
+from matrix.run import cells, variants
+from matrix.inputs import model, observations
+from matrix.reference import reference
+from matrix.inputs.examples import path as example
+from matrix.run.orchestrate import Services
+from matrix.judge.judge import Evidence, Judge
+from matrix.judge.rules import DEFAULT_TOLERANCE
 
 pytestmark = [pytest.mark.browser, pytest.mark.tflite_env, pytest.mark.coreml_env]
 

@@ -20,7 +20,7 @@ from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 import targets
-from matrix import examples, model, observations
+from matrix.inputs import examples, model, observations
 from targets.paths import cache_dir
 from targets import tflite, tflite_conversion
 from targets.base import PrepareContext

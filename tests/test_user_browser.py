@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import load_results, run_cli
 
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 from targets import chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,

@@ -1,5 +1,5 @@
 """Each precision variant is made on its own guarded step, in mixed precision where the converter
-cannot make it whole, and cached by the hash of its bytes (matrix/variants.py)."""
+cannot make it whole, and cached by the hash of its bytes (matrix/run/variants.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,13 @@ from assist_fixtures import fp16_overflow_mlp
 from conftest import run_cli
 from variant_policies import skl2onnx_regressor, stateful_detector, weights_in_if_branches
 
-from matrix import decide, examples, guarded, preparations, rules, variants
+from matrix.decide import decide
+from matrix.inputs import examples
+from matrix.run import guarded, variants
+from matrix.assist import preparations
+from matrix.judge import rules
 from targets import coreml_conversion, isolated_env
-from matrix import model as model_loader
+from matrix.inputs import model as model_loader
 from matrix import results as schema
 
 LIMITS = guarded.Limits(300, None)

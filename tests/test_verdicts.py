@@ -15,10 +15,13 @@ from conftest import load_results, run_cli
 from onnx import TensorProto, helper
 
 import policies
-from matrix import batch_axes, cells, metrics, model, observations, reference, variants
-from matrix.lint import lint
+from matrix.inputs import batch_axes, model, observations
+from matrix.run import cells, variants
+from matrix.judge import metrics
+from matrix.reference import reference
+from matrix.inputs.lint import lint
 from matrix.results import ArtifactInfo, Cell, OutputParity
-from matrix.rules import Context, Tolerance, verdict
+from matrix.judge.rules import Context, Tolerance, verdict
 from targets.base import Artifact
 from targets.ort_cpu import OrtSession
 
@@ -95,7 +98,7 @@ def test_int8_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, t
 
 
 def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_recommended():
-    from matrix import decide as shipping
+    from matrix.decide import decide as shipping
     from matrix.results import LatencyStats, RunResults
 
     counted = variants.quantization(policies.minmax_clip_mlp())
@@ -109,7 +112,7 @@ def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_reco
     judged, reasons = verdict(int8, Context(Tolerance(0.25)))
     assert judged == "WARN" and "nothing quantized" in reasons[0]
     int8.verdict = judged
-    results = RunResults(tool_version="t", created="now", model={}, hosts=[], settings={}, lints=[], cells=[int8, fp32])
+    results = RunResults(tool_version="t", created="now", model={}, hosts=[], run_options={}, lints=[], cells=[int8, fp32])
     (decision,) = shipping.decide_all(results, [])
     assert decision.chosen.variant == "fp32" and decision.runner_up is None  # the faster-or-equal int8 is out
     assert shipping.decide_target("h", "t", [int8], [], "latency").closest.misses == ["int8 in name only: nothing quantized"]
@@ -227,7 +230,7 @@ def test_recurrent_state_is_detected(built):
 # --- cells and stages --------------------------------------------------------------------------
 
 def test_a_cell_killed_in_its_latency_stage_keeps_parity_and_contract(tmp_path):
-    from matrix.examples import path as example
+    from matrix.inputs.examples import path as example
 
     done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32",
                    "--iters", "50000000", "--timeout", "8", "--out", tmp_path)
@@ -244,7 +247,7 @@ def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path)
     feeds = observations.take(observations.seeded(info, 8, 0), 1, info.batch_axes)
     spec = cells.CellSpec(target="ort-cpu", variant="fp32", observations="", onnx_variants={}, iters=10**8,
                           warmup=10**6, latency_budget_s=0.5)
-    from matrix.worker import timed_calls
+    from matrix.run.worker import timed_calls
 
     started = time.perf_counter()
     samples, budget_spent = timed_calls(session, feeds, spec)

@@ -15,7 +15,7 @@ import onnxruntime
 import pytest
 from conftest import load_results, run_cli
 
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -17,9 +17,10 @@ import pytest
 from conftest import load_results, run_cli
 from web_fixtures import softsign_mlp, softsign_only, write
 
-from matrix import examples, reference
-from matrix import model as model_loader
-from matrix import variants as core_variants
+from matrix.inputs import examples
+from matrix.reference import reference
+from matrix.inputs import model as model_loader
+from matrix.run import variants as core_variants
 from targets import REGISTRY
 from targets.base import Artifact
 from targets import chromium

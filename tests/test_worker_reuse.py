@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from matrix import cells, observations, variants
-from matrix.examples import path as example
-from matrix.model import load
+from matrix.run import cells, variants
+from matrix.inputs import observations
+from matrix.inputs.examples import path as example
+from matrix.inputs.model import load
 
 pytestmark = [pytest.mark.slow]  # real worker processes, killed and timed out
 
@@ -34,7 +35,7 @@ def template(tmp_path_factory) -> cells.CellSpec:
                           batch_sizes=[1], warmup=2, iters=10, batch_axes=info.batch_axes)
 
 
-def _serve(worker: cells.Worker, folder: Path, spec: cells.CellSpec, on_stage=lambda _: None) -> cells.CellOutcome:
+def _serve(worker: cells.WorkerProcess, folder: Path, spec: cells.CellSpec, on_stage=lambda _: None) -> cells.CellOutcome:
     return cells.execute(folder, spec, {}, 600, on_stage, None, worker)
 
 
@@ -43,7 +44,7 @@ def _pid(folder: Path) -> int:
 
 
 def test_one_worker_serves_every_variant_and_a_crash_costs_only_its_cell(tmp_path, template):
-    worker = cells.Worker(memory_limit=None, lifetime_s=600)
+    worker = cells.WorkerProcess(memory_limit=None, lifetime_s=600)
     try:
         fp32 = _serve(worker, tmp_path / "fp32", template)
         int8 = _serve(worker, tmp_path / "int8", cells.CellSpec(**{**vars(template), "variant": "int8"}))
@@ -75,7 +76,7 @@ def test_one_worker_serves_every_variant_and_a_crash_costs_only_its_cell(tmp_pat
 
 
 def test_a_hung_cell_times_out_and_the_next_cell_gets_a_fresh_worker(tmp_path, template):
-    worker = cells.Worker(memory_limit=None, lifetime_s=600)
+    worker = cells.WorkerProcess(memory_limit=None, lifetime_s=600)
     try:
         _serve(worker, tmp_path / "before", template)
         endless = cells.CellSpec(**{**vars(template), "iters": 50_000_000, "latency_budget_s": 3600.0})

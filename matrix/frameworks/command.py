@@ -40,7 +40,7 @@ def frameworks(chosen, out, targets, variants, episodes, seed, iters, jobs, rebu
                 rebuild=rebuild)
     options.writable_dir(out)
     rows = dry_run(plan, parse(chosen), lambda line: console.print(line, highlight=False, markup=False))
-    settings = {"targets": plan.targets, "variants": plan.variants, "episodes": plan.episodes, "seed": plan.seed,
+    run_options = {"targets": plan.targets, "variants": plan.variants, "episodes": plan.episodes, "seed": plan.seed,
                 "frameworks": chosen}
-    write(rows, out, settings)
+    write(rows, out, run_options)
     console.print(f"table: {out / 'index.html'} and {out / 'frameworks.md'}", highlight=False, markup=False)

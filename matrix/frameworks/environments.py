@@ -18,7 +18,7 @@ import sys
 import venv
 from pathlib import Path
 
-from matrix.paths import cache_dir
+from targets.paths import cache_dir
 from targets.build_once import exclusive
 
 from . import Framework

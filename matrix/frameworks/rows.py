@@ -12,7 +12,7 @@ from pathlib import Path
 from .. import results as results_file
 from . import Framework
 
-SOURCE = "source"  # the --source column's target name (matrix/source.py)
+SOURCE = "source"  # the --source column's target name (matrix/reference/source.py)
 STANDARD_DOMAINS = ("", "ai.onnx")
 REASON_CHARS = 140
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in an exporter's message

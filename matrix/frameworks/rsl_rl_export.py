@@ -23,11 +23,11 @@ def _model(policy: str):
     from tensordict import TensorDict
 
     obs = TensorDict({"policy": torch.zeros(1, 3)}, batch_size=[1])
-    settings = {"obs": obs, "obs_groups": {"actor": ["policy"]}, "obs_set": "actor", "output_dim": 1,
+    arguments = {"obs": obs, "obs_groups": {"actor": ["policy"]}, "obs_set": "actor", "output_dim": 1,
                 "hidden_dims": HIDDEN, "distribution_cfg": {"class_name": "rsl_rl.modules.GaussianDistribution"}}
     if policy == "lstm-pendulum":
-        return RNNModel(**settings, rnn_type="lstm", rnn_hidden_dim=32)
-    return MLPModel(**settings)
+        return RNNModel(**arguments, rnn_type="lstm", rnn_hidden_dim=32)
+    return MLPModel(**arguments)
 
 
 def _deterministic(model, obs):

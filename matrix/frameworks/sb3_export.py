@@ -46,10 +46,10 @@ def build(policy: str, folder, seed: int) -> dict:
             return self.actor(observation, deterministic=True)
 
     th.set_num_threads(1)  # seconds of training on a shared machine: one thread, no oversubscription
-    algorithm, settings, steps = TRAINING[policy]
+    algorithm, hyperparameters, steps = TRAINING[policy]
     task = POLICIES[policy]
     started = time.monotonic()
-    model = getattr(stable_baselines3, algorithm)("MlpPolicy", task, seed=seed, device="cpu", **settings)
+    model = getattr(stable_baselines3, algorithm)("MlpPolicy", task, seed=seed, device="cpu", **hyperparameters)
     model.learn(steps)
     training = f"{algorithm} {steps} timesteps ({time.monotonic() - started:.0f} s)"
     model.save(folder / "model.zip")

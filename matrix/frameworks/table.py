@@ -8,30 +8,31 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..report import _md, _templates
+from ..report.report import _templates
+from ..report.report_text import md
 from .rows import Row
 
 COLUMNS = ("framework", "policy", "export path (fallbacks)", "opset / IR", "non-standard ops", "dynamic batch",
            "export parity vs framework", "targets", "--assist fixes")
 
 
-def write(rows: list[Row], out: Path, settings: dict) -> None:
+def write(rows: list[Row], out: Path, run_options: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     (out / "frameworks.json").write_text(json.dumps(
-        {"created": created, "settings": settings, "rows": [row.as_dict() for row in rows]}, indent=1))
-    (out / "frameworks.md").write_text(markdown(rows, settings))
-    html = _templates().get_template("frameworks.html.j2").render(rows=rows, settings=settings, created=created)
+        {"created": created, "settings": run_options, "rows": [row.as_dict() for row in rows]}, indent=1))
+    (out / "frameworks.md").write_text(markdown(rows, run_options))
+    html = _templates().get_template("frameworks.html.j2").render(rows=rows, run_options=run_options, created=created)
     (out / "index.html").write_text(html)
 
 
-def markdown(rows: list[Row], settings: dict) -> str:
+def markdown(rows: list[Row], run_options: dict) -> str:
     lines = ["## RL frameworks: default policies through their documented export, on every target", "",
-             _md(f"targets: {settings['targets']}; variants: {settings['variants']}; "
-                 f"{settings['episodes']} episodes per task, seed {settings['seed']}"), "",
+             md(f"targets: {run_options['targets']}; variants: {run_options['variants']}; "
+                 f"{run_options['episodes']} episodes per task, seed {run_options['seed']}"), "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
-        lines.append("| " + " | ".join(_md(cell) if cell else "–" for cell in markdown_cells(row)) + " |")
+        lines.append("| " + " | ".join(md(cell) if cell else "–" for cell in markdown_cells(row)) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""The bisect's search and its measures on recorded cells (matrix/release_bisect.py): which releases it visits, how few,
+"""The bisect's search and its measures on recorded cells (matrix/cli/release_bisect.py): which releases it visits, how few,
 and what it concludes. The cells are results records as a run writes them; the real runtimes are bisected in
 tests/test_bisect.py."""
 
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from matrix import release_bisect as bisect  # not matrix/bisect.py: that name would shadow the stdlib module
+from matrix.cli import release_bisect as bisect  # not matrix/bisect.py: that name would shadow the stdlib module
 from matrix.errors import InputError
-from matrix.metrics import latency_stats
+from matrix.judge.metrics import latency_stats
 from matrix.results import Cell, OutputParity, Placement
 
 RELEASES = [f"1.{minor}.0" for minor in range(10, 27)]  # 17 releases

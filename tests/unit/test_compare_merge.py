@@ -7,9 +7,9 @@ import pytest
 
 from saved import FIXTURES
 from matrix import results as schema
-from matrix.compare import DRIFT_NOISE_FLOOR, Thresholds, compare
+from matrix.decide.compare import DRIFT_NOISE_FLOOR, Thresholds, compare
 from matrix.errors import InputError
-from matrix.merge import merge
+from matrix.decide.merge import merge
 from matrix.results import Backend, LatencyStats, Placement
 
 SHARD = FIXTURES / "shard_continuous_mlp.json"
@@ -151,7 +151,7 @@ def test_disjoint_shards_of_one_host_merge_into_one_host(shard, tmp_path):
     merged = merge([first, second / "results.json"])  # a folder or its results.json
     assert sorted(c.variant for c in merged.cells) == ["fp16", "fp32"]
     assert [h.label for h in merged.hosts] == [h.label for h in shard.hosts]
-    assert merged.settings["shards"] == [str(first / "results.json"), str(second / "results.json")]
+    assert merged.run_options["shards"] == [str(first / "results.json"), str(second / "results.json")]
 
 
 def test_shards_of_other_hosts_add_their_host(shard, tmp_path):
@@ -213,15 +213,15 @@ def test_compare_refuses_recorded_against_synthetic_observations_naming_them(sha
 
 def test_compare_refuses_other_episodes_and_judging_settings_but_not_an_older_file_without_them(shard):
     env = shard.model_copy(deep=True)
-    env.settings["rollout"] = {"mode": "closed-loop", "env": "Pendulum-v1", "episodes": 10, "seeds": "0..9"}
+    env.run_options["rollout"] = {"mode": "closed-loop", "env": "Pendulum-v1", "episodes": 10, "seeds": "0..9"}
     fewer = env.model_copy(deep=True)
-    fewer.settings["rollout"] = {**env.settings["rollout"], "episodes": 3, "seeds": "0..2"}
+    fewer.run_options["rollout"] = {**env.run_options["rollout"], "episodes": 3, "seeds": "0..2"}
     with pytest.raises(InputError, match="episodes 10 vs 3"):
         compare(env, fewer)
     with pytest.raises(InputError, match="rollouts: none vs"):
         compare(shard, env)
     looser = shard.model_copy(deep=True)
-    looser.settings["tie_margin"] = 0.5
+    looser.run_options["tie_margin"] = 0.5
     with pytest.raises(InputError, match="tie_margin 0.001 vs 0.5"):
         compare(shard, looser)
     assert compare(shard, _on(shard, "synthetic", "b" * 64)) == []  # the fixture predates the hash: nothing to tell apart
@@ -240,7 +240,7 @@ def test_merge_refuses_shards_on_different_observations(shard, tmp_path):
 
 
 def test_the_compare_command_exits_2_with_one_line(shard, tmp_path, capsys, monkeypatch):
-    from matrix import cli
+    from matrix.cli import cli
 
     _on(shard, "recorded", "a" * 64).save(tmp_path / "recorded.json")
     _on(shard, "synthetic", "b" * 64).save(tmp_path / "synthetic.json")

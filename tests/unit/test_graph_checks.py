@@ -7,9 +7,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import policies
-from matrix import contract, examples
-from matrix.graph_facts import StatePair, action_bounds, non_finite_initializers
-from matrix.lint import lint
+from matrix.inputs import contract, examples
+from matrix.inputs.graph_facts import StatePair, action_bounds, non_finite_initializers
+from matrix.inputs.lint import lint
 
 
 def _lints(model) -> dict[str, tuple[str, str]]:

@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from saved import FIXTURES
 
-from matrix.examples import path as example
+from matrix.inputs.examples import path as example
 
 MLP = str(example("continuous_mlp"))  # obs [batch, 17] float32
 DISCRETE = str(example("discrete_mlp"))

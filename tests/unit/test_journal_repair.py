@@ -7,9 +7,9 @@ import json
 
 from rich.console import Console
 
-from matrix import cells
+from matrix.run import cells
 from matrix.configuration import Configuration
-from matrix.orchestrate import Journal
+from matrix.run.orchestrate import Journal
 from matrix.results import Cell, CellError
 
 STAMP = {"run_id": "r1", "model_sha256": "a" * 64}

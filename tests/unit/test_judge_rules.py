@@ -8,14 +8,17 @@ import numpy as np
 import pytest
 from saved import fixture_json
 
-from matrix import assist, cells, metrics, observation_sources, rules
-from matrix import model as model_loader
-from matrix.examples import path as example
-from matrix.judge import Evidence, Judge
-from matrix.protocol import DONE, Measurement
-from matrix.reference import Reference
+from matrix.assist import assist
+from matrix.run import cells
+from matrix.judge import metrics, rules
+from matrix.inputs import observation_sources
+from matrix.inputs import model as model_loader
+from matrix.inputs.examples import path as example
+from matrix.judge.judge import Evidence, Judge
+from matrix.run.protocol import DONE, Measurement
+from matrix.reference.reference import Reference
 from matrix.results import Backend, Cell, EpisodeOutcome, Placement, Rollout
-from matrix.rules import Context, ReturnTolerance, Tolerance, Tolerances
+from matrix.judge.rules import Context, ReturnTolerance, Tolerance, Tolerances
 from targets import REGISTRY
 from targets.tflite_provenance import XNNPACK, OnnxInterface, OpDetails, Provenance, map_signature, placement_rows
 
@@ -229,7 +232,7 @@ def test_visited_states_are_sampled_evenly_over_episodes_and_steps():
 
 
 def test_the_source_follows_the_precedence_and_says_why_it_fell_back(tmp_path):
-    from matrix.rollouts import plan_for
+    from matrix.run.rollouts import plan_for
 
     info = model_loader.load(example("continuous_mlp"))
     plan = plan_for(info, env="Pendulum-v1", episodes=10, seed=0)
@@ -244,8 +247,8 @@ def test_a_recurrent_policy_with_an_env_gets_samples_inside_the_observation_spac
     """The rollouts record only the observation, so a policy with a state input is fed samples inside the env's Box."""
     import rollout_policies
 
-    from matrix import observations
-    from matrix.rollouts import plan_for
+    from matrix.inputs import observations
+    from matrix.run.rollouts import plan_for
 
     info = model_loader.load(rollout_policies.recurrent_toggle(tmp_path / "recurrent.onnx"))
     plan = plan_for(info, env="CartPole-v1", episodes=2, seed=0)

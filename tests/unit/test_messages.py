@@ -6,7 +6,8 @@ from __future__ import annotations
 from saved import fixture_json
 from web_fixtures import softsign_mlp
 
-from matrix import examples, messages
+from matrix.inputs import examples
+from matrix import messages
 
 
 def test_a_recorded_webgpu_kernel_line_names_its_op_and_node():

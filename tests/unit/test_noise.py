@@ -1,12 +1,12 @@
-"""The p50 noise band and the one rule that says two latencies differ (matrix/noise.py)."""
+"""The p50 noise band and the one rule that says two latencies differ (matrix/judge/noise.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from matrix import noise
-from matrix.metrics import latency_stats
+from matrix.judge import noise
+from matrix.judge.metrics import latency_stats
 
 
 def _calls(n: int, scale: float, seed: int) -> np.ndarray:

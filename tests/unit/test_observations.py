@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import policies
-from matrix import batch_axes, examples, observations
+from matrix.inputs import batch_axes, examples, observations
 from matrix.errors import InputError
 
 

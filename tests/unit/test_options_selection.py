@@ -8,10 +8,12 @@ import click
 import numpy as np
 import pytest
 
-from matrix import config, options, rollouts
+from matrix.cli import config
+from matrix import options
+from matrix.run import rollouts
 from matrix.errors import InputError
-from matrix.rules import ReturnTolerance
-from matrix.selection import select_targets
+from matrix.judge.rules import ReturnTolerance
+from matrix.run.selection import select_targets
 
 KNOWN = ["ort-cpu", "ort-node", "ort-web-wasm", "ort-web-webgl", "ort-web-webgpu", "tflite"]
 

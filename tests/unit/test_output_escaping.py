@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from saved import FIXTURES
 
 from matrix import results as schema
-from matrix.report import write_all
+from matrix.report.report import write_all
 
 FORMULA = '=HYPERLINK("http://attacker.example","x")'
 

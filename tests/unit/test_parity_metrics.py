@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from matrix.metrics import REL_FLOOR, abs_error, latency_stats, parity
+from matrix.judge.metrics import REL_FLOOR, abs_error, latency_stats, parity
 
 
 def test_continuous_drift_statistics():

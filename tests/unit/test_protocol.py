@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from matrix import cells, guarded, options
+from matrix.run import cells, guarded
+from matrix import options
 from matrix.configuration import Configuration
-from matrix import judge as judge_module
-from matrix.judge import Evidence, Judge
-from matrix.protocol import MEASUREMENT_FILE, STAGES, CellInputs, CellSpec, Measurement
-from matrix.reference import Reference
+from matrix.judge import judge as judge_module
+from matrix.judge.judge import Evidence, Judge
+from matrix.run.protocol import MEASUREMENT_FILE, STAGES, CellInputs, CellSpec, Measurement
+from matrix.reference.reference import Reference
 from matrix.results import ArtifactInfo, Backend, CellError, LatencyStats, Placement
 from targets.base import VARIANTS, BackendInfo, PlacementRow
 
@@ -112,7 +113,7 @@ def test_numpy_scalars_from_an_environment_are_written_as_numbers(tmp_path):
 
 
 def test_stage_lines_read_back_and_runtime_chatter_is_no_message():
-    from matrix.protocol import done_message, read_message, stage_message
+    from matrix.run.protocol import done_message, read_message, stage_message
 
     assert read_message(stage_message("rollout", "2/10 episodes")) == {"stage": "rollout", "progress": "2/10 episodes"}
     assert read_message(stage_message("latency")) == {"stage": "latency"}

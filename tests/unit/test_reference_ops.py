@@ -7,8 +7,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from matrix import model as model_loader
-from matrix import reference
+from matrix.inputs import model as model_loader
+from matrix.reference import reference
 
 
 def log_prob_policy(tmp_path, axis: int):

@@ -1,4 +1,4 @@
-"""Installing a pinned release (targets/versions.py, matrix/orchestrate.install_releases): a line per step when
+"""Installing a pinned release (targets/versions.py, matrix/run/orchestrate.install_releases): a line per step when
 not on a terminal, and a failed install leaves nothing beside the installed releases. pip runs for real, told
 to use no package index (PIP_NO_INDEX), so it fails at once and offline as it would for a missing release."""
 
@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 import targets
-from matrix.orchestrate import install_releases
+from matrix.run.orchestrate import install_releases
 from targets import versions
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from saved import FIXTURES, fixture_json
 from matrix import results as schema
-from matrix.compare import compare
+from matrix.decide.compare import compare
 from matrix.errors import InputError
-from matrix.merge import merge
+from matrix.decide.merge import merge
 
 V1 = "results_v1_continuous_mlp.json"
 
@@ -21,7 +21,7 @@ def test_a_version_1_file_reads_in_version_2_names():
     assert raw["schema_version"] == 1 and "precisions" in raw["settings"]
     loaded = schema.load(FIXTURES / V1)
     assert loaded.schema_version == schema.SCHEMA_VERSION == 2
-    assert loaded.settings["variants"] == raw["settings"]["precisions"] and "precisions" not in loaded.settings
+    assert loaded.run_options["variants"] == raw["settings"]["precisions"] and "precisions" not in loaded.run_options
     old = [p["vs_baseline_max_abs"] for cell in raw["cells"] for p in cell["parity"]]
     assert [p.vs_dev_runtime_max_abs for cell in loaded.cells for p in cell.parity] == old
     assert any(value for value in old)  # the fixture carries a non-zero value, so a dropped field would show
@@ -34,7 +34,7 @@ def test_a_version_1_interruption_becomes_the_typed_record(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(raw))
     loaded = schema.load(tmp_path / "results.json")
     assert loaded.interrupted == schema.Interruption(after_cells=1, signal="SIGTERM")
-    assert not {"interrupted_after_cells", "interrupted_by"} & set(loaded.settings)
+    assert not {"interrupted_after_cells", "interrupted_by"} & set(loaded.run_options)
 
 
 def test_compare_and_merge_take_a_version_1_baseline(tmp_path):
@@ -69,7 +69,7 @@ def test_a_version_1_journal_line_keeps_its_development_runtime_drift():
 
 
 def test_a_run_recorded_before_the_rename_resumes_with_its_finished_cells(tmp_path):
-    from matrix.orchestrate import RUN_FILE, resume_state
+    from matrix.run.orchestrate import RUN_FILE, resume_state
 
     old = fixture_json(V1)
     sha = old["model"]["sha256"]
@@ -87,7 +87,7 @@ def test_a_run_recorded_before_the_rename_resumes_with_its_finished_cells(tmp_pa
 
 
 def test_an_interrupted_run_says_so_in_the_report_and_the_summary():
-    from matrix.report import render_html, summary_markdown
+    from matrix.report.report import render_html, summary_markdown
 
     results = schema.load(FIXTURES / V1)
     assert "interrupted" not in summary_markdown(results) and "interrupted (" not in render_html(results)

@@ -10,10 +10,10 @@ import pytest
 from saved import FIXTURES
 from matrix import results as schema
 from matrix import runtime_versions
-from matrix.compare import compare
+from matrix.decide.compare import compare
 from matrix.errors import InputError
 from matrix.results import Placement
-from matrix.selection import select_targets
+from matrix.run.selection import select_targets
 
 KNOWN = ["ort-cpu", "ort-node", "ort-web-wasm", "ort-web-webgl", "tflite"]
 
@@ -185,7 +185,7 @@ def test_a_run_without_pinned_releases_has_no_versions_view(shard):
 
 
 def test_the_report_shows_the_versions_section_escaped(shard):
-    from matrix.report import render_html
+    from matrix.report.report import render_html
 
     results = _with_release(shard, "1.20.1", 1.5, None)
     results.cells[-1].runtime_version = "onnxruntime 1.20.1 <script>alert(1)</script>"
@@ -199,7 +199,7 @@ def test_the_report_shows_the_versions_section_escaped(shard):
 
 def test_settings_of_a_target_apply_to_its_pinned_releases():
     import targets
-    from matrix import grid
+    from matrix.run import grid
 
     selected = [targets.get("ort-cpu@1.20.1"), targets.get("ort-cpu"), targets.get("tract")]
     built = grid.build(grid.parse(["ort-cpu:threads=1,2"]), selected)
@@ -258,7 +258,7 @@ def test_a_label_whose_release_changed_is_still_its_own_pair(shard):
 # --- tolerance and budget keys name releases --------------------------------------------------------
 
 def test_a_release_key_wins_over_its_targets_key_which_covers_every_release():
-    from matrix.rules import Tolerances
+    from matrix.judge.rules import Tolerances
 
     tolerances = Tolerances.parse(["ort-cpu:fp32=1e-3", "ort-cpu@1.20.1:fp32=5e-2", "ort-web-wasm@1.22.0=0.1"])
     assert tolerances.get("ort-cpu@1.20.1", "fp32").atol == 5e-2
@@ -276,7 +276,7 @@ def test_release_keys_are_checked_then_checked_as_their_target():
 
 
 def test_a_budget_on_a_target_covers_its_releases_and_one_on_a_release_only_that():
-    from matrix.decide import parse_budgets
+    from matrix.decide.decide import parse_budgets
 
     plain, pinned = parse_budgets(["ort-cpu=p50:200us", "ort-cpu@1.20.1=size:1MB"])
     assert plain.applies_to("ort-cpu") and plain.applies_to("ort-cpu@1.20.1") and not plain.applies_to("ort-node")
@@ -284,8 +284,8 @@ def test_a_budget_on_a_target_covers_its_releases_and_one_on_a_release_only_that
 
 
 def test_the_versions_table_shows_each_releases_return_delta_and_the_p50_noise_band(shard):
-    from matrix.metrics import latency_stats
-    from matrix.report import render_html
+    from matrix.judge.metrics import latency_stats
+    from matrix.report.report import render_html
     from matrix.results import Rollout
 
     results = _with_release(shard, "1.20.1", 1.0, None)
@@ -306,7 +306,7 @@ def test_the_versions_table_shows_each_releases_return_delta_and_the_p50_noise_b
 
 
 def test_without_env_the_versions_table_has_no_return_column(shard):
-    from matrix.report import render_html
+    from matrix.report.report import render_html
 
     section = render_html(_with_release(shard, "1.20.1", 1.5, None)).split('id="versions"')[1].split("</section>")[0]
     assert "return Δ" not in section

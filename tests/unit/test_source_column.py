@@ -1,5 +1,5 @@
 """The source column's pure parts: naming a contract difference by fitting, judging the column by the
-cell rules, and the report's note on what the column is (matrix/source_fit.py, matrix/source.py)."""
+cell rules, and the report's note on what the column is (matrix/reference/source_fit.py, matrix/reference/source.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import zipfile
 import numpy as np
 import pytest
 
-from matrix import report, source, source_runner
-from matrix.cells import CellOutcome
-from matrix.judge import Evidence, Judge
-from matrix.protocol import Measurement
-from matrix.reference import Reference
+from matrix.report import report
+from matrix.reference import source, source_runner
+from matrix.run.cells import CellOutcome
+from matrix.judge.judge import Evidence, Judge
+from matrix.run.protocol import Measurement
+from matrix.reference.reference import Reference
 from matrix.results import RunResults
-from matrix.rules import Tolerances
-from matrix.source_fit import DIVIDE_255, NORMALIZE, Bounds, explain, rescale
+from matrix.judge.rules import Tolerances
+from matrix.reference.source_fit import DIVIDE_255, NORMALIZE, Bounds, explain, rescale
 from saved import fixture_json
 
 PENDULUM = Bounds(np.array([-2.0]), np.array([2.0]))
@@ -99,7 +100,7 @@ def test_answers_that_fit_no_output_are_a_skip_not_the_exports_verdict():
 
 def test_the_report_says_what_the_source_row_is_with_the_users_strings_escaped():
     results = RunResults.model_validate(fixture_json("shard_continuous_mlp.json"))
-    results.settings["source"] = {"source": "python:<script>x</script>", "python": "/usr/bin/python3", "normalize": ""}
+    results.run_options["source"] = {"source": "python:<script>x</script>", "python": "/usr/bin/python3", "normalize": ""}
     html = report.render_html(results)
     assert "Row <b>source</b>: the policy as its training framework runs it" in html
     assert "<code>python:&lt;script&gt;x&lt;/script&gt;</code>" in html and "<script>x</script>" not in html

@@ -6,7 +6,7 @@ import click
 import pytest
 from click.core import ParameterSource
 
-from matrix import cli, cli_args
+from matrix.cli import cli, cli_args
 from matrix.errors import InputError
 
 

@@ -1,0 +1,113 @@
+"""After the cells: explain failures, find where drifting cells diverge, try preparations on failing ones.
+
+One call from the run (`after_cells`), once every cell is judged:
+- always (cheap): known runtime/converter messages of FAILed cells get their cause
+  and the nodes involved as an extra reason (messages.py);
+- `--diagnose`: cells that FAIL or WARN on drift, on targets that run the ONNX
+  graph as is, get their first divergent node (diagnose.py);
+- `--assist`: FAILed cells try the graph preparations (preparations.py).
+Results land on each cell (`diagnosis`, `fixes`) in results.json; results.jsonl
+keeps the cells as they were first judged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rich.console import Console
+
+import targets as registry
+
+from ..run import cells, guarded
+from . import diagnose, preparations
+from .. import messages
+from ..judge.judge import Evidence, Judge
+from ..inputs.model import ModelInfo
+from ..run.protocol import CellInputs
+from ..reference.source import TARGET as SOURCE_TARGET
+from ..results import Cell, RunResults
+
+
+@dataclass
+class AssistContext:
+    model: ModelInfo
+    template: CellInputs  # what every cell of the run shares
+    judge: Judge  # the run's: a fix attempt is judged like the cell it tries to fix
+    evidence: Evidence  # the float64 reference and the development runtime's outputs (no rollout: fixes drive no episodes)
+    out: Path
+    limits: guarded.Limits
+    env_for: object  # Services.env_for: the run's shared services (one browser)
+
+
+def after_cells(results: RunResults, context: AssistContext, diagnose_cells: bool, assist: bool, console: Console) -> None:
+    for cell in results.cells:
+        _explain(cell, context.model)
+    # Diagnosis and preparations rerun the first model with default settings (the context's template):
+    # only its own default-settings cells are what they would explain. The --source column is the
+    # training framework, not a runtime: no graph preparation changes what it computes.
+    plain = [c for c in results.cells if c.configuration.first_model_with_defaults and c.target != SOURCE_TARGET]
+    if diagnose_cells:
+        for cell in [c for c in plain if diagnose.wants_diagnosis(c)]:
+            _diagnose(cell, context, console)
+    if assist:
+        for cell in [c for c in plain if preparations.wants_fixes(c)]:
+            _fix(cell, context, console)
+
+
+def _explain(cell: Cell, model: ModelInfo) -> None:
+    if cell.verdict != "FAIL" or cell.error is None:
+        return
+    line = messages.explain(cell.target, cell.error.message, model.proto)
+    if line:
+        cell.reasons.append(line)
+
+
+def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
+    target = registry.get(cell.target)
+    if not target.runs_onnx_as_is:
+        cell.reasons.append(f"diagnosis: {cell.target} converts the graph, so its intermediates are not exposed here")
+        return
+    console.print(f"[bold]diagnose[/]: {cell.target} {cell.variant}: intermediates against float64")
+    folder = context.out / "diagnosis" / _slug(f"{cell.host}-{cell.target}-{cell.variant}")
+    try:
+        cell.diagnosis = diagnose.diagnose_cell(cell, context.template, context.model, folder,
+                                                context.env_for(target), context.limits)
+    except Exception as error:  # the tool's own failure: said once, the cell's verdict stands
+        cell.reasons.append(f"diagnosis could not be made (policy-matrix): {type(error).__name__}: {error}")
+        return
+    line = diagnose.reason(cell.diagnosis)
+    if line:
+        cell.reasons.append(line)
+
+
+def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
+    console.print(f"[bold]assist[/]: {cell.target} {cell.variant}: trying graph preparations")
+    target = registry.get(cell.target)
+    folder = context.out / "fixes" / _slug(f"{cell.host}-{cell.target}-{cell.variant}")
+
+    try:
+        env = context.env_for(target)
+        cell.fixes = preparations.try_fixes(cell, context.model, context.template, fix_judge(context, target.predicts),
+                                            folder, context.out, env, context.limits)
+    except Exception as error:  # the tool's own failure, never the runtime's verdict
+        cell.reasons.append(f"graph preparations could not be tried (policy-matrix): {type(error).__name__}: {error}")
+        return
+    fixed = next((f for f in cell.fixes if f.verdict in preparations.FIXED), None)
+    if fixed:
+        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx})")
+
+
+def fix_judge(context: AssistContext, predicts: bool):
+    """How a fix attempt is judged: by the run's Judge, against the run's evidence, with the prepared model's
+    interface (a preparation may change it: argmax-cut returns the logits)."""
+    def judge(outcome: cells.CellOutcome, failing: Cell, info: ModelInfo) -> Cell:
+        evidence = replace(context.evidence, model=info)
+        return context.judge.cell(outcome, evidence, host=failing.host, target=failing.target, variant=failing.variant,
+                                  predicts=predicts)
+    return judge
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)

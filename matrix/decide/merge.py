@@ -1,0 +1,55 @@
+"""Shards from several hosts -> one RunResults, the host a column of every table.
+
+Shards must describe the same model (sha256) in the same schema version, measured on
+the same inputs and judged alike (compare.input_differences; --allow-different-inputs). One
+host may have several shards (one CI job per target group on identical runners)
+as long as they hold disjoint cells: a cell in two shards is refused, so no cell
+is silently overwritten.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import results as schema
+from .compare import checked_inputs
+from ..errors import InputError
+from ..results import RunResults
+
+
+def shard_path(path: Path) -> Path:
+    """A shard is a results.json, or a report folder holding one."""
+    path = Path(path)
+    return path / "results.json" if path.is_dir() else path
+
+
+def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults:
+    if not paths:
+        raise InputError("merge needs at least one shard (a results.json or its report folder)")
+    shards = [(shard_path(p), schema.load(shard_path(p))) for p in paths]
+    first_path, merged = shards[0]
+    merged = merged.model_copy(deep=True)
+    merged.run_options = {**merged.run_options, "shards": [str(p) for p, _ in shards]}
+    seen = {host.label: first_path for host in merged.hosts}
+    cells = {cell.key: first_path for cell in merged.cells}
+    for path, shard in shards[1:]:
+        if shard.model["sha256"] != merged.model["sha256"]:
+            raise InputError(
+                f"{path} is a run of {shard.model['name']} ({shard.model['sha256'][:12]}), "
+                f"{first_path} of {merged.model['name']} ({merged.model['sha256'][:12]}): shards must share one model"
+            )
+        checked_inputs(merged, shard, allow_different_inputs, str(first_path), str(path))
+        for cell in shard.cells:
+            if cell.key in cells:
+                raise InputError(
+                    f"cell {' '.join(filter(None, (cell.target, cell.variant, cell.configuration.axes)))} of host {cell.host!r} is in both {cells[cell.key]} and {path}: "
+                    "shards of one host must hold different cells (or rerun one with --host-label)"
+                )
+            cells[cell.key] = path
+        for host in shard.hosts:
+            if host.label not in seen:
+                seen[host.label] = path
+                merged.hosts.append(host)
+        merged.cells += shard.cells
+    merged.regressions = []
+    return merged

@@ -1,0 +1,148 @@
+"""The RL action contract, checked on what a runtime actually returned.
+
+Static parts (names, symbolic batch, forbidden inputs, random ops) are lints
+(lint.py); these checks need outputs: batch 1/2/7 runs, finite values, action
+bounds and dtype, determinism.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .batch_axes import batched, is_symbolic
+from .graph_facts import action_bounds
+from .model import ModelInfo
+from .observations import Feeds
+from ..results import ContractCheck
+
+CONTRACT_BATCHES = (1, 2, 7)
+
+
+def action_output(model: ModelInfo) -> str:
+    names = [spec.name for spec in model.outputs]
+    return "action" if "action" in names else names[0]
+
+
+def check(model: ModelInfo, arrays: Feeds, reference: Feeds) -> list[ContractCheck]:
+    outputs = _prefixed(arrays, "outputs/")
+    action = outputs.get(action_output(model))
+    return [
+        _shapes(outputs, reference),
+        _batches(model, arrays),
+        _finite(model, outputs, reference),
+        _dtype(model, outputs),
+        _bounds(model, action),
+        _determinism(outputs, _prefixed(arrays, "repeat/")),
+        *_recurrent_state(model, arrays),
+    ]
+
+
+def _prefixed(arrays: Feeds, prefix: str) -> Feeds:
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+def _shapes(outputs: Feeds, reference: Feeds) -> ContractCheck:
+    wrong = [
+        f"{name}: {outputs[name].shape if name in outputs else 'missing'}, expected {expected.shape}"
+        for name, expected in reference.items()
+        if name not in outputs or outputs[name].shape != expected.shape
+    ]
+    return ContractCheck(name="output shapes", ok=not wrong, detail="; ".join(wrong) or "as the reference")
+
+
+def _batches(model: ModelInfo, arrays: Feeds) -> ContractCheck:
+    axes = model.batch_axes
+    if not all(is_symbolic(spec, axes) for spec in batched(model)):
+        return ContractCheck(name="batch 1/2/7", ok=None, detail="fixed batch dimension: not applicable")
+    wrong = []
+    for batch in CONTRACT_BATCHES:
+        got = _prefixed(arrays, f"batch{batch}/")
+        for spec in model.outputs:
+            shape = got[spec.name].shape if spec.name in got else None
+            axis = axes.get(spec.name, 0)
+            if shape is None or len(shape) <= axis or shape[axis] != batch:
+                wrong.append(f"batch {batch}: {spec.name} shape {shape}")
+    return ContractCheck(name="batch 1/2/7", ok=not wrong, detail="; ".join(wrong) or "outputs follow the batch size")
+
+
+def is_policy(model: ModelInfo) -> bool:
+    return "action_space" in model.metadata or any(spec.name == "action" for spec in model.outputs)
+
+
+def _finite(model: ModelInfo, outputs: Feeds, reference: Feeds) -> ContractCheck:
+    """A policy's action must be finite, whatever the reference says; any other output may hold
+    the non-finite values the reference holds too (an fp16 Cast overflowing to inf), no others."""
+    action = action_output(model) if is_policy(model) else None
+    bad = []
+    for name, value in outputs.items():
+        if value.dtype.kind != "f":
+            continue
+        expected = reference.get(name)
+        unexpected = ~np.isfinite(value)
+        if name != action and expected is not None and expected.shape == value.shape:
+            unexpected &= np.isfinite(expected)
+        if unexpected.any():
+            bad.append(name)
+    return ContractCheck(name="finite outputs", ok=not bad, detail=f"NaN or Inf in {bad}" if bad else "finite where the reference is")
+
+
+def _dtype(model: ModelInfo, outputs: Feeds) -> ContractCheck:
+    wrong = [
+        f"{spec.name}: {outputs[spec.name].dtype} (declared {spec.dtype})"
+        for spec in model.outputs
+        if spec.name in outputs and outputs[spec.name].dtype != np.dtype(spec.dtype)
+    ]
+    missing = [spec.name for spec in model.outputs if spec.name not in outputs]
+    problems = wrong + [f"{name}: missing" for name in missing]
+    return ContractCheck(name="output dtypes", ok=not problems, detail="; ".join(problems) or "as declared")
+
+
+def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
+    name = "action bounds"
+    if action is None:
+        return ContractCheck(name=name, ok=False, detail="no action output returned")
+    meta = model.metadata
+    if action.dtype.kind in "iu":
+        if "action_n" not in meta:
+            return ContractCheck(name=name, ok=None, detail="discrete action without action_n in metadata")
+        n = int(meta["action_n"])
+        inside = bool(((action >= 0) & (action < n)).all())
+        return ContractCheck(name=name, ok=inside, detail=f"indices in [0, {n})" if inside else f"index outside [0, {n})")
+    if "action_low" in meta and "action_high" in meta:
+        low, high, source = float(meta["action_low"]), float(meta["action_high"]), "metadata"
+    elif inferred := action_bounds(model, action_output(model)):
+        low, high, source = inferred
+    else:
+        return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata, none stated by the graph")
+    inside = bool(((action >= low) & (action <= high)).all())
+    found = f"[{np.nanmin(action):.4g}, {np.nanmax(action):.4g}]" if action.size else "[]"
+    verdict = "within" if inside else "leaves"
+    return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}] ({source})")
+
+
+def _recurrent_state(model: ModelInfo, arrays: Feeds) -> list[ContractCheck]:
+    """The next state has the state's declared shape at every batch size run, and stays finite."""
+    checks = []
+    for pair in model.state_pairs:
+        state, following, axis = pair.input, pair.output, pair.axis
+        spec = next(s for s in model.inputs if s.name == state)
+        wrong = []
+        for prefix, batch in [("outputs/", None), *((f"batch{b}/", b) for b in CONTRACT_BATCHES)]:
+            value = arrays.get(f"{prefix}{following}")
+            if value is None:
+                continue
+            fits = value.ndim == len(spec.shape) and (batch is None or axis is None or value.shape[axis] == batch) and all(
+                i == axis or not isinstance(d, int) or d == n for i, (d, n) in enumerate(zip(spec.shape, value.shape))
+            )
+            if not fits:
+                wrong.append(f"{prefix.rstrip('/')}: shape {list(value.shape)}, declared {spec.shape}")
+            elif value.dtype.kind == "f" and not np.isfinite(value).all():
+                wrong.append(f"{prefix.rstrip('/')}: NaN or Inf")
+        detail = "; ".join(wrong) or f"{following} keeps {state}'s shape at batch 1/2/7 and is finite"
+        checks.append(ContractCheck(name=f"recurrent state {state} -> {following}", ok=not wrong, detail=detail))
+    return checks
+
+
+def _determinism(outputs: Feeds, repeat: Feeds) -> ContractCheck:
+    differ = [name for name in outputs if name not in repeat or not np.array_equal(outputs[name], repeat[name], equal_nan=True)]
+    return ContractCheck(name="deterministic", ok=not differ, detail=f"second run differs in {differ}" if differ else "same input, same output")

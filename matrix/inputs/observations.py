@@ -1,0 +1,156 @@
+"""The observation set every cell sees: recorded by the user, or seeded.
+
+A seeded set is normal samples of the declared shape and dtype plus edge cases
+(zeros, saturating magnitudes, tiny values) where runtimes tend to disagree.
+The set is saved with the results so any run can be reproduced.
+
+Each input is split into chunks along its own batch axis (batch_axes.py: axis 0
+of the observation, axis 1 of an LSTM state `[layers, batch, hidden]`, ...);
+an input without one (a side input such as `rng [1]`, a rank-0 scalar, a shape
+or axes tensor, a weight fed at run time) is fed whole to every call. Saved
+and recorded arrays keep the model's own layout: the batch on its axis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from targets.base import Feeds  # named arrays, inputs and outputs alike: one name across the code
+from targets.base import head  # noqa: F401 (the first observations along each batch axis: targets need it too)
+
+from .. import outdir, userfiles
+from .batch_axes import BatchAxes, batch_dim
+from ..errors import InputError
+from .model import ModelInfo, TensorSpec
+
+EDGE_VALUES = (0.0, 1.0, -1.0, 5.0, -5.0, 1e-6, 10.0, -10.0)
+
+
+def batch_multiple(model: ModelInfo) -> int:
+    """Observations must come in multiples of a fixed batch dimension, if the model has one."""
+    lead = batch_dim(model.inputs[0], model.batch_axes)
+    return lead if isinstance(lead, int) and lead > 0 else 1
+
+
+def seeded(model: ModelInfo, count: int, seed: int) -> Feeds:
+    rng = np.random.default_rng(seed)
+    step = batch_multiple(model)
+    count = max(step, count - count % step)
+    return {spec.name: _sample(spec, count, model.batch_axes.get(spec.name), rng) for spec in model.inputs}
+
+
+def _sample(spec: TensorSpec, count: int, axis: int | None, rng: np.random.Generator) -> np.ndarray:
+    """`count` observations of the declared shape along the batch axis; without one (axis None), one
+    tensor of the declared shape (fed whole). An open dim other than the batch is 1."""
+    rest = [d if isinstance(d, int) else 1 for i, d in enumerate(spec.shape) if i != axis]
+    rows = _values(spec, [count, *rest] if axis is not None else rest, rng)
+    return np.ascontiguousarray(np.moveaxis(rows, 0, axis)) if axis is not None else rows
+
+
+def _values(spec: TensorSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray:
+    """Normal samples, the first rows set to edge values (integers: the range's ends)."""
+    count = shape[0] if shape else 1
+    dtype = np.dtype(spec.dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    if dtype.kind in "iu":
+        high = 256 if dtype.itemsize == 1 else 16
+        values = rng.integers(0, high, size=shape)
+        if count >= 2:
+            values[0], values[1] = 0, high - 1
+        return values.astype(dtype)
+    values = rng.standard_normal(size=shape)
+    edges = min(len(EDGE_VALUES), count // 4)
+    for row, value in enumerate(EDGE_VALUES[:edges]):
+        values[row] = value
+    return values.astype(dtype)
+
+
+def load(path: Path, model: ModelInfo, limit_bytes: int | None = None) -> Feeds:
+    """A user's recorded observations, checked before anything is allocated or unpickled (matrix.userfiles):
+    of an .npz only the model's inputs are read."""
+    path = Path(path)
+    arrays = userfiles.read_arrays(path, "observation", limit_bytes, wanted=[spec.name for spec in model.inputs])
+    if isinstance(arrays, np.ndarray):
+        if len(model.inputs) != 1:
+            raise InputError(f"{path}: a .npy holds one array but the model has {len(model.inputs)} inputs; use .npz")
+        arrays = {model.inputs[0].name: arrays}
+    axes = model.batch_axes
+    feeds = {spec.name: _conform(spec, axes.get(spec.name), arrays, path) for spec in model.inputs}
+    rows = {name: array.shape[axes[name]] for name, array in feeds.items() if name in axes}
+    _check_rows(rows, path, batch_multiple(model))
+    return feeds
+
+
+def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path) -> np.ndarray:
+    """The array as declared, with any number of observations N along the batch axis."""
+    if spec.name not in arrays:
+        raise InputError(f"{path}: no array for model input {spec.name!r} (has {sorted(arrays)})")
+    array = np.asarray(arrays[spec.name])
+    expected = ["N" if i == axis else d for i, d in enumerate(spec.shape)]
+    fits = array.ndim == len(spec.shape) and all(not isinstance(e, int) or e == a for e, a in zip(expected, array.shape))
+    if not fits:
+        words = ", ".join("?" if dim is None else str(dim) for dim in expected)
+        raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects [{words}] (N observations)")
+    return array.astype(spec.dtype, copy=False)
+
+
+def _check_rows(rows: dict[str, int], path: Path, step: int) -> None:
+    """The inputs that carry the batch hold the same number of observations (the others are fed whole)."""
+    if not rows:
+        return
+    if len(set(rows.values())) > 1:
+        raise InputError(f"{path}: inputs hold different numbers of observations {rows}")
+    total = next(iter(rows.values()))
+    if total == 0:
+        raise InputError(f"{path}: holds 0 observations")
+    if total % step:
+        raise InputError(f"{path}: holds {total} observations; the model's fixed batch {step} needs a multiple of it")
+
+
+def save(feeds: Feeds, path: Path) -> None:
+    """Written whole or not at all: a run killed while saving leaves no half file behind."""
+    outdir.write_atomic_with(path, lambda stream: np.savez(stream, **feeds))
+
+
+def read(path: Path) -> Feeds:
+    with np.load(path, allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}
+
+
+def count(feeds: Feeds, axes: BatchAxes) -> int:
+    """Number of observations: the batch of the inputs that carry one (1 when every input is fed whole)."""
+    sizes = [array.shape[axes[name]] for name, array in feeds.items() if name in axes]
+    return sizes[0] if sizes else 1
+
+
+def take(feeds: Feeds, batch: int, axes: BatchAxes) -> Feeds:
+    """The first `batch` observations along each input's batch axis, tiled when the set is smaller;
+    inputs without a batch axis as they are."""
+    index = np.arange(batch) % max(count(feeds, axes), 1)
+    return {name: np.ascontiguousarray(np.take(array, index, axis=axes[name])) if name in axes else array
+            for name, array in feeds.items()}
+
+
+def _slice(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    return array[(slice(None),) * axis + (slice(start, stop),)]
+
+
+def run_in_batches(run, feeds: Feeds, batch: int, axes: BatchAxes) -> Feeds:
+    """Run the whole set in chunks of `batch` (0 = all at once) along each input's batch axis and
+    join the outputs along theirs (`axes` holds both).
+
+    Inputs without a batch axis go to every chunk unsliced. When every input is fed whole
+    there is one call and its outputs are returned as they are."""
+    total = count(feeds, axes)
+    if not any(name in axes for name in feeds):
+        return run(feeds)
+    size = max(batch or total, 1)
+    chunks = [
+        run({n: _slice(a, axes[n], i, i + size) if n in axes else a for n, a in feeds.items()}) for i in range(0, total, size)
+    ]
+    if len(chunks) == 1:
+        return chunks[0]
+    return {name: np.concatenate([chunk[name] for chunk in chunks], axis=axes.get(name, 0)) for name in chunks[0]}

@@ -1,0 +1,108 @@
+"""One Judge per run: the run's judging options, built once and passed to every place that judges.
+
+Cells, fix attempts (assist.py), candidates and pinned releases are judged by the
+same Judge, so an option such as `--tie-margin` cannot be honoured in one place
+and forgotten in another. What the cell is compared with (the float64
+reference, the development runtime's outputs, the reference's rollout) is the
+run's `Evidence`. The rules themselves are matrix/judge/rules.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..inputs import contract
+from . import metrics, rules
+from ..run import rollouts
+from ..inputs.model import ModelInfo
+from ..inputs.observations import Feeds
+from ..run.protocol import DONE, START, STAGES_AFTER_PARITY, Measurement
+from ..reference.reference import Reference
+from ..results import Cell, CellError
+from ..inputs.observation_sources import ObservationSource, SYNTHETIC
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What every cell of the run is compared with."""
+
+    model: ModelInfo
+    reference: Reference
+    dev_runtime: Feeds | None = None  # ORT CPU fp32 outputs, the development runtime's
+    reference_rollout: rollouts.ReferenceRollout | None = None
+    rollout_plan: rollouts.RolloutPlan | None = None
+
+
+@dataclass(frozen=True)
+class Judge:
+    tolerances: rules.Tolerances = field(default_factory=rules.Tolerances)
+    tie_margin: float = rules.DEFAULT_TIE_MARGIN
+    min_agreement: float = rules.DEFAULT_MIN_AGREEMENT
+    return_tolerance: rules.ReturnTolerance = field(default_factory=rules.ReturnTolerance)
+    observations: ObservationSource = ObservationSource(SYNTHETIC, "synthetic rows")
+
+    def context(self, target: str, variant: str) -> rules.Context:
+        """The rules' view of one cell. A pinned release (ort-cpu@1.20.1) takes its own tolerance keys first, then ort-cpu's."""
+        return rules.Context(tolerance=self.tolerances.get(target, variant), min_agreement=self.min_agreement,
+                             tie_margin=self.tie_margin, return_tolerance=self.return_tolerance,
+                             synthetic_inputs=self.observations.synthetic)
+
+    def run_options(self) -> dict:
+        """The run's options that say how cells were judged."""
+        return {"tolerances": self.tolerances.overrides, "rtol": self.tolerances.rtol_overrides,
+                "tie_margin": self.tie_margin, "min_agreement": self.min_agreement}
+
+    def cell(self, outcome, evidence: Evidence, *, host: str, target: str, variant: str, predicts: bool) -> Cell:
+        """What the worker measured (a cells.CellOutcome), judged."""
+        context = self.context(target, variant)
+        m = _unfinished(outcome.measurement, outcome.duration_s)
+        cell = Cell(
+            host=host, target=target, variant=variant, verdict="SKIP", predicts=predicts,
+            runtime_version=m.runtime_version, artifact=m.artifact, latency=m.latency, cold_start_ms=m.cold_start_ms,
+            placement=m.placement, backend=m.backend, error=m.error, tolerance=context.tolerance.atol,
+            rtol=context.tolerance.rtol, duration_s=outcome.duration_s, notes=m.notes,
+        )
+        if m.skip is not None:
+            cell.reasons = [m.skip]
+            return cell
+        if predicts and _measured_parity(cell.error, outcome.arrays):
+            cell.parity = parity(outcome.arrays, evidence, context)
+            cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)
+            cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
+        cell.verdict, cell.reasons = rules.verdict(cell, context)
+        return cell
+
+
+def _unfinished(measurement: Measurement, duration_s: float) -> Measurement:
+    """A worker that left its measurements but never finished (killed, timed out, crashed hard)
+    failed in the stage it had entered; what it measured before that is kept."""
+    if measurement.stopped_itself or measurement.stage in (START, DONE):
+        return measurement
+    stage = measurement.stage
+    message = f"the worker stopped during {stage} after {duration_s:.1f} s (killed on timeout or out of memory, or crashed)"
+    return measurement.model_copy(update={"error": CellError(stage=stage, message=message)})
+
+
+def _measured_parity(error: CellError | None, arrays: dict) -> bool:
+    """Parity and the contract stand when the cell got past its parity run, whatever failed later."""
+    return error is None or (error.stage in STAGES_AFTER_PARITY and any(k.startswith("outputs/") for k in arrays))
+
+
+def parity(arrays, evidence: Evidence, context: rules.Context):
+    """Every output's parity against the float64 reference (and the development runtime), by the context's tolerance."""
+    reference, dev_runtime = evidence.reference, evidence.dev_runtime
+    return [
+        metrics.parity(
+            name, arrays[f"outputs/{name}"], expected,
+            _same_shape(dev_runtime.get(name) if dev_runtime else None, expected),
+            reference.margins.get(name), context.tie_margin, context.tolerance,
+        )
+        for name, expected in reference.outputs.items()
+        if f"outputs/{name}" in arrays and arrays[f"outputs/{name}"].shape == expected.shape
+    ]
+
+
+def _same_shape(array: np.ndarray | None, expected: np.ndarray) -> np.ndarray | None:
+    return array if array is not None and array.shape == expected.shape else None

@@ -1,0 +1,324 @@
+"""The verdict rules, all of them: PASS / WARN / FAIL / SKIP / CONVERTED.
+
+Each rule is a small function `rule(cell, context) -> Findings` (failures,
+warnings, notes), registered in RULES; `verdict` runs them in that order. The
+README's "Verdicts" section states the same list. The decision's quality
+filters (decide.py) ask the same rules.
+
+- worker_error: a stage that failed after parity was measured FAILs the cell
+  (reading placement, the tool's extra step, only WARNs).
+- backend: ONE fallback rule for every runtime: the requested backend is not
+  there (the session runs on another one) -> FAIL; nothing ran on it (every
+  node fell back) -> WARN; some nodes fell back -> WARN. The cell names what ran where.
+- contract: a broken action contract FAILs.
+- behaviour: with closed-loop episodes, the paired per-seed return difference
+  decides: worse than the return tolerance with confidence -> FAIL; an interval
+  that cannot rule that out -> WARN; a better return never warns.
+- drift: continuous outputs, |y - y_ref| <= atol + rtol * |y_ref| per element
+  (numpy's allclose); above it FAIL, above half of it WARN. Judged only where
+  no behaviour was measured; otherwise shown as information.
+- agreement: discrete outputs; near ties (reference margin <= tie margin) are
+  left out of agreement entirely; any flip WARNs, flips that bring agreement
+  below the minimum FAIL. Judged only where no behaviour was measured.
+- unquantized_int8: an "int8" artifact with nothing quantized WARNs (and never ships).
+- workarounds: a conversion workaround the tool applied is listed (no verdict).
+A cell whose drift or agreement was judged on synthetic observations says so in its reasons.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+
+DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 2.5e-1}  # atol: absolute max |y - y_ref|
+# rtol: the share of |y_ref| added to atol. fp32 ~ a few dozen float32 roundings; fp16 ~ one fp16 step
+# (2^-10); int8 one percent of the value on top of its absolute quantization error.
+DEFAULT_RTOL = {"fp32": 1e-5, "fp16": 1e-3, "int8": 1e-2}
+WARN_FRACTION = 0.5
+DEFAULT_TIE_MARGIN = 1e-3
+DEFAULT_MIN_AGREEMENT = 0.99
+DEFAULT_RETURN_TOLERANCE = 0.05
+RETURN_FLOOR = 1.0  # a relative return tolerance scales max(|reference mean return|, this)
+# Stages after the parity run: their failure keeps the parity and contract measured before.
+LATE_STAGE_WARNS = {"placement"}  # reading placement is the tool's extra step (e.g. a profiler), not inference
+SYNTHETIC_INPUTS = "synthetic inputs: drift may come from states the policy never visits; pass --obs or --env"
+
+
+# --- tolerances ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|y - y_ref| <= atol + rtol * |y_ref|, element by element (numpy's allclose, ONNX's own tests)."""
+
+    atol: float
+    rtol: float = 0.0
+
+    def describe(self) -> str:
+        return f"atol {self.atol:g} + rtol {self.rtol:g}·|ref|" if self.rtol else f"atol {self.atol:g}"
+
+
+class Tolerances:
+    """Lookup order: target:variant, target:*, *:variant, the variant's default; atol and rtol each."""
+
+    def __init__(self, overrides: dict[str, float] | None = None, rtol_overrides: dict[str, float] | None = None):
+        self.overrides = overrides or {}  # atol per key
+        self.rtol_overrides = rtol_overrides or {}
+
+    @classmethod
+    def parse(cls, specs: list[str], base: dict[str, float] | None = None) -> "Tolerances":
+        """TARGET:VARIANT=ATOL[,rtol=RTOL] (or rtol=RTOL alone); `base`: the config file's atol table."""
+        overrides = {_normalise(key): value for key, value in (base or {}).items()}
+        rtols: dict[str, float] = {}
+        for spec in specs:
+            key, sep, values = spec.partition("=")
+            if not sep:
+                raise InputError(f"--tolerance {spec!r}: expected TARGET:VARIANT=VALUE, e.g. ort-cpu:int8=0.3")
+            for part in values.split(","):
+                name, is_rtol, value = part.strip().rpartition("rtol=")
+                try:
+                    number = float(value)
+                except ValueError:
+                    raise InputError(f"--tolerance {spec!r}: expected TARGET:VARIANT=VALUE, e.g. ort-cpu:int8=0.3 "
+                                     "or ort-cpu:fp32=1e-4,rtol=1e-3") from None
+                if name:
+                    raise InputError(f"--tolerance {spec!r}: expected TARGET:VARIANT=ATOL[,rtol=RTOL]")
+                (rtols if is_rtol else overrides)[_normalise(key)] = number
+        return cls(overrides, rtols)
+
+    def get(self, target: str, variant: str) -> Tolerance:
+        atol = _lookup(self.overrides, target, variant, DEFAULT_TOLERANCE)
+        return Tolerance(atol, _lookup(self.rtol_overrides, target, variant, DEFAULT_RTOL))
+
+
+def _lookup(overrides: dict[str, float], target: str, variant: str, defaults: dict[str, float]) -> float:
+    """A pinned release's own keys (`ort-cpu@1.20.1:fp32`, `ort-cpu@1.20.1`) first, then its target's, then any target's."""
+    base = target.partition("@")[0]
+    names = [target, base] if base != target else [target]
+    for key in (*(f"{name}:{variant}" for name in names), *(f"{name}:*" for name in names), f"*:{variant}"):
+        if key in overrides:
+            return overrides[key]
+    return defaults.get(variant, defaults["fp32"])
+
+
+def _normalise(key: str) -> str:
+    key = key.strip()
+    if ":" in key:
+        return key
+    return f"*:{key}" if key in DEFAULT_TOLERANCE else f"{key}:*"
+
+
+@dataclass(frozen=True)
+class ReturnTolerance:
+    """How much worse a cell's mean return may be than the reference's: relative (default) or absolute."""
+
+    value: float = DEFAULT_RETURN_TOLERANCE
+    relative: bool = True
+
+    @classmethod
+    def parse(cls, text: str) -> "ReturnTolerance":
+        """`5%` or `0.05` (a fraction of |reference mean return|, at most 1), `abs:10` (return units)."""
+        body = text.strip()
+        relative = not body.startswith("abs:")
+        body = body.removeprefix("abs:")
+        percent = relative and body.endswith("%")
+        try:
+            value = float(body.removesuffix("%")) / (100.0 if percent else 1.0)
+        except ValueError:
+            raise InputError(f"--return-tolerance {text!r}: expected e.g. 5%, 0.05 or abs:10") from None
+        if not math.isfinite(value) or value < 0:
+            raise InputError(f"--return-tolerance {text!r}: must be a non-negative number")
+        if relative and not percent and value > 1:
+            raise InputError(f"--return-tolerance {text!r}: a bare number is a fraction (at most 1); "
+                             f"write {body}% for a percentage or abs:{body} in return units")
+        return cls(value, relative)
+
+    def in_return_units(self, reference_mean: float) -> float:
+        return self.value * max(abs(reference_mean), RETURN_FLOOR) if self.relative else self.value
+
+    def describe(self) -> str:
+        if self.relative:
+            return f"{self.value:.3g} of |reference mean return| (floor {RETURN_FLOOR:g})"
+        return f"{self.value:g} return units"
+
+
+# --- what a rule sees and says -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Context:
+    """What the run's Judge says about one cell: its tolerances, and where its inputs came from."""
+
+    tolerance: Tolerance = Tolerance(DEFAULT_TOLERANCE["fp32"], DEFAULT_RTOL["fp32"])
+    min_agreement: float = DEFAULT_MIN_AGREEMENT
+    tie_margin: float = DEFAULT_TIE_MARGIN
+    return_tolerance: ReturnTolerance = ReturnTolerance()
+    synthetic_inputs: bool = False  # parity measured on seeded rows, not the policy's own states
+
+
+@dataclass
+class Findings:
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # information in the reasons; never changes the verdict
+
+
+def worker_error(cell, context: Context) -> Findings:
+    if not cell.error:
+        return Findings()
+    reason = f"{cell.error.stage}: {cell.error.message} (parity and contract measured before)"
+    return Findings(warnings=[reason]) if cell.error.stage in LATE_STAGE_WARNS else Findings(failures=[reason])
+
+
+def backend(cell, context: Context) -> Findings:
+    """Requested backend absent -> FAIL; every node elsewhere -> WARN; some nodes elsewhere -> WARN."""
+    info, fallback = cell.backend, [row for row in cell.placement if row.fallback]
+    if info and info.actual != info.requested:
+        return Findings(failures=[f"requested {info.requested} but ran on {info.actual}: the requested backend is not "
+                                  f"there. {info.detail}".strip()])
+    if not fallback:
+        return Findings()
+    where = ", ".join(sorted({row.where for row in fallback}))
+    requested = info.requested if info else "the requested backend"
+    if len(fallback) == len(cell.placement):
+        return Findings(warnings=[f"nothing ran on {requested}: every node ({len(fallback)}) fell back to {where}"])
+    nodes = "1 node" if len(fallback) == 1 else f"{len(fallback)} nodes"
+    return Findings(warnings=[f"{nodes} of {len(cell.placement)} fell back to {where}"])
+
+
+def contract(cell, context: Context) -> Findings:
+    return Findings(failures=[f"contract: {c.name}: {c.detail}" for c in cell.contract if c.ok is False])
+
+
+def behaviour(cell, context: Context) -> Findings:
+    """Paired per-seed return differences: FAIL when worse than the tolerance with confidence, WARN when
+    the interval cannot rule that out; a return at or above the reference's never warns."""
+    if not behaviour_measured(cell):
+        return Findings()
+    rollout = cell.rollout
+    interval = return_interval(rollout)
+    allowed = context.return_tolerance.in_return_units(rollout.reference_mean_return)
+    what = (f"behaviour: mean return {rollout.mean_return:.4g} vs reference {rollout.reference_mean_return:.4g}, "
+            f"paired difference {interval.describe()}; tolerance {allowed:.4g} ({context.return_tolerance.describe()})")
+    if interval.high < -allowed:
+        return Findings(failures=[f"{what}: worse beyond the tolerance"])
+    if interval.mean < 0 and interval.low < -allowed:
+        return Findings(warnings=[f"{what}: cannot rule out worse beyond the tolerance"])
+    return Findings()
+
+
+def drift(cell, context: Context) -> Findings:
+    found = Findings()
+    for p in (p for p in cell.parity if p.kind == "continuous"):
+        used = p.tolerance_used if p.tolerance_used is not None else share(p.max_abs, context.tolerance.atol)
+        line = f"{p.output}: drift {p.max_abs:.3g} (max rel {p.max_rel:.2g})"
+        if used > 1:
+            found.failures.append(f"{line} above tolerance {context.tolerance.describe()}")
+        elif used > WARN_FRACTION:
+            found.warnings.append(f"{line} above half the tolerance {context.tolerance.describe()}")
+    return _on_states(cell, context, found)
+
+
+def agreement(cell, context: Context) -> Findings:
+    found = Findings()
+    for p in (p for p in cell.parity if p.kind == "discrete" and p.flips):
+        counted = f"{p.judged_rows} rows" if p.judged_rows is not None else "all rows"
+        flips = (f"{p.output}: {p.flips} action flips above the tie margin (agreement {100 * p.agreement:.1f}% over "
+                 f"{counted}; {p.near_ties or 0} near ties left out)")
+        if p.agreement < context.min_agreement:
+            found.failures.append(f"{flips}, below the minimum agreement {100 * context.min_agreement:g}%")
+        else:
+            found.warnings.append(flips)
+    return _on_states(cell, context, found)
+
+
+def _on_states(cell, context: Context, found: Findings) -> Findings:
+    """Single-step findings judge only where no behaviour was measured; a cell judged on synthetic rows says so."""
+    if behaviour_measured(cell):
+        return Findings(notes=[f"{line} (shown, not judged: the return decides)" for line in found.failures + found.warnings])
+    if context.synthetic_inputs and cell.parity:
+        found.notes.append(SYNTHETIC_INPUTS)
+    return found
+
+
+def unquantized_int8(cell, context: Context) -> Findings:
+    counted = cell.artifact.quantization if cell.artifact else None
+    if cell.variant != "int8" or counted is None or counted.get("quantized_ops") or counted.get("quantized_weights"):
+        return Findings()
+    return Findings(warnings=[f"int8 artifact has nothing quantized ({counted.get('float_ops', 0)} weight ops stayed float)"])
+
+
+# A note that starts so names a change the tool made so the runtime could run the model (a converter workaround,
+# a fixed-batch copy): it is among the cell's reasons, and the decision ships that change, not the exported file.
+WORKAROUND = "workaround: "
+_SAVED = "; saved as "
+
+
+def workaround_note(change: str, exported_error: str, saved: list[str]) -> str:
+    """e.g. "workaround: a fixed batch of 1 (the exported file fails: <the runtime's words>); saved as cells/…/x.onnx"."""
+    return f"{WORKAROUND}{change} (the exported file fails: {exported_error}){_SAVED}{', '.join(saved)}"
+
+
+def workaround(notes: list[str]) -> tuple[str, str]:
+    """(the changes the tool made, the first file it saved) from a cell's notes; ("", "") when it made none."""
+    found = [note[len(WORKAROUND):] for note in notes if note.startswith(WORKAROUND)]
+    changes = "; ".join(text.split(" (")[0] for text in found)
+    saved = next((text.split(_SAVED, 1)[1].split(", ")[0] for text in found if _SAVED in text), "")
+    return changes, saved
+
+
+def workarounds(cell, context: Context) -> Findings:
+    return Findings(notes=[note for note in (cell.artifact.notes if cell.artifact else []) if note.startswith(WORKAROUND)])
+
+
+RULES = (worker_error, backend, contract, behaviour, drift, agreement, unquantized_int8, workarounds)
+
+
+def verdict(cell, context: Context) -> tuple[str, list[str]]:
+    """The verdict and its reasons: failures, then warnings, then notes, each in RULES order."""
+    if cell.error and not cell.parity:  # nothing measured to judge by
+        return "FAIL", [f"{cell.error.stage}: {cell.error.message}"]
+    if not cell.predicts:
+        return "CONVERTED", ["conversion only: converted, nothing predicted on this host", *workarounds(cell, context).notes]
+    found = [rule(cell, context) for rule in RULES]
+    failures = [line for f in found for line in f.failures]
+    warnings = [line for f in found for line in f.warnings]
+    notes = list(dict.fromkeys(line for f in found for line in f.notes))  # the synthetic-inputs line once
+    if failures:
+        return "FAIL", failures + warnings + notes
+    return ("WARN" if warnings else "PASS"), warnings + notes
+
+
+# --- helpers the rules share with the record and the decision ---------------------------------------
+
+def share(error, allowed):
+    """error / allowed, elementwise or not: 0 where both are 0, inf where only the allowance is 0."""
+    import numpy as np  # here, not at the top: the CLI reads this module's defaults before any command runs
+
+    error, allowed = np.asarray(error, dtype=np.float64), np.asarray(allowed, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(error == 0, 0.0, error / allowed)
+    return float(ratio) if ratio.ndim == 0 else ratio
+
+
+def behaviour_measured(cell) -> bool:
+    rollout = cell.rollout
+    return bool(rollout and rollout.mode == "closed-loop" and rollout.episodes)
+
+
+def return_interval(rollout):
+    """The paired per-seed return differences' interval (matrix/judge/stats.py, numpy: imported when judging)."""
+    from . import stats
+
+    return stats.paired_interval([e.episode_return for e in rollout.episodes], [e.reference_return for e in rollout.episodes])
+
+
+def quality_misses(cell) -> list[str]:
+    """Why a judged cell cannot be shipped: its verdict, and the rules that hold whatever the verdict."""
+    if cell.verdict not in ("PASS", "WARN"):
+        return [f"quality: {cell.verdict}" + (f" ({cell.reasons[0]})" if cell.reasons else "")]
+    if contract(cell, Context()).failures:
+        return ["quality: the action contract is broken"]
+    if unquantized_int8(cell, Context()).warnings:
+        return ["int8 in name only: nothing quantized"]
+    return []

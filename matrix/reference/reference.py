@@ -1,0 +1,181 @@
+"""Ground truth: the same graph evaluated in float64 by onnx's reference evaluator.
+
+Every float tensor of the graph (initializers, constants, casts, inputs) is
+widened to float64, so the reference is exact up to float64 rounding rather
+than another float32 implementation. An explicit `Cast to=FLOAT16/BFLOAT16` is
+the model's own choice of precision, so it keeps its rounding (cast there,
+then widened). For discrete actions the evaluator also
+exposes the logits feeding ArgMax/ArgMin, to know each decision's margin.
+Slow by design: an oracle, not a runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from .. import outdir
+from ..inputs.model import ModelInfo
+from ..inputs.observations import Feeds, run_in_batches
+from .reference_ops import CORRECTED_OPS
+
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+NARROW_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}  # an explicit Cast to these keeps its rounding
+DECISION_OPS = {"ArgMax", "ArgMin"}
+PASS_THROUGH_OPS = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+LOGITS_PREFIX = "policy_matrix_logits:"
+
+
+@dataclass
+class Reference:
+    outputs: Feeds  # float64 (or the declared integer dtype) per model output
+    margins: dict[str, np.ndarray]  # per discrete output: top-1 minus top-2 logit per sample
+
+
+def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
+    wide = to_float64(_tensor_outputs_only(model.proto, model.excluded_outputs))
+    decisions = _expose_logits(wide)
+    evaluator = evaluator_for(wide)
+    names = [spec.name for spec in model.outputs] + [logits for logits, _, _ in decisions.values()]
+    wide_feeds = {name: _widen(array) for name, array in feeds.items()}
+    results = run_in_batches(lambda f: dict(zip(names, evaluator.run(names, f))), wide_feeds, batch, model.batch_axes)
+    margins = {output: _margin(results.pop(logits), axis, op) for output, (logits, axis, op) in decisions.items()}
+    return Reference(outputs=results, margins=margins)
+
+
+def evaluator_for(proto: onnx.ModelProto) -> ReferenceEvaluator:
+    """onnx's reference evaluator with the operators it gets wrong replaced (reference_ops.py)."""
+    return ReferenceEvaluator(proto, new_ops=CORRECTED_OPS)
+
+
+def save(ref: Reference, path: Path) -> None:
+    """The reference beside the observations, so anyone can audit a verdict: outputs by name,
+    decision margins as `margin:<output>`."""
+    arrays = {**ref.outputs, **{f"margin:{name}": margin for name, margin in ref.margins.items()}}
+    outdir.write_atomic_with(path, lambda stream: np.savez(stream, **arrays))
+
+
+def dev_runtime(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:
+    """The development runtime's answer (ORT CPU, fp32): the report's second column."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [spec.name for spec in model.outputs]
+    return run_in_batches(lambda f: dict(zip(names, session.run(names, f))), feeds, batch, model.batch_axes)
+
+
+def _tensor_outputs_only(proto: onnx.ModelProto, excluded: dict[str, str]) -> onnx.ModelProto:
+    """The graph without its non-tensor outputs and the nodes only they need (onnx.reference has no ZipMap)."""
+    if not excluded:
+        return proto
+    pruned = onnx.ModelProto()
+    pruned.CopyFrom(proto)
+    graph = pruned.graph
+    kept = [value for value in graph.output if value.name not in excluded]
+    del graph.output[:]
+    graph.output.extend(kept)
+    needed = {value.name for value in kept}
+    live = []
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            live.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(live))
+    return pruned
+
+
+def to_float64(proto: onnx.ModelProto) -> onnx.ModelProto:
+    wide = onnx.ModelProto()
+    wide.CopyFrom(proto)
+    _widen_graph(wide.graph)
+    return wide
+
+
+def _widen_graph(graph: onnx.GraphProto) -> None:
+    for value in [*graph.input, *graph.output]:
+        if value.type.tensor_type.elem_type in FLOAT_TYPES:
+            value.type.tensor_type.elem_type = TensorProto.DOUBLE
+    del graph.value_info[:]
+    for tensor in graph.initializer:
+        _widen_tensor(tensor)
+    nodes = []
+    for node in graph.node:
+        if _is_narrow_cast(node):
+            nodes += _narrow_then_widen(node)
+        else:
+            _widen_node(node)
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _is_narrow_cast(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Cast" and any(a.name == "to" and a.i in NARROW_TYPES for a in node.attribute)
+
+
+def _narrow_then_widen(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """Cast to fp16 stays a Cast to fp16, followed by one to float64: the rounding is the model's."""
+    narrow = f"{node.output[0]}__narrow"
+    widen = onnx.helper.make_node("Cast", [narrow], [node.output[0]], to=TensorProto.DOUBLE)
+    node.output[0] = narrow
+    return [node, widen]
+
+
+def _widen_node(node: onnx.NodeProto) -> None:
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.TENSOR:
+            _widen_tensor(attribute.t)
+        elif attribute.type == onnx.AttributeProto.GRAPH:
+            _widen_graph(attribute.g)
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            for graph in attribute.graphs:
+                _widen_graph(graph)
+        elif node.op_type == "Cast" and attribute.name == "to" and attribute.i in FLOAT_TYPES:
+            attribute.i = TensorProto.DOUBLE
+    if node.op_type == "Constant" and node.attribute[0].name in ("value_float", "value_floats"):
+        values = np.asarray(onnx.helper.get_attribute_value(node.attribute[0]), dtype=np.float64)
+        del node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(values)))
+
+
+def _widen_tensor(tensor: onnx.TensorProto) -> None:
+    if tensor.data_type in FLOAT_TYPES:
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name))
+
+
+def _widen(array: np.ndarray) -> np.ndarray:
+    return array.astype(np.float64) if array.dtype.kind == "f" else array
+
+
+def _expose_logits(graph_model: onnx.ModelProto) -> dict[str, tuple[str, int, str]]:
+    """Map each discrete output to (extra output name, axis, op) and add those outputs."""
+    graph = graph_model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    found = {}
+    for output in graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.op_type in PASS_THROUGH_OPS:
+            node = producers.get(node.input[0])
+        if node is None or node.op_type not in DECISION_OPS:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        logits = f"{LOGITS_PREFIX}{output.name}"
+        graph.node.append(onnx.helper.make_node("Identity", [node.input[0]], [logits]))
+        graph.output.append(onnx.helper.make_empty_tensor_value_info(logits))
+        found[output.name] = (logits, axis, node.op_type)
+    return found
+
+
+def _margin(logits: np.ndarray, axis: int, op: str) -> np.ndarray:
+    values = -logits if op == "ArgMin" else logits
+    top2 = -np.sort(-values, axis=axis).take([0, 1], axis=axis) if values.shape[axis] > 1 else None
+    if top2 is None:
+        return np.full(np.delete(values.shape, axis), np.inf)
+    return np.abs(np.take(top2, 0, axis=axis) - np.take(top2, 1, axis=axis))

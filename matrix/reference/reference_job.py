@@ -1,0 +1,90 @@
+"""The float64 reference and the development runtime's (ORT CPU fp32) outputs, in their own process:
+the guarded step "reference" (matrix.run.guarded).
+
+They evaluate the user's model, so they get the same protection as a cell
+(timeout, memory cap, death with the runner): a model with a Loop of 10^12
+iterations or one that allocates a gigabyte per call ends this process, not
+the run's. Writes FOLDER/reference.npz, FOLDER/dev_runtime.npz (when ORT could
+run it), FOLDER/rollout.npz (with --env or --trajectory: the reference's
+episodes); its answer says what failed ("error", "dev_runtime_error",
+"rollout_error") and the rollout's record. When the observation set is the
+states the reference visits (matrix/inputs/observation_sources.py), the rollout runs
+first and the sampled set is written where the spec says.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from ..inputs import model as model_loader
+from ..inputs import observation_sources, observations
+from . import reference
+from ..run import rollouts
+from ..errors import InputError, error_line
+from ..run.guarded import stage
+from ..outdir import write_atomic_with
+
+
+def guarded_step(spec: dict, folder: Path) -> dict:
+    info = model_loader.load(Path(spec["model"]), spec.get("batch_axes_given") or {})  # the user's --batch-axis too
+    plan = rollouts.RolloutPlan.from_dict(spec["rollout"]) if spec.get("rollout") else None
+    report: dict = {}
+    if spec.get("visited_states"):  # the observation set is sampled from this rollout: it runs first
+        stage("rollout")
+        episodes = _rollout(info, plan, folder, report)
+        if episodes is None:
+            return report
+        wanted = spec["visited_states"]
+        observations.save(observation_sources.visited_feeds([e.observations for e in episodes], plan, wanted["count"], wanted["multiple"]),
+                          Path(spec["observations"]))
+    feeds = observations.read(Path(spec["observations"]))
+    stage("reference")
+    try:
+        ref = reference.compute(info, feeds, spec["chunk"])
+    except Exception as error:  # the evaluator's own words, for the one line the user sees
+        report["error"] = error_line(error)
+        traceback.print_exc(limit=8)
+    else:
+        save(folder / "reference.npz", {**_prefixed("outputs", ref.outputs), **_prefixed("margins", ref.margins)})
+        stage("dev runtime")
+        try:
+            save(folder / "dev_runtime.npz", _prefixed("outputs", reference.dev_runtime(info, feeds, spec["chunk"])))
+        except Exception as error:  # the matrix still runs; that column stays empty
+            report["dev_runtime_error"] = error_line(error)
+        if plan is not None and "rollout" not in report:
+            stage("rollout")
+            _rollout(info, plan, folder, report)
+    return report
+
+
+def _rollout(info, plan, folder: Path, report: dict) -> list[rollouts.Episode] | None:
+    """The float64 policy drives the cells' episodes here too, under the same guard as the reference;
+    its episodes (None when it could not drive the environment; [] open loop)."""
+    try:
+        measured, arrays = rollouts.reference_drive(info, plan)
+    except InputError as error:
+        report["rollout_error"] = str(error)
+        return None
+    save(folder / "rollout.npz", arrays)
+    report["rollout"] = measured
+    return [] if plan.open_loop else rollouts.episodes_from(arrays, measured)
+
+
+def save(path: Path, arrays: dict) -> None:
+    write_atomic_with(path, lambda stream: np.savez(stream, **arrays))
+
+
+def load(path: Path) -> tuple[dict, dict]:
+    """(outputs, margins) of a reference.npz or dev_runtime.npz (which has no margins)."""
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    outputs = {k.removeprefix("outputs/"): v for k, v in arrays.items() if k.startswith("outputs/")}
+    margins = {k.removeprefix("margins/"): v for k, v in arrays.items() if k.startswith("margins/")}
+    return outputs, margins
+
+
+def _prefixed(prefix: str, arrays: dict) -> dict:
+    return {f"{prefix}/{name}": value for name, value in arrays.items()}

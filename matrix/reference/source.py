@@ -1,0 +1,274 @@
+"""`--source`: the policy as its training framework runs it, one more column of the matrix.
+
+The step before any runtime is the export itself: a graph that ends in tanh while SB3's
+`predict` rescales to the action space, a normaliser left outside the graph, a clip the
+simulator applied. The source column runs the policy in the user's own training interpreter
+(`--source-python`: matrix/reference/source_runner.py there, matrix/reference/source_job.py guarding it here),
+compares it with the ONNX graph's float64 reference on the same observations (export
+parity), names a contract difference by fitting a few transforms (matrix/reference/source_fit.py),
+drives the run's seeded episodes and times `predict` per call at batch 1.
+
+A source is the user's own code and checkpoint: loading it executes code, as training did,
+unlike every other input of a run, which is never unpickled or executed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..run import cells, guarded, isolation, rollouts
+from ..inputs import contract
+from ..judge import rules
+from ..errors import InputError
+from ..inputs.model import ModelInfo
+from ..run.protocol import STAGES_AFTER_PARITY
+from .reference import Reference
+from ..results import Cell
+from .source_fit import DIVIDE_255, NORMALIZE, Bounds, Explanation, explain
+from .source_job import FACTS_FILE, RUNNER
+from ..judge.judge import Evidence, Judge, parity
+
+TARGET = "source"  # the column's target name in results; its variant is the framework (sb3, torch, ...)
+FORMS = {"sb3": "PATH.zip", "torch": "MODULE:ATTR", "torchscript": "PATH.pt", "python": "MODULE:FUNC"}
+FILE_KINDS = ("sb3", "torchscript")
+LATENCY_NOTE = ("latency: the training framework's Python path (the source called per observation at batch 1 in "
+                "--source-python), beside the runtimes, not a deployment runtime")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    kind: str
+    target: str  # an absolute file path (sb3, torchscript) or MODULE:ATTR
+    python: str  # the training interpreter
+    normalize: str = ""  # observation statistics (VecNormalize pickle or .npz), absolute
+
+    @property
+    def user_module(self) -> str | None:
+        """The top-level package of a MODULE:ATTR source (the user's own code), None for a file."""
+        return None if self.kind in FILE_KINDS else self.target.split(":")[0].split(".")[0]
+
+    def runner_spec(self) -> dict:
+        return {"kind": self.kind, "target": self.target, "normalize": self.normalize}
+
+    def describe(self) -> dict:
+        """The run's options entry (file names only: a path says nothing to a reader of another host)."""
+        shown = Path(self.target).name if self.kind in FILE_KINDS else self.target
+        return {"source": f"{self.kind}:{shown}", "python": self.python,
+                "normalize": Path(self.normalize).name if self.normalize else ""}
+
+
+def parse(text: str, python: str | None, normalize: Path | None) -> SourceSpec:
+    """--source KIND:..., --source-python and --source-normalize, checked without running anything."""
+    kind, sep, rest = text.partition(":")
+    forms = ", ".join(f"{k}:{v}" for k, v in FORMS.items())
+    if not sep or kind not in FORMS or not rest:
+        raise InputError(f"--source {text!r}: expected one of {forms}")
+    if kind in FILE_KINDS:
+        if not Path(rest).is_file():
+            raise InputError(f"--source {text!r}: no such file {rest!r}")
+        rest = str(Path(rest).resolve())
+    else:
+        module, _, attribute = rest.partition(":")
+        if not attribute.isidentifier() or not all(part.isidentifier() for part in module.split(".")):
+            raise InputError(f"--source {text!r}: expected {kind}:{FORMS[kind]}, e.g. {kind}:my_package.policy:make_policy")
+    if normalize is not None and not normalize.is_file():
+        raise InputError(f"--source-normalize {normalize}: no such file")
+    return SourceSpec(kind, rest, _interpreter(python), str(normalize.resolve()) if normalize else "")
+
+
+def _interpreter(python: str | None) -> str:
+    if not python:
+        return sys.executable
+    found = shutil.which(python) if os.sep not in python else (python if os.access(python, os.X_OK) else None)
+    if found is None:
+        raise InputError(f"--source-python {python}: no such executable")
+    return str(Path(found).absolute())
+
+
+def check_model(model: ModelInfo) -> None:
+    if len(model.inputs) != 1:
+        names = [spec.name for spec in model.inputs]
+        raise InputError(f"--source needs a model with one observation input; {model.path.name} has {names}")
+
+
+def preflight(spec: SourceSpec, memory_limit: int | None, timeout_s: float) -> None:
+    """Exit 2 with one line when the training interpreter cannot run this source at all: it does not
+    start, has no numpy, or lacks the framework or a package the user's module imports. The checkpoint
+    is loaded once, in the guarded source cell; a check that hangs is left to that cell's --timeout."""
+    request = json.dumps({"op": "check", "spec": spec.runner_spec()}) + "\n"
+    try:
+        process = isolation.start([spec.python, str(RUNNER)], memory_limit=memory_limit, timeout_s=timeout_s,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as error:
+        raise InputError(f"--source-python {spec.python}: cannot start it ({error.strerror or error})") from None
+    try:
+        stdout, stderr = process.communicate(request, timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # a module that hangs on import: the source cell says so, as a FAIL
+        isolation.kill_group(process)
+        return
+    _judge_check(spec, _last_json(stdout), stderr)
+
+
+def _last_json(stdout: str) -> dict | None:
+    for line in reversed(stdout.splitlines()):
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(answer, dict) and "ok" in answer:
+            return answer
+    return None
+
+
+def _judge_check(spec: SourceSpec, answer: dict | None, stderr: str) -> None:
+    where = f"--source {spec.describe()['source']}"
+    if answer is None:
+        tail = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "no output")
+        if "No module named 'numpy'" in tail:
+            raise InputError(f"--source-python {spec.python}: lacks the package 'numpy' (the source runner needs it there)")
+        raise InputError(f"--source-python {spec.python}: cannot run the source runner: {tail[:300]}")
+    if not answer["ok"]:
+        raise InputError(f"{where}: {answer['error']}")
+    missing = answer["result"].get("missing")
+    if missing and missing == spec.user_module:
+        raise InputError(f"{where}: {spec.python} cannot find the module {missing!r} "
+                         f"(run from the folder that holds it, or install it in the training environment)")
+    if missing:
+        raise InputError(f"{where}: {spec.python} lacks the package {missing!r} "
+                         "(install it in the training environment, or pass that environment's --source-python)")
+
+
+# --- running the column ----------------------------------------------------------------------
+
+@dataclass
+class ColumnInputs:
+    """What the source cell shares with the run: its observations, reference and limits."""
+
+    model: ModelInfo
+    observations: Path
+    chunk: int
+    warmup: int
+    iters: int
+    timeout_s: float
+    memory_limit: int | None
+    rollout: rollouts.RolloutPlan | None
+
+
+def execute(spec: SourceSpec, inputs: ColumnInputs, folder: Path, on_stage) -> cells.CellOutcome:
+    """The source job under the cell's --timeout and memory cap; what it left, as a cell's outcome."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in ("measurement.json", "outputs.npz", FACTS_FILE):
+        (folder / stale).unlink(missing_ok=True)
+    job_spec = {
+        "source": spec.runner_spec(), "python": spec.python, "model": str(inputs.model.path.resolve()),
+        "observations": str(inputs.observations.resolve()), "chunk": inputs.chunk,
+        "obs_input": inputs.model.inputs[0].name, "outputs": [o.name for o in inputs.model.outputs],
+        "action_output": inputs.rollout.action_output if inputs.rollout else contract.action_output(inputs.model),
+        "rollout": inputs.rollout.as_dict() if inputs.rollout else None, "warmup": inputs.warmup, "iters": inputs.iters,
+    }
+    (folder / "source_spec.json").write_text(json.dumps(job_spec))
+    ending = guarded.run_process([sys.executable, "-m", "matrix.reference.source_job", str(folder)], folder / "source.log",
+                                 dict(os.environ), guarded.Limits(inputs.timeout_s, inputs.memory_limit), on_stage)
+    return cells.CellOutcome(cells._measurement(folder, ending), cells._arrays(folder), ending.duration_s)
+
+
+@dataclass
+class Judging:
+    """The run's one Judge and what every cell is compared with: the source is judged like any cell."""
+
+    host: str
+    judge: Judge
+    evidence: Evidence
+
+
+def judge(spec: SourceSpec, outcome: cells.CellOutcome, facts: dict, judging: Judging) -> Cell:
+    """Export parity by the rules of any cell (behaviour decides with --env), the contract
+    difference named when a transform explains it, the source's latency labelled as such."""
+    m, evidence = outcome.measurement, judging.evidence
+    context = judging.judge.context(TARGET, spec.kind)
+    cell = Cell(host=judging.host, target=TARGET, variant=spec.kind, verdict="SKIP", runtime_version=m.runtime_version,
+                latency=m.latency, error=m.error, tolerance=context.tolerance.atol, rtol=context.tolerance.rtol,
+                duration_s=outcome.duration_s, notes=[LATENCY_NOTE] if m.latency else [])
+    outputs = shaped_outputs(outcome.arrays, evidence.reference.outputs)
+    if outputs and (m.error is None or m.error.stage in STAGES_AFTER_PARITY):
+        cell.parity = parity(outputs, evidence, context)
+        cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
+        cell.notes.append(f"compared outputs: {', '.join(p.output for p in cell.parity)} (what the source returns)")
+    elif m.error is None:  # the tool could not pair the answers with the graph's outputs: not the export's verdict
+        cell.reasons = [unpaired_reason(outcome.arrays, evidence.reference.outputs)]
+        return cell
+    cell.verdict, cell.reasons = rules.verdict(cell, context)
+    explanation = name_difference(outputs, outcome.arrays, facts, evidence, context.tolerance.atol)
+    if explanation is not None:
+        cell.reasons.insert(0, f"export: {explanation.text} (left after it: {explanation.residual:.2g})")
+    return cell
+
+
+def shaped_outputs(arrays: dict, reference: dict) -> dict:
+    """The source's answers (one flat row per observation) in the reference's shape, where they fit."""
+    shaped = {}
+    for name, expected in reference.items():
+        answer = arrays.get(f"outputs/{name}")
+        if answer is not None and answer.size == expected.size:
+            shaped[f"outputs/{name}"] = answer.reshape(expected.shape)
+    return shaped
+
+
+def unpaired_reason(arrays: dict, reference: dict) -> str:
+    given = ", ".join(f"{k.removeprefix('outputs/')} {list(v.shape[1:])}" for k, v in arrays.items() if k.startswith("outputs/"))
+    expected = ", ".join(f"{name} {list(value.shape[1:])}" for name, value in reference.items())
+    return (f"the source's answers per observation ({given or 'none'}) fit none of the ONNX outputs ({expected}): "
+            "export parity cannot be measured")
+
+
+def name_difference(outputs: dict, arrays: dict, facts: dict, evidence: Evidence, tolerance: float) -> Explanation | None:
+    """For the continuous action: which transform makes the reference equal the source."""
+    bounds = action_bounds(facts, evidence.rollout_plan)
+    for name, expected in evidence.reference.outputs.items():
+        answer = outputs.get(f"outputs/{name}")
+        if answer is None or answer.dtype.kind != "f" or expected.dtype.kind != "f":
+            continue
+        transformed = {t: arrays[key].reshape(expected.shape) for t in (NORMALIZE, DIVIDE_255)
+                       if (key := f"transform/{t}/{name}") in arrays and arrays[key].size == expected.size}
+        found = explain(answer, expected, tolerance, bounds, transformed)
+        if found is not None:
+            return found
+    return None
+
+
+def action_bounds(facts: dict, plan: rollouts.RolloutPlan | None) -> Bounds | None:
+    """The action space's finite bounds: the environment's (--env), else what the source said (SB3's saved space)."""
+    space = None
+    if plan is not None and not plan.open_loop:
+        env = rollouts.make_env(plan.env, plan.env_kwargs)
+        try:
+            space = getattr(env.action_space, "low", None), getattr(env.action_space, "high", None)
+        finally:
+            env.close()
+    elif facts.get("action_space"):
+        space = facts["action_space"]["low"], facts["action_space"]["high"]
+    if space is None or space[0] is None:
+        return None
+    try:  # what the source's interpreter said about its space: numbers, or no bounds to name a difference with
+        low, high = np.asarray(space[0], np.float64), np.asarray(space[1], np.float64)
+    except (TypeError, ValueError):
+        return None
+    return Bounds(low.reshape(-1), high.reshape(-1)) if np.isfinite(low).all() and np.isfinite(high).all() else None
+
+
+def read_facts(folder: Path) -> dict:
+    return guarded.read_json(folder / FACTS_FILE)
+
+
+def run_column(spec: SourceSpec, inputs: ColumnInputs, judging: Judging, folder: Path, on_stage) -> Cell:
+    outcome = execute(spec, inputs, folder, on_stage)
+    return judge(spec, outcome, read_facts(folder), judging)
+

@@ -1,0 +1,136 @@
+"""The source column's worker: `python -m matrix.reference.source_job DIR`, run guarded like a cell.
+
+It starts matrix/reference/source_runner.py in the user's training interpreter (`--source-python`) and
+asks it, over one JSON line each way, to load the policy, predict the observation set at
+batch 1, drive the run's seeded episodes (the environment lives here, on the core's side, so
+the training interpreter needs no Gymnasium) and time `predict`. The runner is this process's
+child, in its process group and under its memory cap: the cell's --timeout ends both. It also
+evaluates the float64 reference on the observations as the source's preprocessing would see
+them (/255, normalised), for matrix.reference.source_fit to name a contract difference.
+
+Reads DIR/source_spec.json; leaves DIR/measurement.json, DIR/outputs.npz (the protocol's
+cell files, rewritten after every stage) and DIR/source.json (what the source said about itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from targets.jsonl_process import JsonLinesProcess
+
+from ..inputs import model as model_loader
+from ..inputs import observations
+from . import reference
+from ..run import rollouts
+from ..judge.metrics import latency_stats
+from ..outdir import write_atomic_with
+from ..run.protocol import DONE, OUTPUTS_FILE, Measurement, stage_message
+from ..results import CellError
+from .source_fit import DIVIDE_255, NORMALIZE
+from .source_runner import normalized
+
+RUNNER = Path(__file__).with_name("source_runner.py")
+FACTS_FILE = "source.json"
+ANSWERS_FILE = "source_answers.npz"
+
+
+class SourceJob:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.spec = json.loads((folder / "source_spec.json").read_text())
+        self.measurement = Measurement(worker_pid=os.getpid())
+        self.arrays: dict[str, np.ndarray] = {}
+        self.names = self.spec["outputs"]
+
+    def enter(self, name: str, progress: str = "") -> None:
+        self.measurement.stage = name
+        self.save()
+        print(stage_message(name, progress), flush=True)
+
+    def save(self) -> None:
+        write_atomic_with(self.folder / OUTPUTS_FILE, lambda stream: np.savez(stream, **self.arrays))
+        self.measurement.save(self.folder)
+
+    def named(self, answers: list) -> dict[str, np.ndarray]:
+        """The source's answers by output name: all outputs in order when it gave as many, else its
+        first answer is the action (SB3's predict returns the action alone)."""
+        if len(answers) == len(self.names):
+            return {name: np.asarray(a) for name, a in zip(self.names, answers)}
+        return {self.spec["action_output"]: np.asarray(answers[0])}
+
+    def run(self, runner: JsonLinesProcess) -> None:
+        self.enter("open")
+        facts = runner.call("load", spec=self.spec["source"])
+        (self.folder / FACTS_FILE).write_text(json.dumps(facts))
+        self.measurement.runtime_version = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in facts["versions"].items())
+        self.enter("parity")
+        self._parity(runner)
+        self._transformed_references(facts.get("normalizer"))
+        if self.spec.get("rollout"):
+            plan = rollouts.RolloutPlan.from_dict(self.spec["rollout"])
+            self.enter("rollout")
+            measured, arrays = rollouts.drive(self._step(runner), plan, lambda progress: self.enter("rollout", progress))
+            self.measurement.rollout = measured
+            self.arrays.update(arrays)
+        self.enter("latency")
+        timed = runner.call("time", observations=self.spec["observations"], input=self.spec["obs_input"],
+                            warmup=self.spec["warmup"], iters=self.spec["iters"])
+        self.measurement.latency = [latency_stats(1, timed["samples_ns"])]
+        self.measurement.stage = DONE
+
+    def _parity(self, runner: JsonLinesProcess) -> None:
+        answers_file = self.folder / ANSWERS_FILE
+        answered = runner.call("predict_file", observations=self.spec["observations"], input=self.spec["obs_input"],
+                               out=str(answers_file))
+        with np.load(answers_file, allow_pickle=False) as data:  # written by the user's interpreter: never unpickled
+            answers = [data[f"answer/{i}"] for i in range(answered["answers"])]
+        self.arrays.update({f"outputs/{name}": value for name, value in self.named(answers).items()})
+
+    def _transformed_references(self, normalizer: dict | None) -> None:
+        """The float64 reference on the observations as the source's preprocessing would see them."""
+        info = model_loader.load(Path(self.spec["model"]))
+        obs_input = self.spec["obs_input"]
+        obs = observations.read(Path(self.spec["observations"]))[obs_input]
+        if obs.dtype.kind != "f":  # an integer input cannot take scaled values: the graph itself must convert
+            return
+        seen = {DIVIDE_255: obs / np.array(255, obs.dtype)}
+        if normalizer:
+            seen[NORMALIZE] = normalized(obs, normalizer)
+        for transform, values in seen.items():
+            outputs = reference.compute(info, {obs_input: values}, self.spec["chunk"]).outputs
+            self.arrays.update({f"transform/{transform}/{name}": value for name, value in outputs.items()})
+
+    def _step(self, runner: JsonLinesProcess) -> rollouts.Step:
+        obs_input = self.spec["obs_input"]
+
+        def step(feeds: observations.Feeds) -> observations.Feeds:
+            obs = feeds[obs_input]
+            return self.named(runner.call("predict", obs=obs.tolist(), dtype=str(obs.dtype)))
+
+        return step
+
+
+def main(folder: Path) -> None:
+    job = SourceJob(folder)
+    runner = JsonLinesProcess([job.spec["python"], str(RUNNER)], "the source's interpreter")
+    try:
+        job.run(runner)
+    except Exception as error:  # the user's code's (or its interpreter's) own words become the cell's reason
+        text = " ".join(str(error).split())[:600]
+        if not isinstance(error, RuntimeError):  # a runner's answer carries its own type name already
+            text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+        job.measurement.error = CellError(stage=job.measurement.stage, message=text)
+        traceback.print_exc(limit=8)
+    finally:
+        runner.close()
+        job.save()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,407 @@
+"""Start the tool's Python jobs by forking a pre-warmed process instead of starting an interpreter.
+
+Every cell worker, reference job and guarded step is `python -m MODULE ARGS` of this
+interpreter, and each used to pay for its own start: an interpreter plus numpy, onnx
+(ml_dtypes) and onnxruntime, 0.6-1 s on an idle 2-core machine, several seconds on a busy
+one. The fork server imports them once; `isolation.start` asks it for `python -m MODULE
+ARGS` and gets a process that is still entirely its own: its own session (the group a
+timeout kills), its own memory cap (RLIMIT_DATA, set in the child after the fork, before
+any job code runs), its own stdin/stdout/stderr, death with the runner (the server dies
+with the runner; each child dies with the server) and its own exit status, signal
+included: a SIGSEGV in a child costs that child only, as before.
+
+Why our own small server and not multiprocessing's forkserver (`set_forkserver_preload`):
+that one runs a pickled callable after `spawn.prepare` (which may re-import the parent's
+main module in every child) and gives children the server's stdio; the jobs here are
+modules with a command line, whose stdout carries the stage protocol and whose stderr is
+the cell's log. This server keeps exactly the `python -m` contract, so a forked child runs
+the same code as an exec'd one, and hands each child its three stdio descriptors over the
+socket (SCM_RIGHTS), the one thing the standard library's server does not do.
+
+Linux only (SOCK_SEQPACKET, the parent-death signal); elsewhere, and for a job whose
+environment changes what an interpreter imports (a pinned onnxruntime release on
+PYTHONPATH), `isolation.start` starts an interpreter as before.
+
+Run as `python -m matrix.run.forkserver FD` it is the server, FD its end of the control socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+# What every job imports; the jobs' own modules are imported too, then dropped from sys.modules, so each
+# child runs its entry module fresh as __main__ (runpy warns about a module already imported).
+PRELOAD = ("numpy", "numpy.random", "onnx", "onnxruntime", "onnx.reference")
+ENTRY_MODULES = ("matrix.run.worker", "matrix.run.guarded", "matrix.reference.reference_job")
+# An environment whose value of these differs from the server's changes what the child would import:
+# the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned
+# npm release's node_modules is read when targets.web_support is imported).
+IMPORT_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "OPENBLAS_", "MKL_", "POLICY_MATRIX_PINNED", "POLICY_MATRIX_NODE_MODULES")
+MAX_REQUEST = 1 << 20
+READY = b"ready"
+STARTUP_TIMEOUT_S = 120.0
+# The server's last argument: room in its command line for each child's own (`ps` and tests see
+# `python -m matrix.run.worker --serve`, not the server's line); set_title writes over it.
+TITLE_ROOM = "-" * 4096
+
+
+def supported() -> bool:
+    return sys.platform.startswith("linux") and hasattr(socket, "SOCK_SEQPACKET")
+
+
+def module_of(command: list[str]) -> str | None:
+    """MODULE when `command` is `python -m MODULE ...` of this interpreter (what a child of the server can run)."""
+    if len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
+        return command[2]
+    return None
+
+
+def _import_env(env) -> dict[str, str]:
+    """The variables that change what an interpreter imports (a pinned release on PYTHONPATH, BLAS threads)."""
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES)}
+
+
+# --- the runner's side ------------------------------------------------------------------
+
+
+class ForkedProcess:
+    """What `subprocess.Popen` offers the callers of `isolation.start`: pid, stdin/stdout, poll, wait, returncode.
+    The exit status arrives over the job's own channel from the server, which is its parent."""
+
+    def __init__(self, args: list[str], pid: int, channel: socket.socket, buffered: bytes, stdin, stdout):
+        self.args, self.pid, self.returncode = args, pid, None
+        self.stdin, self.stdout = stdin, stdout
+        self._channel, self._buffer = channel, buffered
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wait(timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._lock:
+            if self.returncode is None:
+                line = _read_line(self._channel, self._buffer, timeout)
+                if line is None:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                # no status: the server died, and its children with it (parent-death signal)
+                self.returncode = int(line) if line else -signal.SIGKILL
+                self._channel.close()
+            return self.returncode
+
+
+def _read_line(channel: socket.socket, buffered: bytes, timeout: float | None) -> str | None:
+    """The status line; "" when the server closed the channel without one; None on the timeout."""
+    data = buffered
+    while b"\n" not in data:
+        ready, _, _ = select.select([channel], [], [], timeout)
+        if not ready:
+            return None
+        chunk = channel.recv(64)
+        if not chunk:
+            return ""
+        data += chunk
+    return data.split(b"\n", 1)[0].decode()
+
+
+class Client:
+    """The runner's connection to its fork server, started on first use (or early by `warm`)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._server: subprocess.Popen | None = None
+        self._control: socket.socket | None = None
+        self._ready = self._broken = False
+        self._imports: dict[str, str] = {}
+
+    def warm(self) -> None:
+        """Start the server now, so its imports overlap the runner's own work."""
+        with self._lock:
+            self._ensure_started(wait=False)
+
+    def start(self, command: list[str], *, env: dict[str, str], memory_limit: int | None, death_signal: bool,
+              stdin=None, stdout=None, stderr=None, text: bool = False) -> ForkedProcess | None:
+        """`command` (python -m MODULE ...) forked from the server; None when the server is not available."""
+        request = json.dumps({"argv": command[2:], "env": env, "cwd": os.getcwd(), "memory_limit": memory_limit,
+                              "death_signal": death_signal}).encode()
+        with self._lock:
+            if not self._ensure_started(wait=True) or _import_env(env) != self._imports:
+                return None  # no server, or a fresh interpreter would import something else than it did
+            ends = _Stdio(stdin, stdout, stderr, text)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                socket.send_fds(self._control, [request], [theirs.fileno(), *ends.child_fds()])
+            except OSError:
+                ends.close_all()
+                ours.close()
+                return None
+            finally:
+                theirs.close()
+                ends.close_child_ends()
+        data = b""
+        while b"\n" not in data:  # the pid, sent once the child has its session and its limits
+            chunk = ours.recv(64)
+            if not chunk:  # the server died before it forked
+                ends.close_parent_ends()
+                ours.close()
+                return None
+            data += chunk
+        pid, rest = data.split(b"\n", 1)
+        return ForkedProcess(command, int(pid), ours, rest, ends.parent_stdin, ends.parent_stdout)
+
+    def _ensure_started(self, wait: bool) -> bool:
+        if self._broken:
+            return False
+        if self._server is None or self._server.poll() is not None:
+            self._broken = not self._launch()
+            if self._broken:
+                return False
+        return self._await_ready() if wait else True
+
+    def _launch(self) -> bool:
+        """Started from a thread that lives as long as the server: the parent-death signal follows the thread
+        that started a process, and a pool thread that ends (the variants' pool) would take the server with it."""
+        from . import isolation  # isolation routes through this module; the server itself is a plain start
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        started: queue.Queue = queue.Queue()
+
+        def keep() -> None:
+            try:
+                server = isolation.start_dying_with_parent(
+                    [sys.executable, "-m", "matrix.run.forkserver", str(theirs.fileno()), TITLE_ROOM], pass_fds=[theirs.fileno()],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            except OSError:
+                started.put(None)
+                return
+            started.put(server)
+            server.wait()
+
+        threading.Thread(target=keep, name="forkserver", daemon=True).start()
+        self._server = started.get()
+        theirs.close()
+        if self._server is None:
+            ours.close()
+            return False
+        self._control, self._ready, self._imports = ours, False, _import_env(os.environ)
+        return True
+
+    def _await_ready(self) -> bool:
+        if self._ready:
+            return True
+        ready, _, _ = select.select([self._control], [], [], STARTUP_TIMEOUT_S)
+        self._ready = bool(ready) and self._control.recv(len(READY)) == READY
+        if not self._ready:
+            self.stop_server()
+        return self._ready
+
+    def stop_server(self) -> None:
+        """End of requests: the server exits, and the children still running with it (parent-death signal)."""
+        if self._server is not None:
+            from . import isolation
+
+            self._control.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._server.wait(timeout=5)
+            isolation.kill_group(self._server)
+            self._server = None
+
+
+class _Stdio:
+    """The three descriptors a child gets, made like Popen's: PIPE, DEVNULL, a file, a descriptor or inherited."""
+
+    def __init__(self, stdin, stdout, stderr, text: bool):
+        self._opened: list[int] = []
+        self.parent_stdin = self.parent_stdout = None
+        self._child: list[int] = []
+        for index, (wanted, reading) in enumerate(((stdin, False), (stdout, True), (stderr, True))):
+            if wanted == subprocess.PIPE and index < 2:
+                read_end, write_end = os.pipe()
+                child_end, parent_end = (write_end, read_end) if reading else (read_end, write_end)
+                mode = "r" if reading else "w"
+                stream = os.fdopen(parent_end, mode) if text else os.fdopen(parent_end, mode + "b", buffering=0)
+                if reading:
+                    self.parent_stdout = stream
+                else:
+                    self.parent_stdin = stream
+                self._opened.append(child_end)
+                self._child.append(child_end)
+            elif wanted == subprocess.DEVNULL:
+                self._opened.append(os.open(os.devnull, os.O_RDWR))
+                self._child.append(self._opened[-1])
+            elif wanted is None:
+                self._child.append(index)
+            else:
+                self._child.append(wanted if isinstance(wanted, int) else wanted.fileno())
+
+    def child_fds(self) -> list[int]:
+        return self._child
+
+    def close_child_ends(self) -> None:
+        for fd in self._opened:
+            os.close(fd)
+        self._opened = []
+
+    def close_parent_ends(self) -> None:
+        for stream in (self.parent_stdin, self.parent_stdout):
+            if stream is not None:
+                stream.close()
+
+    def close_all(self) -> None:
+        self.close_child_ends()
+        self.close_parent_ends()
+
+
+CLIENT = Client()
+
+
+# --- the server -------------------------------------------------------------------------
+
+
+def serve(control: socket.socket) -> None:
+    """Fork one child per request; tell each request's channel the child's pid, then its exit status."""
+    wakeup_read, wakeup_write = os.pipe()
+    os.set_blocking(wakeup_write, False)
+    signal.set_wakeup_fd(wakeup_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes to the wakeup pipe
+    children: dict[int, socket.socket] = {}
+    control.send(READY)
+    while True:
+        with contextlib.suppress(InterruptedError):
+            ready, _, _ = select.select([control, wakeup_read], [], [])
+        if wakeup_read in ready:
+            os.read(wakeup_read, 4096)
+        _reap(children)
+        if control in ready:
+            message, fds, _, _ = socket.recv_fds(control, MAX_REQUEST, 4)
+            if not message:  # the runner closed its end: no more jobs
+                return
+            _fork(json.loads(message), fds, children)
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        channel = children.pop(pid, None)
+        if channel is not None:
+            with contextlib.suppress(OSError):
+                channel.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            channel.close()
+
+
+def _fork(request: dict, fds: list[int], children: dict[int, socket.socket]) -> None:
+    channel_fd, stdio = fds[0], fds[1:]
+    ready_read, ready_write = os.pipe()
+    server_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _child(request, stdio, ready_write, server_pid)
+    os.close(ready_write)
+    os.read(ready_read, 1)  # the child has its session and limits (or died trying): a kill now reaches its group
+    os.close(ready_read)
+    for fd in stdio:
+        os.close(fd)
+    channel = socket.socket(fileno=channel_fd)
+    with contextlib.suppress(OSError):
+        channel.sendall(f"{pid}\n".encode())
+    children[pid] = channel
+
+
+def _child(request: dict, stdio: list[int], ready_write: int, server_pid: int) -> None:
+    """Never returns: runs `python -m MODULE ARGS` in this process and exits with its status."""
+    import traceback
+
+    from . import isolation
+
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        isolation.limit_this_process(request["memory_limit"], server_pid if request["death_signal"] else None)
+        os.write(ready_write, b"1")
+        for target, fd in enumerate(stdio):
+            if fd != target:
+                os.dup2(fd, target)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # nothing of the server's or another job's reaches this one
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        set_title([sys.executable, "-m", *request["argv"]])
+        code = _run_module(request["argv"])
+    except MemoryError:  # under the cap even a traceback may not fit: the words an interpreter would leave, unallocated
+        os.write(2, b"MemoryError: out of memory\n")
+    except BaseException:  # as an interpreter would: the traceback on stderr, status 1
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _run_module(argv: list[str]) -> int:
+    """The module's exit status; an exception it raises goes to the caller (_child), as to an interpreter."""
+    import runpy
+
+    import numpy as np
+
+    np.random.seed()  # like a fresh interpreter: not the server's generator state, copied into every child
+    sys.argv = ["-m", *argv[1:]]
+    try:
+        runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    return 0
+
+
+def set_title(argv: list[str]) -> None:
+    """This process's command line as `ps` and /proc/PID/cmdline show it, written over the original argv
+    strings (arg_start..arg_end of /proc/self/stat, Linux) as setproctitle does: one line, words apart by
+    spaces, cut to the room there is, ended by a NUL; the room's last byte is not a NUL, which tells the
+    kernel to show the line up to its NUL rather than the whole room."""
+    import ctypes
+
+    try:
+        fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49 of proc(5), counted after "pid (comm)"
+    except (OSError, ValueError, IndexError):
+        return
+    room = end - start
+    title = " ".join(argv).encode()[: room - 2]
+    ctypes.memmove(start, title + b"\0" * (room - len(title) - 1) + b" ", room)
+
+
+def _preload() -> None:
+    import importlib
+
+    for name in (*PRELOAD, *ENTRY_MODULES):
+        importlib.import_module(name)
+    for name in ENTRY_MODULES:
+        del sys.modules[name]
+
+
+if __name__ == "__main__":
+    control_socket = socket.socket(fileno=int(sys.argv[1]))
+    set_title([sys.executable, "-m", "matrix.run.forkserver"])
+    _preload()
+    serve(control_socket)
