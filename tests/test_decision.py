@@ -121,7 +121,8 @@ def test_ort_settings_grid_reaches_the_runtime_and_shows_in_results_csv_and_repo
     assert sorted(row["settings"] for row in rows) == ["opt=all,threads=1", "opt=all,threads=2",
                                                        "opt=disable,threads=1", "opt=disable,threads=2"]
     html = (tmp_path / "index.html").read_text()
-    assert "ort-cpu · opt=disable,threads=2" in html and html.count("<td>opt=all,threads=1</td>") == 1
+    # each cell's label names its knobs, and the parity, latency and reasons tables show them beside the variant
+    assert "ort-cpu fp32 · opt=disable,threads=2" in html and html.count("<td>fp32 · opt=all,threads=1</td>") == 3
     assert len({c["settings"]["threads"] for c in results["cells"]}) == 2
 
 

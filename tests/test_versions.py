@@ -85,7 +85,7 @@ def test_the_label_is_the_target_in_every_output(run):
     summary = (out / "summary.md").read_text()
     assert all(f"| {label} |" in summary for label in TARGETS)
     journal = [json.loads(line)["target"] for line in (out / "results.jsonl").read_text().splitlines()]
-    assert journal == TARGETS
+    assert sorted(journal) == sorted(TARGETS)  # the journal is written as cells finish; targets run side by side
 
 
 def test_the_report_compares_each_target_across_releases(run):
