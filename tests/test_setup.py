@@ -106,7 +106,7 @@ def test_the_wheel_sets_up_and_runs_a_web_cell_outside_the_source_tree(tmp_path)
 
     rows = {row["name"]: row for row in json.loads(cli("targets", "--json").stdout)}
     assert rows["ort-web-wasm"]["available"], rows["ort-web-wasm"]["reason"]
-    model = subprocess.run([bin_dir / "python", "-c", "from matrix import examples; print(examples.path('continuous_mlp'))"],
+    model = subprocess.run([bin_dir / "python", "-c", "from matrix.inputs import examples; print(examples.path('continuous_mlp'))"],
                            cwd=home, capture_output=True, text=True, env=env, check=True).stdout.strip()
     assert not Path(model).is_relative_to(REPO)
     done = cli("run", model, "--targets", "ort-web-wasm", "--precisions", "fp32", "--iters", "10", "--warmup", "2",

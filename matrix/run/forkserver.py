@@ -404,4 +404,7 @@ if __name__ == "__main__":
     control_socket = socket.socket(fileno=int(sys.argv[1]))
     set_title([sys.executable, "-m", "matrix.run.forkserver"])
     _preload()
-    serve(control_socket)
+    # The runner may be gone before the server is ready (it stopped on bad input while the imports ran):
+    # nobody is left to serve or to read a traceback, so the server ends as quietly as a closed socket.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        serve(control_socket)
