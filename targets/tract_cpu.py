@@ -55,11 +55,10 @@ class TractSession(Session):
     def run(self, feeds: Feeds) -> Feeds:
         inputs = self._inputs(feeds)
         runnable = self._runnable(inputs)
-        try:
-            values = runnable.run(inputs)
+        try:  # reading an output back can fail too (a TDim output: "Unsupported DatumType in the public API")
+            return {name: value.to_numpy() for name, value in zip(self.output_names, runnable.run(inputs))}
         except Exception as error:
             raise RuntimeError(tract_message(error)) from None
-        return {name: value.to_numpy() for name, value in zip(self.output_names, values)}
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
         inputs = self._inputs(feeds)
