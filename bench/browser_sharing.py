@@ -5,10 +5,10 @@ ORT bundle imported) both ways and prints the wall time until all three pages ar
 resident memory of this process's tree (summed over its processes, as bench/matrix_wall.py does):
 
 - separate, one at a time: three worker-like processes, each launching its own Chromium, one after
-  another (what a run does: Target.one_at_a_time);
+  another (what a run did before the web targets shared one worker: Target.worker_group);
 - separate, at once: the same three started together;
 - shared: one process, one Chromium, three isolated contexts (one page each), opened one after another
-  (Playwright's sync API drives a browser from one thread).
+  (Playwright's sync API drives a browser from one thread): what a run does now.
 
     .venv/bin/python bench/browser_sharing.py [--rounds 3]
 """
@@ -29,20 +29,12 @@ BUNDLES = ("ort.wasm.min.mjs", "ort.webgl.min.mjs", "ort.min.mjs")  # wasm, webg
 
 
 def _open_pages(bundles: list[str]) -> None:
-    """In a child: open the bundles' pages; one bundle: as a worker does (targets.chromium.HarnessPage),
-    several: the same steps in one browser, a context each."""
-    from targets.chromium import CHROMIUM_FLAGS, HarnessPage, _driver, chromium_executable
-    from targets.web_support import HarnessServer
+    """In a child: open the bundles' pages as a worker does (targets.chromium.HarnessPage): one browser
+    for the process, a context each."""
+    from targets.chromium import HarnessPage
 
-    if len(bundles) == 1:
-        HarnessPage(bundles[0])
-        return
-    browser = _driver().chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_FLAGS)
     for bundle in bundles:
-        page, server = browser.new_context().new_page(), HarnessServer()
-        page.goto(f"{server.origin}/harness/index.html")
-        page.wait_for_function("window.harness !== undefined")
-        page.evaluate("(args) => window.harness.load(...args)", [f"{server.origin}/ort/{bundle}", f"{server.origin}/ort/"])
+        HarnessPage(bundle)
 
 
 def measure(groups: list[list[str]], at_once: bool) -> tuple[float, int]:

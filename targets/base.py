@@ -196,9 +196,10 @@ class Target(ABC):
     predicts: ClassVar[bool] = True
     # Targets with the same key share one RunService per run.
     service_key: ClassVar[str | None] = None
-    # Targets with the same key never run their workers at once (matrix.run.orchestrate.CellSchedule): each
-    # worker of theirs holds something large of its own (a browser: ~1 GiB resident).
-    one_at_a_time: ClassVar[str | None] = None
+    # Targets with the same key are served by one worker process, one after another in grid order
+    # (matrix.run.orchestrate.CellSchedule): they share something large the worker holds (one browser,
+    # a context per target), started once instead of once per target.
+    worker_group: ClassVar[str | None] = None
     # True when the artifact is the ONNX variant itself: graph outputs added to it (the
     # intermediates matrix/assist/diagnose.py exposes) reach the runtime unchanged.
     runs_onnx_as_is: ClassVar[bool] = False

@@ -1,15 +1,19 @@
-"""Chromium for the browser targets: one browser and page per target's worker.
+"""Chromium for the browser targets: one browser per worker, an isolated context and page per target.
 
-Each worker launches its own Chromium through Playwright, which drives it over a pipe
+A worker launches one Chromium through Playwright, which drives it over a pipe
 (`--remote-debugging-pipe`): no DevTools port is open, so no other local process can
 drive the browser (a DevTools port on 127.0.0.1 lets any local user's process read files
 through it). The browser is the worker's child: the worker's memory cap holds for it and
 it ends with the worker (the pipe closes), on a timeout or a kill -9 alike. Only a browser
 the user started and owns (`--browser-endpoint`, `UserBrowser`) is reached over CDP.
 
-Each worker gets a fresh context and page (`HarnessPage`: a private local server for the
+The three web targets share one worker (Target.worker_group) and so one browser: launching
+Chromium and the Playwright driver is paid once per run, not once per target. Each target
+still gets its own fresh context and page (`HarnessPage`: a private local server for the
 harness, the ORT dist/ files and published models, and one ORT bundle imported), kept for
-all the variants it serves. Nothing here knows an ORT backend: that is targets/ort_web.py's business.
+all the variants it serves; contexts share no storage, cache or origin. A browser that
+dies is launched afresh for the next page. Nothing here knows an ORT backend: that is
+targets/ort_web.py's business.
 """
 
 from __future__ import annotations
@@ -154,17 +158,53 @@ def _driver():
     return sync_playwright().start()
 
 
+class _BrowserUse:
+    """A browser of this process and how many HarnessPages hold a context in it."""
+
+    def __init__(self, browser):
+        self.browser, self.pages = browser, 0
+
+
+_BROWSERS: dict[tuple, _BrowserUse] = {}  # per (endpoint, flags): launched with its first page, closed with its last
+
+
+def _browser_key() -> tuple:
+    return os.environ.get(BROWSER_ENDPOINT_ENV), tuple(CHROMIUM_FLAGS)
+
+
+def _hold_browser(key: tuple):
+    """The process's browser for `key`, launched (or connected, with --browser-endpoint) when there is none
+    or the one there died; the caller releases it with _release_browser."""
+    use = _BROWSERS.get(key)
+    if use is None or not use.browser.is_connected():
+        endpoint, flags = key
+        chromium = _driver().chromium
+        browser = chromium.connect_over_cdp(endpoint) if endpoint else chromium.launch(
+            executable_path=chromium_executable(), args=list(flags))
+        use = _BROWSERS[key] = _BrowserUse(browser)
+    use.pages += 1
+    return use.browser
+
+
+def _release_browser(key: tuple, browser) -> None:
+    """A page is done with `browser`: the last one closes it (a dead browser that was replaced is closed at once)."""
+    use = _BROWSERS.get(key)
+    if use is not None and use.browser is browser:
+        use.pages -= 1
+        if use.pages > 0:
+            return
+        del _BROWSERS[key]
+    with contextlib.suppress(Exception):  # a dead browser has nothing left to close
+        browser.close()  # the user's browser (--browser-endpoint): only disconnects
+
+
 class HarnessPage:
-    """A fresh context and page in this worker's own browser (the user's, with --browser-endpoint)."""
+    """A fresh context and page in this worker's browser (the user's, with --browser-endpoint)."""
 
     def __init__(self, bundle: str):
-        self.playwright = _driver()
+        self.browser_key = _browser_key()
+        self.browser = _hold_browser(self.browser_key)
         try:
-            endpoint = os.environ.get(BROWSER_ENDPOINT_ENV)
-            if endpoint:
-                self.browser = self.playwright.chromium.connect_over_cdp(endpoint)
-            else:
-                self.browser = self.playwright.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_FLAGS)
             self.context = self.browser.new_context()
             self.page = self.context.new_page()
             self.server = HarnessServer()
@@ -183,13 +223,17 @@ class HarnessPage:
         return reply["result"]
 
     def close(self) -> None:
-        for step in ("context", "browser", "server"):
+        if self.browser is None:
+            return
+        for step in ("context", "server"):
             resource = getattr(self, step, None)
             try:
                 if resource is not None:
                     resource.stop() if step == "server" else resource.close()
             except Exception:  # noqa: BLE001 — a dead browser has nothing left to close
                 pass
+        _release_browser(self.browser_key, self.browser)
+        self.browser = None
 
 
 _PAGES: dict[tuple, HarnessPage] = {}  # this worker's page per (ORT bundle, browser), shared by the variants it serves
@@ -209,7 +253,7 @@ def shared_page(bundle: str) -> HarnessPage:
 
 
 def _page_key(bundle: str) -> tuple:
-    return bundle, os.environ.get(BROWSER_ENDPOINT_ENV), tuple(CHROMIUM_FLAGS)
+    return bundle, *_browser_key()
 
 
 def drop_page(bundle: str) -> None:
@@ -221,6 +265,9 @@ def drop_page(bundle: str) -> None:
 def _close_pages() -> None:
     while _PAGES:
         _PAGES.popitem()[1].close()
+    while _BROWSERS:  # pages opened outside _PAGES (a test, a benchmark) and never closed
+        with contextlib.suppress(Exception):
+            _BROWSERS.popitem()[1].browser.close()
     if _driver.cache_info().currsize:
         with contextlib.suppress(Exception):
             _driver().stop()

@@ -1,7 +1,8 @@
 """onnxruntime-web inside headless Chromium: wasm, WebGL and WebGPU backends.
 
-The browser, its pages and the local server are targets/chromium.py's (each worker's own
-Chromium over a pipe; a browser the user gives is shared by the three targets through `service_key`). Here: one `WebSession` per
+The browser, its pages and the local server are targets/chromium.py's (the three targets' one
+worker launches one Chromium over a pipe, a context per target; a browser the user gives is
+shared by the three targets through `service_key`). Here: one `WebSession` per
 variant on the worker's page (each variant's ORT sessions are released after it), and a
 small profile per backend (`OrtWebWasm`, `OrtWebWebgl`, `OrtWebWebgpu`) that names its
 bundle and EP and says how its placement and real backend are read. Latency is measured in
@@ -159,7 +160,7 @@ def _fed_batch(feeds: Feeds, batch_axes: dict[str, int]) -> int:
 class OrtWebTarget(Target):
     runs_onnx_as_is = True
     service_key: ClassVar[str] = "chromium"
-    one_at_a_time: ClassVar[str] = "browser"  # each worker launches its own Chromium (targets/chromium.py)
+    worker_group: ClassVar[str] = "browser"  # one worker, one Chromium, a context per target (targets/chromium.py)
     backend: ClassVar[str]  # onnxruntime-web executionProviders name
     bundle: ClassVar[str]  # one ORT bundle per page, from the installed dist/
     ort_ep: ClassVar[str | None]  # ORT's name for the EP in its placement log

@@ -330,6 +330,35 @@ def test_chromium_dies_with_a_killed_runner(tmp_path):
     _assert_gone(browsers)
 
 
+def _stage(cell_dir: Path) -> str | None:
+    try:
+        return json.loads((cell_dir / "measurement.json").read_text()).get("stage")
+    except (OSError, ValueError):  # not written yet
+        return None
+
+
+def test_the_web_targets_share_one_worker_and_a_dead_browser_costs_its_cell_only(tmp_path):
+    """One worker and one Chromium serve the web targets (a context each); the browser killed mid-cell
+    fails that cell only: the next target's cell gets a fresh browser in the same worker."""
+    from targets import REGISTRY
+
+    if REGISTRY["ort-web-wasm"].unavailable_reason():
+        pytest.skip(REGISTRY["ort-web-wasm"].unavailable_reason())
+    run = _start(MLP, "--targets", "ort-web-wasm,ort-web-webgl", "--precisions", "fp32", *SLOW, "--out", tmp_path)
+    wasm_dir = tmp_path / "cells" / "ort-web-wasm-fp32"
+    worker = _worker_of(run, wasm_dir)
+    _wait_for(lambda: _stage(wasm_dir) == "latency", "the wasm cell timing")
+    (browser,) = [p for p in _descendants(worker.pid, "--remote-debugging-pipe") if "--type=" not in " ".join(p.cmdline())]
+    browser.kill()
+    _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
+    wasm, webgl = load_results(tmp_path)["cells"]
+    assert wasm["verdict"] == "FAIL" and wasm["error"]["stage"] == "latency", stderr
+    assert webgl["verdict"] in ("PASS", "WARN"), webgl["reasons"]
+    pids = {json.loads((tmp_path / "cells" / f"{name}-fp32" / "measurement.json").read_text())["worker_pid"]
+            for name in ("ort-web-wasm", "ort-web-webgl")}
+    assert pids == {worker.pid}
+
+
 def test_watchdog_kills_a_group_whose_runner_is_gone():
     """The fallback where no parent-death signal exists: a separate watchdog process."""
     runner = subprocess.Popen(["sleep", "600"])

@@ -248,16 +248,18 @@ class CellSchedule:
     many as the cores and the memory allow. Their stages are granted by one cells.StageGate, so opening
     sessions and pages, contract, parity, rollouts and placement run side by side while latency is measured
     with nothing else running. Each finished cell goes to the journal at once; the report lists them in
-    grid order. Targets that hold something large of their own (a browser) run one at a time
-    (Target.one_at_a_time). An interrupted run kills the workers and keeps only the cells that finished."""
+    grid order. Targets that share something large (a browser) share one worker, one target after another
+    (Target.worker_group): the browser starts once per run, not once per target, and one browser's memory is
+    held at a time. An interrupted run kills the workers and keeps only the cells that finished."""
 
     def __init__(self, config: RunConfig, configurations: list[Configuration], runner: CellRunner, inputs_by_model: dict,
                  finished: dict, journal: Journal, gate: cells.StageGate):
         self.config, self.runner, self.inputs_by_model = config, runner, inputs_by_model
         self.kept, self.journal = finished, journal
-        self.by_target: dict[str, list[tuple[int, Configuration]]] = {}
+        self.by_worker: dict[str, list[tuple[int, Configuration]]] = {}  # a worker's cells, in grid order
         for index, configuration in enumerate(configurations):
-            self.by_target.setdefault(configuration.target_label, []).append((index, configuration))
+            group = registry.get(configuration.target_label).worker_group or configuration.target_label
+            self.by_worker.setdefault(group, []).append((index, configuration))
         self.gate = gate
         self.done: dict[int, Cell] = {}
         self.recording = threading.Lock()
@@ -267,15 +269,15 @@ class CellSchedule:
     def run(self) -> None:
         slots = concurrent_targets(self.config.memory_limit)
         pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="target")
-        pending, running = list(self.by_target), {}
+        # The workers with the most cells first (the browser targets' one): the run ends when its longest worker does.
+        pending, running = sorted(self.by_worker, key=lambda worker: -len(self.by_worker[worker])), set()
         try:
             while pending or running:
-                for target in self._startable(pending, set(running.values()), slots - len(running)):
-                    pending.remove(target)
-                    running[pool.submit(self._run_cells, target, self.by_target[target])] = registry.get(target).one_at_a_time
+                while pending and len(running) < slots:
+                    running.add(pool.submit(self._run_cells, self.by_worker[pending.pop(0)]))
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
-                    del running[future]
+                    running.remove(future)
                     future.result()
         except BaseException:  # interrupted (or a bug): no stage is granted any more, no worker outlives the run
             self.interrupted.set()
@@ -286,21 +288,7 @@ class CellSchedule:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    @staticmethod
-    def _startable(pending: list[str], busy: set, free_slots: int) -> list[str]:
-        """The next targets in grid order that may start now: a free slot each, and no two sharing a
-        one-at-a-time key (nor one with a running target's)."""
-        chosen: list[str] = []
-        for target in pending:
-            if len(chosen) == free_slots:
-                break
-            key = registry.get(target).one_at_a_time
-            if key is None or key not in busy:
-                chosen.append(target)
-                busy = busy | {key}
-        return chosen
-
-    def _run_cells(self, target_name: str, items: list[tuple[int, Configuration]]) -> None:
+    def _run_cells(self, items: list[tuple[int, Configuration]]) -> None:
         worker = cells.WorkerProcess(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
         self.workers.append(worker)
         try:
@@ -315,7 +303,7 @@ class CellSchedule:
                     self._record(index, kept, new=False)
                 else:
                     spec = self.inputs_by_model[configuration.candidate].for_cell(configuration, rollout=True)
-                    self._record(index, self.runner.run(registry.get(target_name), spec, worker), new=True)
+                    self._record(index, self.runner.run(registry.get(configuration.target_label), spec, worker), new=True)
         finally:
             worker.stop()
 
