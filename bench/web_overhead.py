@@ -74,9 +74,8 @@ def run_wall_time(model: Path) -> None:
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
         subprocess.run(
-            [str(ROOT / ".venv" / "bin" / "policy-matrix"), "run", str(model), "--targets", ",".join(ALL),
-             "--out", out, "--fail-on", "never"],
-            check=True, capture_output=True, text=True,
+            [sys.executable, "-m", "matrix", "run", str(model), "--targets", ",".join(ALL), "--out", out, "--fail-on", "never"],
+            check=True, capture_output=True, text=True, cwd=ROOT,
         )
         wall = time.perf_counter() - started
         cells = json.loads((Path(out) / "results.json").read_text())["cells"]
