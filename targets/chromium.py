@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -63,7 +64,7 @@ def chromium_executable() -> str | None:
     """The user's --browser-path; else a Playwright-managed Chromium when one is installed, else the system Chromium."""
     if user_path := os.environ.get(BROWSER_PATH_ENV):
         return user_path
-    if playwright_missing() is None:
+    if playwright_missing() is None and _may_hold_managed_chromium():
         from playwright.sync_api import sync_playwright
 
         try:
@@ -74,6 +75,20 @@ def chromium_executable() -> str | None:
         except Exception:  # noqa: BLE001 — no managed browser is an ordinary answer
             pass
     return next((path for path in SYSTEM_CHROMIUM if Path(path).exists()), None) or shutil.which("chromium")
+
+
+def _may_hold_managed_chromium() -> bool:
+    """False when Playwright's browser folder (its default place: PLAYWRIGHT_BROWSERS_PATH unset) holds no
+    chromium-* install, so no Playwright driver (0.6-1.7 s) is started just to learn that none is there."""
+    if os.environ.get("PLAYWRIGHT_BROWSERS_PATH"):
+        return True
+    if sys.platform == "darwin":
+        cache = Path.home() / "Library" / "Caches"
+    elif sys.platform == "win32":
+        cache = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    else:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return any((cache / "ms-playwright").glob("chromium-*"))
 
 
 @functools.cache
