@@ -219,6 +219,7 @@ class HarnessPage:
     def __init__(self, bundle: str):
         self.browser_key = _browser_key()
         self.browser = _hold_browser(self.browser_key)
+        self.answers: dict[tuple, object] = {}  # call_once's
         try:
             self.context = self.browser.new_context()
             self.page = self.context.new_page()
@@ -236,6 +237,13 @@ class HarnessPage:
         if not reply["ok"]:
             raise RuntimeError(reply["error"])
         return reply["result"]
+
+    def call_once(self, function: str, *args):
+        """`call`, answered once for the page's life: what the page's device is (its adapter, its renderer)."""
+        key = (function, *args)
+        if key not in self.answers:
+            self.answers[key] = self.call(function, *args)
+        return self.answers[key]
 
     def close(self) -> None:
         if self.browser is None:

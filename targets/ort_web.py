@@ -62,7 +62,7 @@ class WebSession(Session):
         self.sessions: dict[int | None, dict] = {}
         self.exported_error = ""  # the backend's own words on the exported file, when a fixed-batch copy ran instead
         try:
-            self.probe = self.page.call("probe", target.backend)
+            self.probe = self.page.call_once("probe", target.backend)
             if self.probe["present"]:
                 try:
                     self._session_for(None)
@@ -179,8 +179,9 @@ class OrtWebTarget(Target):
         return web_unavailable_reason()
 
     def start_runtime(self) -> None:
+        """The page and its device probe (a WebGPU adapter request), before and outside the timed cold start."""
         if self.unavailable_reason() is None:
-            shared_page(self.bundle)
+            shared_page(self.bundle).call_once("probe", self.backend)
 
     def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         return WebSession(self, artifact, threads)
