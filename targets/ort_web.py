@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
-from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Preparation, RunService, Session, Settings, Target
+from .base import EMULATED_ITERS, NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Preparation, RunService, Session, Settings, Target
 from .chromium import (
     BROWSER_ENDPOINT_ENV,
     UserBrowser,
@@ -38,11 +38,6 @@ from .web_support import (
     placement_rows,
 )
 
-# A software (SwiftShader) adapter's latency means nothing (it is never compared, never decides, and
-# the report says "parity only"), yet it is timed alone (cells.StageGate) at 15-65 ms a call on the MLP,
-# ~0.3 s on a conv policy at batch 64: the worker's probe round (not reported), 1 warm-up and 5 timed
-# calls per batch size show its order of magnitude; 3 + 20 made it most of a full matrix's timed seconds.
-EMULATED_WARMUP, EMULATED_ITERS = 1, 5
 # Pinned releases (`ort-web-wasm@1.22.0`): 1.19.0 is the first to ship the ES-module bundles the page
 # imports (ort.wasm.min.mjs, ort.webgl.min.mjs, ort.min.mjs); 1.17 and 1.18 have none.
 WEB_FLOOR = "1.19.0"
@@ -109,8 +104,6 @@ class WebSession(Session):
         return decode_outputs(self._call("run", feeds))
 
     def time(self, feeds: Feeds, warmup: int, iters: int) -> list[int]:
-        if self.backend().emulated:  # software adapter: latency is not the point, keep the cell short
-            warmup, iters = min(warmup, EMULATED_WARMUP), min(iters, EMULATED_ITERS)
         return self._call("time", feeds, warmup, iters)
 
     def preparation(self) -> Preparation | None:

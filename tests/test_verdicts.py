@@ -22,7 +22,7 @@ from matrix.reference import reference
 from matrix.inputs.lint import lint
 from matrix.results import ArtifactInfo, Cell, OutputParity
 from matrix.judge.rules import Context, Tolerance, verdict
-from targets.base import Artifact
+from targets.base import EMULATED_ITERS, Artifact
 from targets.ort_cpu import OrtSession
 
 pytestmark = [pytest.mark.slow, pytest.mark.tflite_env, pytest.mark.coreml_env]
@@ -256,6 +256,8 @@ def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path)
     spec.iters, spec.latency_budget_s = 50, 30.0
     samples, budget_spent = timed_calls(session, feeds, spec)
     assert not budget_spent and len(samples) == 50
+    # an emulated adapter's latency means nothing: a few calls, whatever --iters asks
+    assert len(timed_calls(session, feeds, spec, emulated=True)[0]) == EMULATED_ITERS < spec.iters
 
 
 def test_a_conversion_only_cell_is_converted_not_passed():

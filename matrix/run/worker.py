@@ -31,7 +31,7 @@ import onnx
 
 import targets
 from targets import versions
-from targets.base import CellSkip, PrepareContext
+from targets.base import EMULATED_ITERS, EMULATED_WARMUP, CellSkip, PrepareContext
 
 from ..inputs import observations
 from . import rollouts, variants
@@ -175,8 +175,9 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
 
     enter("latency")
     measurement.latency = []
+    emulated = bool(measurement.backend and measurement.backend.emulated)
     for batch in spec.batch_sizes:
-        samples, budget_spent = timed_calls(session, observations.take(feeds, batch, spec.batch_axes), spec)
+        samples, budget_spent = timed_calls(session, observations.take(feeds, batch, spec.batch_axes), spec, emulated)
         measurement.latency.append(latency_stats(batch, samples))
         if budget_spent:
             measurement.notes.append(
@@ -190,13 +191,16 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
 PROBE_CALLS = 3  # timed first to size the warm-up and the rounds that fit the budget
 
 
-def timed_calls(session, feeds, spec: CellSpec) -> tuple[list[int], bool]:
+def timed_calls(session, feeds, spec: CellSpec, emulated: bool = False) -> tuple[list[int], bool]:
     """Up to spec.iters timed calls in rounds, and whether spec.latency_budget_s stopped them first.
 
     The first round (a few calls, no warm-up) estimates one call's cost; the
     warm-up is then cut to a quarter of the budget. Samples of the probe round
     are not reported: they ran cold. A target that times fewer calls than asked
-    (a software adapter) has decided for itself: no further rounds."""
+    has decided for itself: no further rounds. An emulated backend's latency
+    means nothing: a warm-up and a few calls (targets.base.EMULATED_ITERS), no probe round."""
+    if emulated:
+        return session.time(feeds, min(spec.warmup, EMULATED_WARMUP), min(spec.iters, EMULATED_ITERS)), False
     started = time.perf_counter()
     probe = session.time(feeds, 0, PROBE_CALLS)
     per_call_s = max(float(np.median(probe)) / 1e9, 1e-7)
