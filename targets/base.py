@@ -248,6 +248,10 @@ class Target(ABC):
         has done its imports) before cold start is timed, so cold start stays session creation + first
         inference; called before each open(); the default starts nothing."""
 
+    def stop_runtime(self) -> None:
+        """Release what start_runtime started, when this target's worker moves on to another target's
+        cells (Target.worker_group); the default has nothing to release."""
+
     def start_service(self, run_dir: Path) -> RunService | None:
         return None
 

@@ -176,6 +176,10 @@ class OrtWebTarget(Target):
         if self.unavailable_reason() is None:
             shared_page(self.bundle).call_once("probe", self.backend)
 
+    def stop_runtime(self) -> None:
+        """The target's page and context go: the worker's browser holds the page of the target it serves only."""
+        drop_page(self.bundle)
+
     def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         return WebSession(self, artifact, threads)
 

@@ -88,8 +88,20 @@ def _save(cell_dir: Path, measurement: Measurement, arrays: dict) -> None:
     measurement.save(cell_dir)
 
 
+_served = None  # the target whose runtime this worker holds (serve(): one worker may serve several targets)
+
+
+def _serving(target) -> None:
+    """A worker that moves on to another target's cells releases the runtime of the one before (its browser page)."""
+    global _served
+    if _served is not None and _served.name != target.name:
+        _served.stop_runtime()
+    _served = target
+
+
 def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: dict) -> None:
     target = targets.get(spec.target)
+    _serving(target)
     feeds = observations.read(Path(spec.observations))
     measurement.runtime_version = target.runtime_version()
     versions.check_loaded(target)  # a pinned target runs its own release or not at all
