@@ -285,5 +285,10 @@ class HarnessServer:
         return None
 
     def stop(self) -> None:
+        """Stop serving without waiting: shutdown() returns only once serve_forever's 0.5 s poll has noticed,
+        which cost each page that closed (a web worker moving on to the next target) that long."""
+        threading.Thread(target=self._close, daemon=True).start()
+
+    def _close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
