@@ -1,6 +1,6 @@
 """The `policy-matrix` command line.
 
-Imports of the heavy parts (numpy, onnx, pandas, matplotlib, every target) happen
+Imports of the heavy parts (numpy, onnx, matplotlib, every target) happen
 inside the commands that use them: `--version`, `--help` and shell completion stay
 about as fast as Python itself.
 """
@@ -33,7 +33,19 @@ def app(quiet: int, verbose: int) -> None:
     float64 reference, latency, operator placement and the RL action contract."""
     global console
     console = _stderr_console(verbose - quiet)
-    click.get_current_context().meta["verbosity"] = verbose - quiet
+    context = click.get_current_context()
+    context.meta["verbosity"] = verbose - quiet
+    if context.invoked_subcommand == "run":
+        _warm_fork_server()
+
+
+def _warm_fork_server() -> None:
+    """A run's reference job and cell workers are forked from a server that imports numpy, onnx and onnxruntime
+    (~1 s, matrix/run/forkserver.py): started before `run` parses its options and imports its own modules, the
+    two overlap, and the reference job does not wait for it. A run refused as bad input takes it down with it."""
+    from ..run import forkserver
+
+    forkserver.CLIENT.warm()
 
 
 def _stderr_console(verbosity: int = 0):
