@@ -18,12 +18,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from .. import outdir
 from ..inputs.model import ModelInfo
 from ..inputs.observations import Feeds, run_in_batches
-from .reference_ops import CORRECTED_OPS
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 NARROW_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}  # an explicit Cast to these keeps its rounding
@@ -49,8 +47,14 @@ def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
     return Reference(outputs=results, margins=margins)
 
 
-def evaluator_for(proto: onnx.ModelProto) -> ReferenceEvaluator:
-    """onnx's reference evaluator with the operators it gets wrong replaced (reference_ops.py)."""
+def evaluator_for(proto: onnx.ModelProto):
+    """onnx's reference evaluator with the operators it gets wrong replaced (reference_ops.py). Imported here:
+    the runner uses this module's Reference and save, and the evaluator runs in the reference job, forked from a
+    server that has it imported already (matrix/run/forkserver.py)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from .reference_ops import CORRECTED_OPS
+
     return ReferenceEvaluator(proto, new_ops=CORRECTED_OPS)
 
 
