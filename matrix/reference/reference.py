@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
 from .. import outdir
@@ -48,9 +47,9 @@ def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
 
 
 def evaluator_for(proto: onnx.ModelProto):
-    """onnx's reference evaluator with the operators it gets wrong replaced (reference_ops.py). Imported here:
-    the runner uses this module's Reference and save, and the evaluator runs in the reference job, forked from a
-    server that has it imported already (matrix/run/forkserver.py)."""
+    """onnx's reference evaluator with the operators it gets wrong replaced (reference_ops.py). Imported here, as
+    ORT in dev_runtime: the runner uses only Reference and save, and the evaluator runs in the reference job,
+    forked from a server that has both imported already (matrix/run/forkserver.py)."""
     from onnx.reference import ReferenceEvaluator
 
     from .reference_ops import CORRECTED_OPS
@@ -67,6 +66,8 @@ def save(ref: Reference, path: Path) -> None:
 
 def dev_runtime(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:
     """The development runtime's answer (ORT CPU, fp32): the report's second column."""
+    import onnxruntime as ort  # in the reference job; the runner, which imports this module too, never loads ORT
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
