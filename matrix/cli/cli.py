@@ -436,17 +436,24 @@ def _one_variant(value: str) -> list[str]:
     return chosen
 
 
+def _is_the_program() -> bool:
+    """main() is what this process runs: the console script and `python -m matrix` both call it from __main__."""
+    return getattr(sys.modules.get("__main__"), "main", None) is main
+
+
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
     signal.signal(signal.SIGTERM, raise_terminated)  # like Ctrl-C: report what finished, leave nothing running
     # Python installs its Ctrl-C handler only when SIGINT was not ignored at start; a background job of a
     # non-interactive shell inherits it ignored, and an interrupt would then do nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    # What a command imported (numpy, onnx, pydantic's schemas, ...) lives until the process ends. Frozen when the
-    # interpreter exits, its final collections do not walk it all: 0.3-0.5 s less at the end of a run
-    # (bench/matrix_wall.py "exit"). Threads are still joined, every atexit handler runs, streams are flushed.
-    atexit.unregister(gc.freeze)  # once per process, however often main() runs in it (the in-process tests)
-    atexit.register(gc.freeze)
+    if _is_the_program():
+        # What a command imported (numpy, onnx, pydantic's schemas, ...) lives until the process ends. Frozen when
+        # the interpreter exits, its final collections do not walk it all: 0.3-0.5 s less at the end of a run
+        # (bench/matrix_wall.py "exit"). Threads are still joined, every atexit handler runs, streams are flushed.
+        # Not inside another program (the tests call main() in process): what it loaded may need those collections
+        # (onnxsim's executor, freed only by them, would be reported as leaked by its bindings).
+        atexit.register(gc.freeze)
     try:
         code = app.main(standalone_mode=False, prog_name="policy-matrix")
     except (InputError, click.UsageError) as error:
