@@ -1,15 +1,20 @@
 """A single-runtime check against Polygraphy, the tool people would otherwise use for it.
 
-Pairs `policy-matrix -q run continuous_mlp.onnx --targets ort-cpu --variants fp32` (reference,
-percentiles, report) with `polygraphy run continuous_mlp.onnx --onnxrt --onnxrt --iterations 200`
-(two ORT runners and a comparison), alternating within each pair so machine noise hits both alike,
-and prints each pair's ratio and the median ratio. Goal: <= 1.2x.
+Times `policy-matrix -q run continuous_mlp.onnx --targets ort-cpu --variants fp32` (reference,
+percentiles, report) beside `polygraphy run continuous_mlp.onnx --onnxrt --onnxrt` (two ORT
+runners and a comparison) twice: with `--iterations 200`, as issue 26 wrote it, and with
+Polygraphy's default single iteration. The three commands take turns within each round (the
+order rotates), so machine noise hits all alike; each round prints both ratios, then the medians.
+
+The goal, <= 1.2x, is judged on the stricter ratio: against the faster Polygraphy command, which
+with Polygraphy 0.53 is the single iteration (its 200 iterations add ~3 s of Python per-call
+overhead that has nothing to do with a check's start-up costs).
 
 Polygraphy comes from a scratch virtual environment this script makes under the cache
 (`pip install polygraphy --no-deps`, with this environment's onnx/onnxruntime/numpy visible
 through a .pth file, so both tools run the same onnxruntime), or from --polygraphy PATH.
 
-    .venv/bin/python bench/polygraphy_pair.py [--pairs 5] [--polygraphy /path/to/polygraphy]
+    .venv/bin/python bench/polygraphy_pair.py [--rounds 5] [--polygraphy /path/to/polygraphy]
 """
 
 from __future__ import annotations
@@ -53,29 +58,51 @@ def seconds(command: list[str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--rounds", "--pairs", type=int, default=5)
     parser.add_argument("--polygraphy", type=Path, help="a polygraphy executable (default: a scratch venv under the cache)")
     args = parser.parse_args()
     tool = args.polygraphy or scratch_polygraphy()
     model = examples.path("continuous_mlp")
-    ratios, ours, theirs = [], [], []
+    polygraphy = [str(tool), "run", str(model), "--onnxrt", "--onnxrt"]
     with tempfile.TemporaryDirectory() as scratch:
-        matrix = [sys.executable, "-m", "matrix", "-q", "run", str(model), "--targets", "ort-cpu", "--variants", "fp32",
-                  "--out", str(Path(scratch) / "report"), "--fail-on", "never"]
-        polygraphy = [str(tool), "run", str(model), "--onnxrt", "--onnxrt", "--iterations", "200"]
-        seconds(polygraphy)  # both once untimed: first-use caches (the venv's .pyc files, the page cache)
-        seconds(matrix)
-        print(f"{'pair':>4} {'policy-matrix s':>16} {'polygraphy s':>13} {'ratio':>7}")
-        for index in range(args.pairs):
-            first, second = (matrix, polygraphy) if index % 2 == 0 else (polygraphy, matrix)
-            timed = {id(first): seconds(first), id(second): seconds(second)}
-            ours.append(timed[id(matrix)])
-            theirs.append(timed[id(polygraphy)])
-            ratios.append(ours[-1] / theirs[-1])
-            print(f"{index + 1:>4} {ours[-1]:>16.2f} {theirs[-1]:>13.2f} {ratios[-1]:>6.2f}x")
-    ratio = statistics.median(ratios)
-    print(f"median: policy-matrix {statistics.median(ours):.2f} s, polygraphy {statistics.median(theirs):.2f} s, "
-          f"ratio {ratio:.2f}x (goal <= {GOAL}x: {'met' if ratio <= GOAL else 'MISSED'})")
+        commands = {
+            OURS: [sys.executable, "-m", "matrix", "-q", "run", str(model), "--targets", "ort-cpu", "--variants", "fp32",
+                   "--out", str(Path(scratch) / "report"), "--fail-on", "never"],
+            "polygraphy --iterations 200": [*polygraphy, "--iterations", "200"],
+            "polygraphy (1 iteration)": polygraphy,
+        }
+        for command in commands.values():  # each once untimed: first-use caches (the venv's .pyc files, the page cache)
+            seconds(command)
+        samples = rounds(commands, args.rounds)
+    report(samples)
+
+
+OURS = "policy-matrix"
+
+
+def rounds(commands: dict[str, list[str]], count: int) -> dict[str, list[float]]:
+    """Seconds per command and round; the order rotates from round to round."""
+    names = list(commands)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    print(f"{'round':>5} " + " ".join(f"{name + ' s':>28}" for name in names) + f" {'ratios':>16}")
+    for index in range(count):
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            samples[name].append(seconds(commands[name]))
+        ratios = [samples[OURS][-1] / samples[name][-1] for name in names[1:]]
+        print(f"{index + 1:>5} " + " ".join(f"{samples[name][-1]:>28.2f}" for name in names)
+              + " " + " ".join(f"{ratio:>7.2f}x" for ratio in ratios))
+    return samples
+
+
+def report(samples: dict[str, list[float]]) -> None:
+    ours = statistics.median(samples[OURS])
+    ratios = {name: statistics.median(a / b for a, b in zip(samples[OURS], values))
+              for name, values in samples.items() if name != OURS}
+    for name, ratio in ratios.items():
+        print(f"median: {OURS} {ours:.2f} s, {name} {statistics.median(samples[name]):.2f} s: ratio {ratio:.2f}x")
+    judged = max(ratios, key=ratios.get)  # the stricter: against the faster Polygraphy command
+    verdict = "met" if ratios[judged] <= GOAL else "MISSED"
+    print(f"goal <= {GOAL}x against {judged} (the stricter): {ratios[judged]:.2f}x {verdict}")
 
 
 if __name__ == "__main__":

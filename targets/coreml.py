@@ -99,9 +99,6 @@ class CoremlAll(CoremlPredictTarget):
     summary = "Core ML, compute units ALL"
 
 
-TARGETS = (CoremlTarget(), CoremlCpu(), CoremlGpu(), CoremlNe(), CoremlAll())
-
-
 class PredictHelper:
     """coreml_predict.py running in the CoreML environment, with a private folder for the .npz arrays.
 

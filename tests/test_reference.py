@@ -2,6 +2,7 @@
 
 import numpy as np
 import onnx
+import onnx.reference
 from onnx import TensorProto, helper
 
 from matrix.inputs import model, observations

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from onnxconverter_common import float16
 from assist_fixtures import fp16_overflow_mlp
 from conftest import run_cli
 from variant_policies import skl2onnx_regressor, stateful_detector, weights_in_if_branches
@@ -70,7 +71,7 @@ def test_a_crash_making_fp16_costs_fp16_only_and_is_named_once(tmp_path, cache, 
 def test_a_graph_starting_with_a_cast_gets_an_fp16_variant_with_that_cast_kept_in_fp32(tmp_path, cache):
     info = _load(skl2onnx_regressor(), tmp_path)
     with pytest.raises(variants.VariantError, match="not valid ONNX"):  # what the converter makes of it whole
-        variants.validate(info.proto, variants.float16.convert_float_to_float16(info.proto, keep_io_types=True), "fp16")
+        variants.validate(info.proto, float16.convert_float_to_float16(info.proto, keep_io_types=True), "fp16")
     made, errors = variants.produce_all(info, ["fp16"], tmp_path / "run")
     assert not errors
     fp16 = onnx.load(str(made["fp16"]))

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import onnx
+import onnx.reference
 import pytest
 from conftest import load_results, run_cli
 from onnx import TensorProto, helper

@@ -16,14 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from .. import outdir
 from ..inputs.model import ModelInfo
 from ..inputs.observations import Feeds, run_in_batches
-from .reference_ops import CORRECTED_OPS
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 NARROW_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}  # an explicit Cast to these keeps its rounding
@@ -49,8 +46,14 @@ def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
     return Reference(outputs=results, margins=margins)
 
 
-def evaluator_for(proto: onnx.ModelProto) -> ReferenceEvaluator:
-    """onnx's reference evaluator with the operators it gets wrong replaced (reference_ops.py)."""
+def evaluator_for(proto: onnx.ModelProto):
+    """onnx's reference evaluator with the operators it gets wrong replaced (reference_ops.py). Imported here, as
+    ORT in dev_runtime: the runner uses only Reference and save, and the evaluator runs in the reference job,
+    forked from a server that has both imported already (matrix/run/forkserver.py)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from .reference_ops import CORRECTED_OPS
+
     return ReferenceEvaluator(proto, new_ops=CORRECTED_OPS)
 
 
@@ -63,6 +66,8 @@ def save(ref: Reference, path: Path) -> None:
 
 def dev_runtime(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:
     """The development runtime's answer (ORT CPU, fp32): the report's second column."""
+    import onnxruntime as ort  # in the reference job; the runner, which imports this module too, never loads ORT
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])

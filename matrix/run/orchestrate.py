@@ -149,7 +149,7 @@ def lock_out(out: Path):
 
 
 def run(config: RunConfig, console: Console) -> RunResults:
-    forkserver.CLIENT.warm()  # its imports overlap the observation set; the reference job is its first child
+    forkserver.CLIENT.warm()  # `policy-matrix run` started it before parsing (cli.py); other callers start it here
     config.out.mkdir(parents=True, exist_ok=True)
     model = config.model
     identity = run_identity(config)

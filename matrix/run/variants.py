@@ -50,8 +50,6 @@ from importlib.metadata import version
 from pathlib import Path
 
 import onnx
-import onnxruntime
-from onnxconverter_common import float16
 
 from . import guarded
 from ..inputs import model as model_loader
@@ -136,6 +134,8 @@ def made(model: ModelInfo, variant: str, keep_fp32: tuple[str, ...] = ()) -> Mad
 
 
 def _entry_folder(model: ModelInfo, variant: str, keep_fp32: tuple[str, ...]) -> Path:
+    import onnxruntime  # only where a variant is made (a guarded step): the runner itself never loads ORT
+
     tools = f"{RECIPE}/{onnxruntime.__version__}/{version('onnxconverter-common')}/{onnx.__version__}"
     key = hashlib.sha256(json.dumps([model.sha256, tools, variant, sorted(keep_fp32)]).encode()).hexdigest()[:24]
     folder = cache_dir() / "variants" / key
@@ -227,6 +227,8 @@ def _fp16(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
 
 def _convert_fp16(original: onnx.ModelProto, source: onnx.ModelProto, blocked: list[str]):
     """(the valid fp16 graph, None), or (None, why not) after both interface routes."""
+    from onnxconverter_common import float16
+
     first_error = None
     for keep_io_types in (True, False):
         try:
@@ -304,6 +306,8 @@ class VariantError(Exception):
 
 def validate(original: onnx.ModelProto, variant: onnx.ModelProto, name: str) -> None:
     """Full checker, an ORT load, and the original's input/output names, shapes and dtypes."""
+    import onnxruntime
+
     try:
         onnx.checker.check_model(variant, full_check=True)
     except Exception as error:
