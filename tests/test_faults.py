@@ -5,9 +5,11 @@ reference. Every wait is for a state (a process, a file, a line), never a fixed 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -426,15 +428,17 @@ def _fill(disk: Path) -> Path:
 
 
 def test_a_full_disk_then_resume_reruns_what_the_disk_cost(small_disk):
-    """The disk fills while the second cell runs: that cell and the next fail on the tool's own writes
-    (ENOSPC), the journal and report cannot be written. With space again, --resume keeps the first
-    cell as measured and runs the others again instead of keeping their disk-made FAILs."""
+    """The disk fills once the first cell is in the journal and before the next one is: the later cells
+    fail on the tool's own writes (ENOSPC), the journal and report cannot be written. With space again,
+    --resume keeps the first cell as measured and runs the others again instead of keeping their disk-made
+    FAILs. The run's processes are stopped while the disk fills, so no later cell can finish before it is full."""
     out = small_disk / "out"
-    args = ["--targets", "ort-cpu", "--precisions", "fp32,fp16,int8", "--iters", "400000", "--warmup", "0",
+    args = ["--targets", "ort-cpu", "--precisions", "fp32,fp16,int8", "--iters", "20000", "--warmup", "0",
             "--batch-sizes", "1"]
     run = _start(MLP, *args, "--out", out)
     _wait_for(lambda: len(_jsonl(out)) >= 1, "the first finished cell in results.jsonl")
-    filler = _fill(small_disk)
+    with _stopped(run.pid):
+        filler = _fill(small_disk)
     _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
     assert "Traceback" not in stderr, stderr
     kept = _jsonl_lines_parsed(out)
@@ -442,10 +446,27 @@ def test_a_full_disk_then_resume_reruns_what_the_disk_cost(small_disk):
     filler.unlink()
     done = run_cli("run", MLP, *args, "--resume", out)
     assert done.returncode == 0, done.stderr
+    assert re.search(r"keeping [12] finished cells", done.stderr), done.stderr  # at least the last cell runs again
     results = load_results(out)
     assert [(c["variant"], c["verdict"]) for c in results["cells"]] == [("fp32", "PASS"), ("fp16", "PASS"), ("int8", "PASS")]
     assert results["cells"][0]["duration_s"] == kept[0]["duration_s"]  # kept, not measured again
     assert all(json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())  # no line glued to a cut one
+
+
+@contextlib.contextmanager
+def _stopped(pid: int):
+    """SIGSTOP for a process and its descendants while the block runs, SIGCONT after."""
+    root = psutil.Process(pid)
+    processes = [root, *root.children(recursive=True)]
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.suspend()
+    try:
+        yield
+    finally:
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.resume()
 
 
 def _jsonl_lines_parsed(out: Path) -> list[dict]:
