@@ -29,8 +29,10 @@ from matrix.inputs.lint import lint
 FAST = ("--n-obs", "16", "--iters", "5", "--warmup", "1", "--variants", "fp32")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def exported(tmp_path_factory) -> dict[str, Path]:
+    """Built per test (milliseconds): a module-wide fixture would keep this module's end-to-end runs on one
+    pytest-xdist worker (tests/conftest.py)."""
     folder = tmp_path_factory.mktemp("exported")
     return {name: policies.save(getattr(policies, name)(), folder, name)
             for name in ("lstm_actor", "vad_with_sample_rate", "unnamed_batch_regressor")}

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.tflite_env]
 FAST = ("--iters", "5", "--warmup", "1", "--batch-sizes", "1")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test (milliseconds), so the module's end-to-end runs spread over pytest-xdist workers
 def policy_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("policies")
     policies.cartpole(folder / "cartpole.onnx")
