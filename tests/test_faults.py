@@ -132,12 +132,13 @@ def test_runner_kill_9_takes_its_worker_along_and_resume_finishes_the_matrix(tmp
     assert len(lines) == 3 and len({line["run_id"] for line in lines}) == 1
 
 
-def test_resume_refuses_other_settings(tmp_path):
+def test_resume_refuses_other_settings(tmp_path, policy_matrix):
     assert run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path).returncode == 0
-    done = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path)
-    assert done.returncode == 2 and "options differ" in done.stderr and "iters" in done.stderr
-    done = run_cli("run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--resume", tmp_path)
-    assert done.returncode == 2 and "another model" in done.stderr
+    code, lines = policy_matrix([MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path])
+    assert code == 2 and "options differ" in "\n".join(lines) and "iters" in "\n".join(lines), lines
+    code, lines = policy_matrix([example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
+                                 "--resume", tmp_path])
+    assert code == 2 and "another model" in "\n".join(lines), lines
 
 
 def test_a_rerun_keeps_the_previous_runs_lines(tmp_path):
@@ -167,12 +168,12 @@ def test_a_signalled_run_writes_its_report_and_leaves_nothing_running(tmp_path, 
     _assert_gone([worker])
 
 
-def test_a_second_run_on_the_same_folder_is_refused(tmp_path):
+def test_a_second_run_on_the_same_folder_is_refused(tmp_path, policy_matrix):
     first = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", *SLOW, "--out", tmp_path)
     try:
         _worker_of(first, tmp_path / "cells" / "ort-cpu-fp32")
-        second = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--out", tmp_path)
-        assert second.returncode == 2 and "another policy-matrix run is writing to" in second.stderr, second.stderr
+        code, lines = policy_matrix([MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--out", tmp_path])
+        assert code == 2 and "another policy-matrix run is writing to" in "\n".join(lines), lines
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=STATE_TIMEOUT_S)
@@ -480,14 +481,14 @@ def _jsonl_lines_parsed(out: Path) -> list[dict]:
     return lines
 
 
-def test_merge_into_a_folder_a_run_is_writing_is_refused(tmp_path):
+def test_merge_into_a_folder_a_run_is_writing_is_refused(tmp_path, policy_matrix):
     shard = Path(__file__).parent / "fixtures" / "shard_continuous_mlp.json"
     out = tmp_path / "out"
     run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", *SLOW, "--out", out)
     try:
         _worker_of(run, out / "cells" / "ort-cpu-fp32")
-        merged = run_cli("merge", shard, "--out", out)
-        assert merged.returncode == 2 and "another policy-matrix run is writing to" in merged.stderr, merged.stderr
+        code, lines = policy_matrix(["merge", shard, "--out", out])
+        assert code == 2 and "another policy-matrix run is writing to" in "\n".join(lines), lines
         assert not (out / "results.json").exists()  # the run's report was not replaced by the merge
     finally:
         run.send_signal(signal.SIGTERM)
