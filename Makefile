@@ -56,7 +56,10 @@ matrix: setup
 examples: setup
 	$(BIN)/python -m matrix.inputs.examples
 
+# compileall first: every `policy-matrix` a test starts imports the package's modules, and where
+# PYTHONDONTWRITEBYTECODE is set (CI images often set it) each process would compile them again.
 test: setup
+	@$(BIN)/python -m compileall -q matrix targets
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The unit tier: pure functions on saved fixtures (tests/unit, tests/fixtures), under a minute, with no
