@@ -60,9 +60,18 @@ def _deselect_frameworks_tier(config, items) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before the skipif markers are evaluated
 def pytest_runtest_setup(item):
+    _fail_if_not_grouped(item)
     if os.environ.get("CI", "").lower() == "true":
         if missing := missing_runtimes(marker.name for marker in item.iter_markers()):
             pytest.fail("CI must run this test, but a runtime it needs is missing: " + "; ".join(missing), pytrace=False)
+
+
+def _fail_if_not_grouped(item) -> None:
+    """pytest-xdist groups by a suffix it writes into each grouped test's nodeid; pytest 9.2 ignores that write
+    (pytest-dev/pytest-xdist#1386), and each worker would then make every module's shared runs and browsers again."""
+    if getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+        pytest.fail(f"--dist loadgroup did not group this test (pytest {pytest.__version__}, pytest-dev/pytest-xdist#1386): "
+                    "`make setup` installs the pytest that pyproject.toml pins", pytrace=False)
 
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ current directory so `python:trained_policy:FUNC` imports it, as a user's own mo
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -183,4 +184,6 @@ def sb3_with_sources(folder: Path, python: Path) -> None:
     """sac, ppo and ppo_normalized (.zip/.onnx, plus vecnormalize.pkl), saved and exported the documented way by
     `python` (an interpreter with SB3)."""
     (folder / "train_export.py").write_text(SB3_TRAIN_EXPORT)
-    subprocess.run([str(python), "train_export.py"], cwd=folder, check=True, capture_output=True, timeout=900)
+    # SB3's logger makes a folder even when it logs nothing: SB3_LOGDIR keeps it out of /tmp (its default).
+    env = {**os.environ, "SB3_LOGDIR": str(folder / "sb3-log")}
+    subprocess.run([str(python), "train_export.py"], cwd=folder, check=True, capture_output=True, timeout=900, env=env)

@@ -5,9 +5,11 @@ reference. Every wait is for a state (a process, a file, a line), never a fixed 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -130,12 +132,13 @@ def test_runner_kill_9_takes_its_worker_along_and_resume_finishes_the_matrix(tmp
     assert len(lines) == 3 and len({line["run_id"] for line in lines}) == 1
 
 
-def test_resume_refuses_other_settings(tmp_path):
+def test_resume_refuses_other_settings(tmp_path, policy_matrix):
     assert run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path).returncode == 0
-    done = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path)
-    assert done.returncode == 2 and "options differ" in done.stderr and "iters" in done.stderr
-    done = run_cli("run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--resume", tmp_path)
-    assert done.returncode == 2 and "another model" in done.stderr
+    code, lines = policy_matrix([MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path])
+    assert code == 2 and "options differ" in "\n".join(lines) and "iters" in "\n".join(lines), lines
+    code, lines = policy_matrix([example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
+                                 "--resume", tmp_path])
+    assert code == 2 and "another model" in "\n".join(lines), lines
 
 
 def test_a_rerun_keeps_the_previous_runs_lines(tmp_path):
@@ -165,12 +168,12 @@ def test_a_signalled_run_writes_its_report_and_leaves_nothing_running(tmp_path, 
     _assert_gone([worker])
 
 
-def test_a_second_run_on_the_same_folder_is_refused(tmp_path):
+def test_a_second_run_on_the_same_folder_is_refused(tmp_path, policy_matrix):
     first = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", *SLOW, "--out", tmp_path)
     try:
         _worker_of(first, tmp_path / "cells" / "ort-cpu-fp32")
-        second = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--out", tmp_path)
-        assert second.returncode == 2 and "another policy-matrix run is writing to" in second.stderr, second.stderr
+        code, lines = policy_matrix([MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--out", tmp_path])
+        assert code == 2 and "another policy-matrix run is writing to" in "\n".join(lines), lines
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=STATE_TIMEOUT_S)
@@ -455,15 +458,17 @@ def _fill(disk: Path) -> Path:
 
 
 def test_a_full_disk_then_resume_reruns_what_the_disk_cost(small_disk):
-    """The disk fills while the second cell runs: that cell and the next fail on the tool's own writes
-    (ENOSPC), the journal and report cannot be written. With space again, --resume keeps the first
-    cell as measured and runs the others again instead of keeping their disk-made FAILs."""
+    """The disk fills once the first cell is in the journal and before the next one is: the later cells
+    fail on the tool's own writes (ENOSPC), the journal and report cannot be written. With space again,
+    --resume keeps the first cell as measured and runs the others again instead of keeping their disk-made
+    FAILs. The run's processes are stopped while the disk fills, so no later cell can finish before it is full."""
     out = small_disk / "out"
-    args = ["--targets", "ort-cpu", "--precisions", "fp32,fp16,int8", "--iters", "400000", "--warmup", "0",
+    args = ["--targets", "ort-cpu", "--precisions", "fp32,fp16,int8", "--iters", "20000", "--warmup", "0",
             "--batch-sizes", "1"]
     run = _start(MLP, *args, "--out", out)
     _wait_for(lambda: len(_jsonl(out)) >= 1, "the first finished cell in results.jsonl")
-    filler = _fill(small_disk)
+    with _stopped(run.pid):
+        filler = _fill(small_disk)
     _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
     assert "Traceback" not in stderr, stderr
     kept = _jsonl_lines_parsed(out)
@@ -471,10 +476,27 @@ def test_a_full_disk_then_resume_reruns_what_the_disk_cost(small_disk):
     filler.unlink()
     done = run_cli("run", MLP, *args, "--resume", out)
     assert done.returncode == 0, done.stderr
+    assert re.search(r"keeping [12] finished cells", done.stderr), done.stderr  # at least the last cell runs again
     results = load_results(out)
     assert [(c["variant"], c["verdict"]) for c in results["cells"]] == [("fp32", "PASS"), ("fp16", "PASS"), ("int8", "PASS")]
     assert results["cells"][0]["duration_s"] == kept[0]["duration_s"]  # kept, not measured again
     assert all(json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())  # no line glued to a cut one
+
+
+@contextlib.contextmanager
+def _stopped(pid: int):
+    """SIGSTOP for a process and its descendants while the block runs, SIGCONT after."""
+    root = psutil.Process(pid)
+    processes = [root, *root.children(recursive=True)]
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.suspend()
+    try:
+        yield
+    finally:
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.resume()
 
 
 def _jsonl_lines_parsed(out: Path) -> list[dict]:
@@ -488,14 +510,14 @@ def _jsonl_lines_parsed(out: Path) -> list[dict]:
     return lines
 
 
-def test_merge_into_a_folder_a_run_is_writing_is_refused(tmp_path):
+def test_merge_into_a_folder_a_run_is_writing_is_refused(tmp_path, policy_matrix):
     shard = Path(__file__).parent / "fixtures" / "shard_continuous_mlp.json"
     out = tmp_path / "out"
     run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", *SLOW, "--out", out)
     try:
         _worker_of(run, out / "cells" / "ort-cpu-fp32")
-        merged = run_cli("merge", shard, "--out", out)
-        assert merged.returncode == 2 and "another policy-matrix run is writing to" in merged.stderr, merged.stderr
+        code, lines = policy_matrix(["merge", shard, "--out", out])
+        assert code == 2 and "another policy-matrix run is writing to" in "\n".join(lines), lines
         assert not (out / "results.json").exists()  # the run's report was not replaced by the merge
     finally:
         run.send_signal(signal.SIGTERM)

@@ -31,9 +31,9 @@ def shards(tmp_path_factory):
     return root
 
 
-def test_merge_keeps_every_host_and_cell(shards, tmp_path):
-    done = run_cli("merge", shards / "linux-a", shards / "linux-b" / "results.json", "--out", tmp_path)
-    assert done.returncode == 0, done.stderr
+def test_merge_keeps_every_host_and_cell(shards, tmp_path, policy_matrix):
+    code, lines = policy_matrix(["merge", shards / "linux-a", shards / "linux-b" / "results.json", "--out", tmp_path])
+    assert code == 0, lines
     merged = load_results(tmp_path)
     assert [h["label"] for h in merged["hosts"]] == ["linux-a", "linux-b"]
     assert [(c["host"], c["variant"]) for c in merged["cells"]] == [
@@ -41,8 +41,8 @@ def test_merge_keeps_every_host_and_cell(shards, tmp_path):
     assert "### linux-a" in (tmp_path / "summary.md").read_text() and "### linux-b" in (tmp_path / "summary.md").read_text()
 
 
-def test_merged_report_groups_by_host_in_chromium(shards, tmp_path):
-    assert run_cli("merge", shards / "linux-a", shards / "linux-b", "--out", tmp_path).returncode == 0
+def test_merged_report_groups_by_host_in_chromium(shards, tmp_path, policy_matrix):
+    assert policy_matrix(["merge", shards / "linux-a", shards / "linux-b", "--out", tmp_path])[0] == 0
     with sync_playwright() as playwright:
         try:
             browser = playwright.chromium.launch(args=BROWSER_FLAGS)
@@ -60,25 +60,25 @@ def test_merged_report_groups_by_host_in_chromium(shards, tmp_path):
         browser.close()
 
 
-def test_merge_refuses_other_models_and_schemas(shards, tmp_path):
+def test_merge_refuses_other_models_and_schemas(shards, tmp_path, policy_matrix):
     other = tmp_path / "other"
     assert run_cli("run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
                    "--host-label", "linux-c", "--out", other).returncode == 0
-    done = run_cli("merge", shards / "linux-a", other, "--out", tmp_path / "m1")
-    assert done.returncode == 2 and "shards must share one model" in done.stderr and "Traceback" not in done.stderr
+    code, lines = policy_matrix(["merge", shards / "linux-a", other, "--out", tmp_path / "m1"])
+    assert code == 2 and "shards must share one model" in "\n".join(lines), lines
 
     old = tmp_path / "old.json"
     data = json.loads((shards / "linux-b" / "results.json").read_text())
     data["schema_version"] = 0
     old.write_text(json.dumps(data))
-    done = run_cli("merge", shards / "linux-a", old, "--out", tmp_path / "m2")
-    assert done.returncode == 2 and "schema version" in done.stderr
+    code, lines = policy_matrix(["merge", shards / "linux-a", old, "--out", tmp_path / "m2"])
+    assert code == 2 and "schema version" in "\n".join(lines), lines
 
-    done = run_cli("merge", shards / "linux-a", shards / "linux-a", "--out", tmp_path / "m3")
-    assert done.returncode == 2 and "--host-label" in done.stderr
+    code, lines = policy_matrix(["merge", shards / "linux-a", shards / "linux-a", "--out", tmp_path / "m3"])
+    assert code == 2 and "--host-label" in "\n".join(lines), lines
 
 
-def test_identical_rerun_has_no_regressions(shards, tmp_path):
+def test_identical_rerun_has_no_regressions(shards, tmp_path, policy_matrix):
     # A real rerun of the same cells: verdicts, drift and placement must not regress. Its latency
     # depends on what else the (shared, 2-core) machine is doing, so the latency rule gets room
     # here and is checked on fixed numbers in test_compare_flags_each_injected_regression.
@@ -88,7 +88,7 @@ def test_identical_rerun_has_no_regressions(shards, tmp_path):
                    "--latency-threshold", "100")
     assert done.returncode == 0, done.stderr
     assert load_results(rerun)["regressions"] == []
-    assert run_cli("compare", "--baseline", shards / "linux-a", "--current", shards / "linux-a").returncode == 0
+    assert policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", shards / "linux-a"])[0] == 0
 
 
 def _inject_regressions(results: schema.RunResults) -> schema.RunResults:
@@ -103,7 +103,7 @@ def _inject_regressions(results: schema.RunResults) -> schema.RunResults:
     return worse
 
 
-def test_compare_flags_each_injected_regression(shards, tmp_path):
+def test_compare_flags_each_injected_regression(shards, tmp_path, policy_matrix):
     baseline = schema.load(shards / "linux-a" / "results.json")
     regressions = compare(baseline, _inject_regressions(baseline))
     kinds = {(r.variant, r.kind) for r in regressions}
@@ -112,11 +112,12 @@ def test_compare_flags_each_injected_regression(shards, tmp_path):
     current = tmp_path / "current"
     current.mkdir()
     _inject_regressions(baseline).save(current / "results.json")
-    done = run_cli("compare", "--baseline", shards / "linux-a", "--current", current)
-    assert done.returncode == 1 and done.stderr.count("regression") == 5  # two batch sizes slowed
+    code, lines = policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", current])
+    assert code == 1 and "\n".join(lines).count("regression") == 5, lines  # two batch sizes slowed
 
-    done = run_cli("merge", current, "--baseline", shards / "linux-a", "--out", tmp_path / "report", "--fail-on", "never")
-    assert done.returncode == 1
+    code, lines = policy_matrix(["merge", current, "--baseline", shards / "linux-a", "--out", tmp_path / "report",
+                                 "--fail-on", "never"])
+    assert code == 1, lines
     assert len(load_results(tmp_path / "report")["regressions"]) == 5
     html = (tmp_path / "report" / "index.html").read_text()
     assert html.index('id="regressions"') < html.index('id="verdicts"')  # regressions come first

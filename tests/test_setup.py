@@ -87,12 +87,15 @@ def test_the_wheel_sets_up_and_runs_a_web_cell_outside_the_source_tree(tmp_path)
 
     subprocess.run([sys.executable, "-m", "venv", tmp_path / "venv"], check=True, timeout=300)
     bin_dir = tmp_path / "venv" / "bin"
-    install = subprocess.run([bin_dir / "python", "-m", "pip", "install", "--quiet", wheel], capture_output=True,
-                             text=True, timeout=1800)
+    # --no-compile: byte-compiling every module of every dependency (sympy, pandas, matplotlib, ...) cost this test
+    # ~30 s; the commands below compile only what they import, once (PYTHONDONTWRITEBYTECODE is left out for them).
+    install = subprocess.run([bin_dir / "python", "-m", "pip", "install", "--quiet", "--no-compile", wheel],
+                             capture_output=True, text=True, timeout=1800)
     assert install.returncode == 0, install.stderr[-3000:]
     home = tmp_path / "elsewhere"  # not the checkout: nothing may come from the source tree
     home.mkdir()
     env = {**PLAIN_ENV, "POLICY_MATRIX_CACHE": str(tmp_path / "cache"), "PYTHONPATH": ""}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     def cli(*args, timeout=1800):
         return subprocess.run([bin_dir / "policy-matrix", *map(str, args)], cwd=home, capture_output=True, text=True,

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.tflite_env, pytest.mark.coreml_env]
 FAST = ("--iters", "10", "--warmup", "2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test, so the module's end-to-end runs spread over pytest-xdist workers (tests/conftest.py)
 def built(tmp_path_factory):
     folder = tmp_path_factory.mktemp("policies")
     return lambda name: policies.save(getattr(policies, name)(), folder, name)
