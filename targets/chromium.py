@@ -165,9 +165,9 @@ class UserBrowser(RunService):
 
 
 @functools.cache
-def _driver():
-    """One Playwright driver per process: its sync API allows only one per thread, and pages of
-    several bundles (a test session, a benchmark) live side by side."""
+def playwright_driver():
+    """One Playwright driver per process: its sync API allows only one per thread (a second `sync_playwright()`
+    in a thread whose driver runs fails), and pages of several bundles (a test session, a benchmark) live side by side."""
     from playwright.sync_api import sync_playwright
 
     return sync_playwright().start()
@@ -193,7 +193,7 @@ def _hold_browser(key: tuple):
     use = _BROWSERS.get(key)
     if use is None or not use.browser.is_connected():
         endpoint, flags = key
-        chromium = _driver().chromium
+        chromium = playwright_driver().chromium
         browser = chromium.connect_over_cdp(endpoint) if endpoint else chromium.launch(
             executable_path=chromium_executable(), args=list(flags))
         use = _BROWSERS[key] = _BrowserUse(browser)
@@ -291,6 +291,6 @@ def _close_pages() -> None:
     while _BROWSERS:  # pages opened outside _PAGES (a test, a benchmark) and never closed
         with contextlib.suppress(Exception):
             _BROWSERS.popitem()[1].browser.close()
-    if _driver.cache_info().currsize:
+    if playwright_driver.cache_info().currsize:
         with contextlib.suppress(Exception):
-            _driver().stop()
+            playwright_driver().stop()

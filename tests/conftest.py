@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -72,6 +73,24 @@ def _fail_if_not_grouped(item) -> None:
     if getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
         pytest.fail(f"--dist loadgroup did not group this test (pytest {pytest.__version__}, pytest-dev/pytest-xdist#1386): "
                     "`make setup` installs the pytest that pyproject.toml pins", pytrace=False)
+
+
+REPORT_BROWSER_FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                        "--no-first-run"]
+
+
+@contextlib.contextmanager
+def chromium_page():
+    """A browser page for reading a report, launched from the process's one Playwright driver: the web target tests
+    open their pages in the test process too, and a second `sync_playwright()` there fails."""
+    from targets import chromium
+
+    browser = chromium.playwright_driver().chromium.launch(executable_path=chromium.chromium_executable(),
+                                                           args=REPORT_BROWSER_FLAGS)
+    try:
+        yield browser.new_page()
+    finally:
+        browser.close()
 
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_results, run_cli
-from playwright.sync_api import sync_playwright
+from conftest import chromium_page, load_results, run_cli
 
 from matrix import results as schema
 from matrix.decide.compare import compare
@@ -17,7 +16,6 @@ from matrix.inputs.examples import path as example
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 REPO = Path(__file__).resolve().parents[1]
-BROWSER_FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +41,7 @@ def test_merge_keeps_every_host_and_cell(shards, tmp_path, policy_matrix):
 
 def test_merged_report_groups_by_host_in_chromium(shards, tmp_path, policy_matrix):
     assert policy_matrix(["merge", shards / "linux-a", shards / "linux-b", "--out", tmp_path])[0] == 0
-    with sync_playwright() as playwright:
-        try:
-            browser = playwright.chromium.launch(args=BROWSER_FLAGS)
-        except Exception:  # no Playwright-managed browser here: the system Chromium
-            browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=BROWSER_FLAGS)
-        page = browser.new_page()
+    with chromium_page() as page:
         page.goto((tmp_path / "index.html").as_uri())
         assert page.locator("#verdicts h3").all_inner_texts() == ["linux-a", "linux-b"]
         assert page.locator("table.grid").count() == 2
@@ -57,7 +50,6 @@ def test_merged_report_groups_by_host_in_chromium(shards, tmp_path, policy_matri
         placement_columns = page.locator("#placement table tr").first.locator("th").all_inner_texts()
         assert any("linux-a" in c for c in placement_columns) and any("linux-b" in c for c in placement_columns)
         assert page.locator("#drift-chart svg").count() == 1
-        browser.close()
 
 
 def test_merge_refuses_other_models_and_schemas(shards, tmp_path, policy_matrix):

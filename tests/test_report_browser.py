@@ -2,8 +2,7 @@
 
 import onnx
 import pytest
-from conftest import run_cli
-from playwright.sync_api import sync_playwright
+from conftest import chromium_page, run_cli
 
 from matrix import results as schema
 from matrix.inputs.examples import path as example
@@ -12,18 +11,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 HOSTILE_NODE = '<img src=x onerror="window.__pwned=1">'
 HOSTILE_META = "</style><script>window.__pwned=2</script>"
-BROWSER_FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 @pytest.fixture(scope="module")
 def page():
-    with sync_playwright() as playwright:
-        try:
-            browser = playwright.chromium.launch(args=BROWSER_FLAGS)
-        except Exception:  # no Playwright-managed browser here: the system Chromium
-            browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=BROWSER_FLAGS)
-        yield browser.new_page()
-        browser.close()
+    with chromium_page() as opened:
+        yield opened
 
 
 @pytest.fixture(scope="module")
