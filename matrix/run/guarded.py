@@ -161,7 +161,10 @@ def _follow(process, last_stage: list, on_stage) -> None:
 MEMORY_WORDS = ("MemoryError", "bad_alloc", "Unable to allocate", "Failed to allocate", "Cannot allocate memory",
                 "out of memory", "std::length_error", "Memory allocation still failed",  # OpenBLAS
                 "failed to map segment from shared object",  # the loader, when the cap refuses a library's mapping
-                "cannot allocate memory for thread-local data")  # glibc, when it refuses a new thread's
+                "cannot allocate memory for thread-local data",  # glibc, when it refuses a new thread's
+                # protobuf's upb encoder, when its arena cannot grow (its other causes, a missing required field or
+                # nesting past 100, do not occur in an ONNX model that loaded): onnx.save under the cap says only this
+                "EncodeError: Failed to serialize proto")
 
 
 def _looks_out_of_memory(text: str) -> bool:
