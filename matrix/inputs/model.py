@@ -107,10 +107,15 @@ def load(path: Path, given_batch_axes: dict[str, int] | None = None, limit_bytes
     return info
 
 
+PARSER_OUT_OF_MEMORY = "Arena alloc failed"  # protobuf's parser when its arena cannot grow
+
+
 def _parse(path: Path, serialized: bytes) -> onnx.ModelProto:
     try:
         proto = onnx.load_model_from_string(serialized)
     except (DecodeError, ValueError, RuntimeError) as error:
+        if PARSER_OUT_OF_MEMORY in str(error):  # not the file's fault: the process could not allocate (its memory cap)
+            raise InputError(f"{path}: out of memory while parsing the model ({_first_line(error)})") from None
         raise InputError(f"{path}: not an ONNX model (the file does not parse: {_first_line(error)})") from None
     if not proto.graph.node and not proto.graph.output:
         raise InputError(f"{path}: not an ONNX model (no graph in it)")

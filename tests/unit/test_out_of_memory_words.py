@@ -17,3 +17,21 @@ def test_an_allocation_failure_under_the_cap_names_the_cap(words):
 def test_without_a_cap_or_an_allocation_failure_the_words_stay_as_they_are():
     assert guarded.name_out_of_memory("EncodeError: Failed to serialize proto", None) == "EncodeError: Failed to serialize proto"
     assert guarded.name_out_of_memory("ValueError: bad axis", 1 << 20) == "ValueError: bad axis"
+
+
+def test_a_parser_that_cannot_allocate_blames_memory_not_the_file(tmp_path, monkeypatch):
+    # protobuf's own words when its arena cannot grow, seen from a variant step under a 1 MiB cap on CI
+    from google.protobuf.message import DecodeError
+
+    from matrix.errors import InputError
+    from matrix.inputs import model
+
+    def no_arena(serialized):
+        raise DecodeError("Error parsing message with type 'onnx.ModelProto': Arena alloc failed")
+
+    monkeypatch.setattr(model.onnx, "load_model_from_string", no_arena)
+    with pytest.raises(InputError) as refused:
+        model._parse(tmp_path / "policy.onnx", b"")
+    assert "out of memory while parsing" in str(refused.value) and "not an ONNX model" not in str(refused.value)
+    assert guarded.name_out_of_memory(f"fp16 conversion failed: InputError: {refused.value}", 1 << 20).startswith(
+        "out of memory (limit 1 MiB): ")
