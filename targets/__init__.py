@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 
 from .base import Target
 
-# name -> "module:class" in this package. tests/test_registry.py checks that each class names itself so.
+# name -> "module:class" in this package. tests/unit/test_registry.py checks that each class names itself so.
 WHERE = {
     "ort-cpu": "ort_cpu:OrtCpu",
     "ort-cuda": "ort_cpu:OrtCuda",

@@ -7,11 +7,12 @@ through it). The browser is the worker's child: the worker's memory cap holds fo
 it ends with the worker (the pipe closes), on a timeout or a kill -9 alike. Only a browser
 the user started and owns (`--browser-endpoint`, `UserBrowser`) is reached over CDP.
 
-The three web targets share one worker (Target.worker_group) and so one browser: launching
-Chromium and the Playwright driver is paid once per run, not once per target. Each target
-still gets its own fresh context and page (`HarnessPage`: a private local server for the
-harness, the ORT dist/ files and published models, and one ORT bundle imported), kept for
-all the variants it serves; contexts share no storage, cache or origin. A browser that
+The three web targets share one worker (Target.worker_group) and so one Playwright driver,
+started once per run. The browser is launched with a target's first page and closed with its
+last (`_hold_browser`/`_release_browser`): the worker moving on to the next target closes it,
+so one browser's memory is held at a time. Each target gets its own fresh context and page
+(`HarnessPage`: a private local server for the harness, the ORT dist/ files and published
+models, and one ORT bundle imported), kept for all the variants it serves; contexts share no storage, cache or origin. A browser that
 dies is launched afresh for the next page. Nothing here knows an ORT backend: that is
 targets/ort_web.py's business.
 """

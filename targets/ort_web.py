@@ -155,7 +155,7 @@ def _fed_batch(feeds: Feeds, batch_axes: dict[str, int]) -> int:
 class OrtWebTarget(Target):
     runs_onnx_as_is = True
     service_key: ClassVar[str] = "chromium"
-    worker_group: ClassVar[str] = "browser"  # one worker, one Chromium, a context per target (targets/chromium.py)
+    worker_group: ClassVar[str] = "browser"  # one worker and Playwright driver for the three; a browser per target (targets/chromium.py)
     backend: ClassVar[str]  # onnxruntime-web executionProviders name
     bundle: ClassVar[str]  # one ORT bundle per page, from the installed dist/
     ort_ep: ClassVar[str | None]  # ORT's name for the EP in its placement log
