@@ -75,18 +75,14 @@ def _fail_if_not_grouped(item) -> None:
                     "`make setup` installs the pytest that pyproject.toml pins", pytrace=False)
 
 
-REPORT_BROWSER_FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                        "--no-first-run"]
-
-
 @contextlib.contextmanager
 def chromium_page():
     """A browser page for reading a report, launched from the process's one Playwright driver: the web target tests
-    open their pages in the test process too, and a second `sync_playwright()` there fails."""
+    open their pages in the test process too, and a second `sync_playwright()` there fails; the flags the targets use."""
     from targets import chromium
 
     browser = chromium.playwright_driver().chromium.launch(executable_path=chromium.chromium_executable(),
-                                                           args=REPORT_BROWSER_FLAGS)
+                                                           args=chromium.CHROMIUM_FLAGS)
     try:
         yield browser.new_page()
     finally:
