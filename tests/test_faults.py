@@ -341,7 +341,7 @@ def _stage(cell_dir: Path) -> str | None:
 
 
 def test_the_web_targets_share_one_worker_and_a_dead_browser_costs_its_cell_only(tmp_path):
-    """One worker and one Chromium serve the web targets (a context each); the browser killed mid-cell
+    """One worker serves the web targets (a browser context each); the browser killed mid-cell
     fails that cell only: the next target's cell gets a fresh browser in the same worker."""
     from targets import REGISTRY
 
