@@ -4,6 +4,8 @@ The user's browser is a second, real Chromium that the test starts on loopback w
 random DevTools port, as a person starts their desktop Chrome."""
 
 import json
+import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -11,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import load_results, run_cli
 
@@ -57,8 +60,21 @@ def user_chromium():
 
         version = _wait_for(answering, 60, "the user's Chromium answered on its DevTools port")
         yield version["webSocketDebuggerUrl"], process
-        process.terminate()
+        # the whole session (renderer, GPU, utility processes): one still writing the profile fails its removal
+        os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+        _wait_for(lambda: not _session_alive(process.pid) or None, 30, "the user's Chromium's processes ended")
+
+
+def _session_alive(session: int) -> bool:
+    return any(_session_of(p) == session for p in psutil.pids())
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 def test_browser_endpoint_runs_the_harness_in_the_users_browser(user_chromium, tmp_path):
