@@ -28,6 +28,7 @@ def build(policy: str, folder, seed: int) -> dict:
     import _kit
     import stable_baselines3
     import torch as th
+    from stable_baselines3.common.logger import Logger
 
     class OnnxableSB3Policy(th.nn.Module):
         def __init__(self, policy):
@@ -50,6 +51,7 @@ def build(policy: str, folder, seed: int) -> dict:
     task = POLICIES[policy]
     started = time.monotonic()
     model = getattr(stable_baselines3, algorithm)("MlpPolicy", task, seed=seed, device="cpu", **hyperparameters)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default logger makes /tmp/SB3-<date> even logging nothing
     model.learn(steps)
     training = f"{algorithm} {steps} timesteps ({time.monotonic() - started:.0f} s)"
     model.save(folder / "model.zip")
