@@ -40,7 +40,7 @@ from ..judge.metrics import latency_stats
 from ..errors import error_line
 from .guarded import stage
 from ..outdir import write_atomic_with
-from .protocol import DONE, GO, OUTPUTS_FILE, TIMED, UNTIMED, CellSpec, Measurement, done_message, gate_message
+from .protocol import DONE, GO, OUTPUTS_FILE, START, TIMED, UNTIMED, CellSpec, Measurement, done_message, gate_message
 from ..results import ArtifactInfo, CellError
 from ..judge.rules import workaround_note
 
@@ -48,12 +48,17 @@ from ..judge.rules import workaround_note
 _gated = False  # serve(): the parent grants each stage (cells.StageGate)
 
 
-def gate(kind: str) -> None:
-    """Wait for the parent's go for `kind` of work (protocol.TIMED: nothing else runs meanwhile)."""
-    if _gated:
-        print(gate_message(kind), flush=True)
-        if sys.stdin.readline().strip() != GO:  # the parent is gone: nothing left to measure for
-            sys.exit(1)
+def gate(kind: str, measurement: Measurement) -> None:
+    """Wait for the parent's go for `kind` of work (protocol.TIMED: nothing else runs meanwhile). The wait is
+    noted on the stage it falls in (Measurement.gate_wait_s), so bench/matrix_wall.py tells waiting from work."""
+    if not _gated:
+        return
+    asked = time.time()
+    print(gate_message(kind), flush=True)
+    if sys.stdin.readline().strip() != GO:  # the parent is gone: nothing left to measure for
+        sys.exit(1)
+    within = measurement.stage if measurement.stage in measurement.timeline else START
+    measurement.gate_wait_s[within] = measurement.gate_wait_s.get(within, 0.0) + time.time() - asked
 
 
 def main(cell_dir: Path) -> None:
@@ -107,7 +112,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
     versions.check_loaded(target)  # a pinned target runs its own release or not at all
 
     def enter(name: str) -> None:
-        gate(TIMED if name == "latency" else UNTIMED)
+        gate(TIMED if name == "latency" else UNTIMED, measurement)
         measurement.stage = name
         measurement.timeline[name] = time.time()  # wall-clock start of each stage, for bench/matrix_wall.py
         _save(cell_dir, measurement, arrays)
@@ -141,12 +146,12 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
     enter("open")
     first_batch = observations.take(feeds, spec.chunk or 1, spec.batch_axes)
     target.start_runtime()
-    gate(TIMED)  # cold start is a timing too
+    gate(TIMED, measurement)  # cold start is a timing too
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads, spec.settings)
     session.run(first_batch)
     measurement.cold_start_ms = (time.perf_counter_ns() - started) / 1e6
-    gate(UNTIMED)
+    gate(UNTIMED, measurement)
     measurement.backend = session.backend()
     try:
         _run_session(session, spec, feeds, measurement, arrays, enter)
