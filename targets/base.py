@@ -137,8 +137,9 @@ class BackendInfo:
 # An emulated (software) adapter's latency means nothing: it is never compared, never decides, and the
 # report says "parity only"; yet it is timed alone (matrix.run.cells.StageGate), at 15-65 ms a call on an
 # MLP under SwiftShader WebGPU and ~0.3 s on a conv policy at batch 64. So the worker times 1 warm-up and
-# 5 calls per batch size there, without the probe round that sizes real timing (matrix.run.worker.timed_calls):
-# enough for its order of magnitude. 3 probe + 3 warm-up + 20 calls made it most of a full matrix's timed seconds.
+# 5 calls at the smallest batch size only (matrix.run.worker.timed_batches), without the probe round that
+# sizes real timing (matrix.run.worker.timed_calls): enough for its order of magnitude. 3 probe + 3 warm-up +
+# 20 calls made it most of a full matrix's timed seconds; 1 + 5 at every batch size still ~8 s of a pixel CNN's.
 EMULATED_WARMUP, EMULATED_ITERS = 1, 5
 
 

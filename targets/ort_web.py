@@ -134,7 +134,7 @@ class WebSession(Session):
         loaded = self.page.versions.get("version", {}).get("web")  # as the page's ORT reports itself
         info.detail = "; ".join(filter(None, [info.detail, f"onnxruntime-web {loaded} in the page" if loaded else ""]))
         if info.emulated:
-            info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
+            info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls at the smallest batch"
         info.detail += self.target.variant_note(self.probe, self.artifact.variant)
         return info
 
