@@ -244,10 +244,11 @@ class Target(ABC):
         """The target's session; called only where unavailable_reason() is None. `settings` holds values of
         this target's `knobs` only (checked by the core); {} means defaults."""
 
-    def start_runtime(self) -> None:
+    def start_runtime(self, threads: int) -> None:
         """Start what the next session needs besides its model (a browser page, a helper process that
-        has done its imports) before cold start is timed, so cold start stays session creation + first
-        inference; called before each open(); the default starts nothing."""
+        has done its imports, a runtime initialised with the session's `threads`) before cold start is
+        timed, so cold start stays session creation + first inference; called before each open(); the
+        default starts nothing."""
 
     def stop_runtime(self) -> None:
         """Release what start_runtime started, when this target's worker moves on to another target's

@@ -145,7 +145,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
 
     enter("open")
     first_batch = observations.take(feeds, spec.chunk or 1, spec.batch_axes)
-    target.start_runtime()
+    target.start_runtime(spec.threads)
     gate(TIMED, measurement)  # cold start is a timing too
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads, spec.settings)
