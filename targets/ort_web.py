@@ -156,7 +156,7 @@ def _fed_batch(feeds: Feeds, batch_axes: dict[str, int]) -> int:
 class OrtWebTarget(Target):
     runs_onnx_as_is = True
     service_key: ClassVar[str] = "chromium"
-    worker_group: ClassVar[str] = "browser"  # one worker and Playwright driver for the three; a browser per target (targets/chromium.py)
+    worker_group: ClassVar[str] = "browser"  # one worker, Playwright driver and browser for the three, a context each (targets/chromium.py)
     backend: ClassVar[str]  # onnxruntime-web executionProviders name
     bundle: ClassVar[str]  # one ORT bundle per page, from the installed dist/
     ort_ep: ClassVar[str | None]  # ORT's name for the EP in its placement log
@@ -183,8 +183,9 @@ class OrtWebTarget(Target):
                 page.call_once("startRuntime", self.backend, threads, one_node_model())
 
     def stop_runtime(self) -> None:
-        """The target's page and context go: the worker's browser holds the page of the target it serves only."""
-        drop_page(self.bundle)
+        """The target's page and context go (the worker's browser holds the page of the target it serves only);
+        the browser stays for the worker's next web target (targets/chromium.py)."""
+        drop_page(self.bundle, keep_browser=True)
 
     def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         return WebSession(self, artifact, threads)

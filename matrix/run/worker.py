@@ -106,7 +106,6 @@ def _serving(target) -> None:
 
 def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: dict) -> None:
     target = targets.get(spec.target)
-    _serving(target)
     feeds = observations.read(Path(spec.observations))
     measurement.runtime_version = target.runtime_version()
     versions.check_loaded(target)  # a pinned target runs its own release or not at all
@@ -119,6 +118,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
         stage(name)
 
     enter("prepare")
+    _serving(target)  # under the gate's grant: closing the previous target's page is work too
     onnx_variants = {k: Path(v) for k, v in spec.onnx_variants.items()}
     ctx = PrepareContext(
         onnx_variants=onnx_variants,
