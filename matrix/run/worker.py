@@ -271,7 +271,9 @@ def serve() -> None:
     The interpreter, the imports and the runtime's own start-up are paid once per target, not per
     cell. Each cell's stderr (the runtime's native output too) goes to its own worker.log. A cell
     that crashes this process costs the cells still queued for it only: the parent starts a fresh
-    worker for them (cells.WorkerProcess)."""
+    worker for them (cells.WorkerProcess). Each stage waits for the parent's grant (gate())."""
+    global _gated
+    _gated = True
     for line in sys.stdin:
         cell_dir = Path(line.strip())
         _stderr_to(cell_dir / "worker.log")
