@@ -250,6 +250,12 @@ class Target(ABC):
         timed, so cold start stays session creation + first inference; called before each open(); the
         default starts nothing."""
 
+    def emulated(self) -> bool:
+        """Whether the device the next session runs on is emulated in software (asked after start_runtime):
+        its timings mean nothing (BackendInfo.emulated) and never rank, so its cold start is not given the
+        machine alone (matrix.run.worker); the default: a real device."""
+        return False
+
     def stop_runtime(self) -> None:
         """Release what start_runtime started, when this target's worker moves on to another target's
         cells (Target.worker_group); the default has nothing to release."""

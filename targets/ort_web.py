@@ -135,7 +135,8 @@ class WebSession(Session):
         loaded = self.page.versions.get("version", {}).get("web")  # as the page's ORT reports itself
         info.detail = "; ".join(filter(None, [info.detail, f"onnxruntime-web {loaded} in the page" if loaded else ""]))
         if info.emulated:
-            info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls at the smallest batch"
+            info.detail += (f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls at the smallest batch, "
+                            "cold start taken beside other work")
         info.detail += self.target.variant_note(self.probe, self.artifact.variant)
         return info
 
@@ -196,6 +197,14 @@ class OrtWebTarget(Target):
             return UserBrowser(endpoint)
         return None
 
+    def emulated(self) -> bool:
+        """Read from the page's device probe (start_runtime has opened the page), as verify_backend reads it."""
+        return self.unavailable_reason() is None and self.emulated_on(shared_page(self.bundle).call_once("probe", self.backend))
+
+    def emulated_on(self, probe: dict) -> bool:
+        """Whether the device `probe` describes is a software emulation (SwiftShader)."""
+        return False
+
     def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:
         return BackendInfo(requested=self.backend, actual=self.backend if opened else "none",
                            detail="" if opened else probe.get("reason", "no session opened"))
@@ -236,8 +245,10 @@ class OrtWebWebgl(OrtWebTarget):
     def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:
         if not probe["present"]:
             return BackendInfo(self.backend, "none", detail=probe["reason"])
-        renderer = probe.get("renderer", "")
-        return BackendInfo(self.backend, self.backend, emulated="swiftshader" in renderer.lower(), detail=renderer)
+        return BackendInfo(self.backend, self.backend, emulated=self.emulated_on(probe), detail=probe.get("renderer", ""))
+
+    def emulated_on(self, probe: dict) -> bool:
+        return probe["present"] and "swiftshader" in probe.get("renderer", "").lower()
 
     def placement_from(self, nodes: list[tuple[str, str]], log: list[str]) -> list[PlacementRow]:
         """WebGL is not an ORT EP: a session runs every node or fails to open."""
@@ -256,8 +267,8 @@ class OrtWebWebgpu(OrtWebTarget):
         """Read from the placement rows, so the backend check and the placement table never disagree."""
         if not probe["present"]:
             return BackendInfo(self.backend, "none", detail=probe["reason"])
-        adapter = ", ".join(f"{key}={probe[key]}" for key in ("vendor", "architecture", "description") if probe.get(key))
-        emulated = probe["isFallbackAdapter"] or "swiftshader" in adapter.lower()
+        adapter = _adapter(probe)
+        emulated = self.emulated_on(probe)
         on_gpu = [row for row in rows if row.where == self.where_label]
         if on_gpu:
             fell_back = [row for row in rows if row.fallback]
@@ -273,6 +284,9 @@ class OrtWebWebgpu(OrtWebTarget):
                                detail=f"adapter {adapter}; ORT placed no node on {self.ort_ep}; all ran on {', '.join(where)}")
         return BackendInfo(self.backend, "unknown", emulated=emulated, detail="ORT logged no node placement")
 
+    def emulated_on(self, probe: dict) -> bool:
+        return probe["present"] and (probe["isFallbackAdapter"] or "swiftshader" in _adapter(probe).lower())
+
     def variant_note(self, probe: dict, variant: str) -> str:
         # Measured on onnxruntime-web 1.30: without shader-f16 the WebGPU EP accepts an fp16
         # model and returns wrong numbers (0.79 max drift) instead of refusing it. Devices
@@ -282,4 +296,6 @@ class OrtWebWebgpu(OrtWebTarget):
         return ""
 
 
-
+def _adapter(probe: dict) -> str:
+    """The WebGPU adapter as the probe named it: "vendor=…, architecture=…, description=…"."""
+    return ", ".join(f"{key}={probe[key]}" for key in ("vendor", "architecture", "description") if probe.get(key))
