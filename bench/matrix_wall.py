@@ -127,7 +127,7 @@ def mtime(path: Path) -> float | None:
 
 def cell_stages(cell_dir: Path, next_start: float | None) -> tuple[dict[str, float], float, float]:
     """Seconds per stage of one cell (its own work: the gate waits that fell in it are under GATE_WAIT),
-    the seconds it was timed alone (latency and cold start), and when it finished."""
+    the seconds it was timed alone (latency, and cold start but on an emulated device), and when it finished."""
     measurement = Measurement.read(cell_dir)
     timeline = measurement.timeline
     handed = mtime(cell_dir / SPEC_FILE)
@@ -141,7 +141,8 @@ def cell_stages(cell_dir: Path, next_start: float | None) -> tuple[dict[str, flo
         seconds[GATE_WAIT] = seconds.get(GATE_WAIT, 0.0) + waited
     if next_start is not None:
         seconds["between cells"] = next_start - finished
-    timed = seconds.get("latency", 0.0) + (measurement.cold_start_ms or 0.0) / 1e3
+    cold_start_alone = measurement.cold_start_ms and not (measurement.backend and measurement.backend.emulated)
+    timed = seconds.get("latency", 0.0) + (measurement.cold_start_ms / 1e3 if cold_start_alone else 0.0)
     return seconds, timed, finished
 
 
