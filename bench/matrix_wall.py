@@ -6,7 +6,11 @@ policies and reads back what the run left: each cell worker's timeline
 files and the report's. Prints, per target, the seconds of each stage summed
 over its variants, then the run's own steps (CLI start-up with model load and
 observations, reference, variants, cells, report), with their sum against the
-measured wall time: what is not inside a named stage shows as "unaccounted".
+measured wall time: what is not inside a named stage shows as "unaccounted". A stage's seconds are
+its own work; the waits for the stage gate (latency and cold start run alone) are a column of their own.
+Then the CPU seconds of the run's process tree by process kind, and the wall they imply: the CPU over
+the cores, the timed stages (which run alone), and both together — so whether a wall goal is reachable
+is measured, not argued.
 
     .venv/bin/python bench/matrix_wall.py                                   # continuous MLP, every target
     .venv/bin/python bench/matrix_wall.py --policies pixel_cnn --targets 'ort-*,tract'
@@ -20,8 +24,10 @@ runs alone). The machine's load changes every number: run it twice and compare l
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,38 +42,80 @@ from matrix.run.protocol import MEASUREMENT_FILE, SPEC_FILE, STAGES, Measurement
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "matrix" / "example_policies"
 CELL_STAGES = ("start", *STAGES, "between cells")
+GATE_WAIT = "gate wait"
 
 
-def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out: Path) -> tuple[float, list[int]]:
-    """When the run started, and the peak memory of its whole process tree (runner, fork server, reference,
-    tool steps, workers, browser), summed over the processes alive at each 0.1 s sample: [RSS, PSS]. RSS
-    counts a page shared by several processes (a library, what forked workers share with the fork server)
-    once per process; PSS divides it among them, so its sum is what the tree holds."""
+class TreeUsage:
+    """Peak memory and CPU seconds of a run's process tree, sampled every 0.1 s.
+
+    Memory is summed over the processes alive at each sample: [RSS, PSS]. RSS counts a page shared by several
+    processes (a library, what forked workers share with the fork server) once per process; PSS divides it
+    among them, so its sum is what the tree holds. CPU is each process's last sampled user + system seconds,
+    by kind (what a process spent after its last sample, at most 0.1 s of it, is missed: getrusage cannot
+    stand in, as most of the tree is not reaped by the run's own processes)."""
+
+    def __init__(self):
+        self.peak_rss = self.peak_pss = 0
+        self.cpu: dict[tuple, tuple[str, float]] = {}  # (pid, create time) -> (kind, CPU s)
+
+    def sample(self, root: psutil.Process) -> None:
+        rss = pss = 0
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                with process.oneshot():
+                    memory = process.memory_full_info()
+                    times = process.cpu_times()
+                    key = (process.pid, process.create_time())
+                    kind = self.cpu[key][0] if key in self.cpu else process_kind(process.name(), process.cmdline())
+                rss, pss = rss + memory.rss, pss + memory.pss
+                self.cpu[key] = (kind, times.user + times.system)
+        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+
+    @property
+    def cpu_total(self) -> float:
+        return sum(seconds for _, seconds in self.cpu.values())
+
+    def by_kind(self) -> dict[str, float]:
+        kinds: collections.Counter = collections.Counter()
+        for kind, seconds in self.cpu.values():
+            kinds[kind] += seconds
+        return dict(kinds.most_common())
+
+
+def process_kind(name: str, command: list[str]) -> str:
+    line = " ".join(command)
+    if "chrom" in name or "chrom" in (command[0] if command else ""):
+        kind = next((label for flag, label in (("--type=renderer", "renderer"), ("--type=gpu-process", "gpu process"),
+                                                 ("--type=utility", "utility"), ("--type=zygote", "zygote")) if flag in line), "browser")
+        return f"chromium {kind}"
+    if name.startswith("node"):  # the driver names its main thread: node-MainThread
+        return "node: Playwright driver" if "playwright" in line else "node: ort-node"
+    return "python" if name.startswith("python") else name
+
+
+def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out: Path) -> tuple[float, TreeUsage]:
+    """When the run started, and what its process tree (runner, fork server, reference, tool steps,
+    workers, browser) used."""
     command = [sys.executable, "-m", "matrix", "-q", "run", str(policy), "--out", str(out), "--targets", targets,
                "--variants", variants, "--fail-on", "never", *extra]
+    usage = TreeUsage()
     started = time.time()
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as process:
-        peak = [0, 0]
-        sampler = threading.Thread(target=_sample_rss, args=(process.pid, peak), daemon=True)
+        sampler = threading.Thread(target=_sample, args=(process.pid, usage), daemon=True)
         sampler.start()
         stderr = process.stderr.read()
         process.wait()
         sampler.join()
     if process.returncode != 0:
         sys.exit(f"policy-matrix run failed ({process.returncode}): {stderr.strip()[-2000:]}")
-    return started, peak
+    return started, usage
 
 
-def _sample_rss(pid: int, peak: list[int]) -> None:
+def _sample(pid: int, usage: TreeUsage) -> None:
     try:
         root = psutil.Process(pid)
         while root.is_running() and root.status() != psutil.STATUS_ZOMBIE:
-            rss = pss = 0
-            for process in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):
-                    memory = process.memory_full_info()
-                    rss, pss = rss + memory.rss, pss + memory.pss
-            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            usage.sample(root)
             time.sleep(0.1)
     except psutil.Error:  # the run ended between two samples
         pass
@@ -78,31 +126,39 @@ def mtime(path: Path) -> float | None:
 
 
 def cell_stages(cell_dir: Path, next_start: float | None) -> tuple[dict[str, float], float, float]:
-    """Seconds per stage of one cell, and when its spec was handed over and when it finished."""
-    timeline = Measurement.read(cell_dir).timeline
+    """Seconds per stage of one cell (its own work: the gate waits that fell in it are under GATE_WAIT),
+    the seconds it was timed alone (latency, and cold start but on an emulated device), and when it finished."""
+    measurement = Measurement.read(cell_dir)
+    timeline = measurement.timeline
     handed = mtime(cell_dir / SPEC_FILE)
     ends = [(name, at) for name, at in timeline.items() if name in CELL_STAGES]
     finished = timeline.get("finished", mtime(cell_dir / MEASUREMENT_FILE))
     seconds = {"start": (ends[0][1] if ends else finished) - handed}
     for (name, at), (_, following) in zip(ends, [*ends[1:], ("finished", finished)]):
         seconds[name] = following - at
+    for name, waited in measurement.gate_wait_s.items():
+        seconds[name] -= waited
+        seconds[GATE_WAIT] = seconds.get(GATE_WAIT, 0.0) + waited
     if next_start is not None:
         seconds["between cells"] = next_start - finished
-    return seconds, handed, finished
+    cold_start_alone = measurement.cold_start_ms and not (measurement.backend and measurement.backend.emulated)
+    timed = seconds.get("latency", 0.0) + (measurement.cold_start_ms / 1e3 if cold_start_alone else 0.0)
+    return seconds, timed, finished
 
 
-def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
     results = json.loads((out / "results.json").read_text())
     ran = [(c["target"], c["variant"]) for c in results["cells"] if (out / "cells" / f"{c['target']}-{c['variant']}").is_dir()]
     dirs = [out / "cells" / f"{target}-{variant}" for target, variant in ran]
     handovers = [mtime(d / "spec.json") for d in dirs]
     per_target: dict[str, dict[str, float]] = {}
-    finishes = []
+    finishes, timed = [], 0.0
     for index, ((target, _), cell_dir) in enumerate(zip(ran, dirs)):
         # targets run side by side: "between cells" is the gap to the same target's next cell
         following = next((handovers[j] for j in range(index + 1, len(ran)) if ran[j][0] == target), None)
-        seconds, _, finished = cell_stages(cell_dir, following)
+        seconds, cell_timed, finished = cell_stages(cell_dir, following)
         finishes.append(finished)
+        timed += cell_timed
         row = per_target.setdefault(target, {})
         for name, value in seconds.items():
             row[name] = row.get(name, 0.0) + value
@@ -119,13 +175,13 @@ def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str
         "report": report_written - (last_finished or first_cell),
         "exit": ended - report_written,
     }
-    return per_target, run_steps
+    return per_target, run_steps, timed
 
 
-def print_tables(policy: str, wall: float, peak: list[int], per_target, run_steps) -> None:
-    shown = [name for name in CELL_STAGES if any(name in row for row in per_target.values())]
-    print(f"\n== {policy}: wall {wall:.1f} s, peak memory of the run's processes: RSS {peak[0] / 2**30:.2f} GiB, "
-          f"PSS {peak[1] / 2**30:.2f} GiB ==")
+def print_tables(policy: str, wall: float, usage: TreeUsage, per_target, run_steps, timed: float) -> None:
+    shown = [name for name in (*CELL_STAGES, GATE_WAIT) if any(name in row for row in per_target.values())]
+    print(f"\n== {policy}: wall {wall:.1f} s, peak memory of the run's processes: RSS {usage.peak_rss / 2**30:.2f} GiB, "
+          f"PSS {usage.peak_pss / 2**30:.2f} GiB ==")
     print(f"{'target':<18}" + "".join(f"{name:>14}" for name in shown) + f"{'total':>10}")
     for target, row in per_target.items():
         print(f"{target:<18}" + "".join(f"{row.get(name, 0.0):>14.2f}" for name in shown) + f"{sum(row.values()):>10.2f}")
@@ -136,6 +192,17 @@ def print_tables(policy: str, wall: float, peak: list[int], per_target, run_step
         print(f"  {name:<40}{value:>8.2f} s")
     print(f"  {'sum of steps':<40}{sum(run_steps.values()):>8.2f} s   (wall {wall:.2f} s, "
           f"unaccounted {wall - sum(run_steps.values()):.2f} s)")
+    print_floor(wall, usage, timed)
+
+
+def print_floor(wall: float, usage: TreeUsage, timed: float) -> None:
+    """The run's CPU by process kind and the walls it rules out on this machine's cores."""
+    cores = len(os.sched_getaffinity(0))
+    print(f"\n  CPU of the run's processes: {usage.cpu_total:.1f} s ("
+          + ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in usage.by_kind().items()) + ")")
+    alone = timed + max(0.0, usage.cpu_total - timed) / cores
+    print(f"  floor on {cores} cores: CPU / cores {usage.cpu_total / cores:.1f} s; timed stages, run alone (latency, "
+          f"cold start) {timed:.1f} s; the two with the timed work keeping one core busy {alone:.1f} s   (wall {wall:.1f} s)")
 
 
 def main() -> None:
@@ -153,11 +220,13 @@ def main() -> None:
         policy = Path(name) if name.endswith(".onnx") else POLICIES / f"{name}.onnx"
         with tempfile.TemporaryDirectory(prefix="matrix-wall-") as scratch:
             out = args.keep / policy.stem if args.keep else Path(scratch) / "report"
-            started, peak = run_matrix(policy, args.targets, args.variants, args.extra, out)
+            started, usage = run_matrix(policy, args.targets, args.variants, args.extra, out)
             ended = time.time()
-            per_target, run_steps = account(out, started, ended)
-        print_tables(policy.stem, ended - started, peak, per_target, run_steps)
-        recorded[policy.stem] = {"wall_s": ended - started, "peak_rss_bytes": peak[0], "peak_pss_bytes": peak[1], "targets": per_target, "run": run_steps}
+            per_target, run_steps, timed = account(out, started, ended)
+        print_tables(policy.stem, ended - started, usage, per_target, run_steps, timed)
+        recorded[policy.stem] = {"wall_s": ended - started, "peak_rss_bytes": usage.peak_rss, "peak_pss_bytes": usage.peak_pss,
+                                 "cpu_s": usage.cpu_total, "cpu_s_by_kind": usage.by_kind(), "timed_s": timed,
+                                 "targets": per_target, "run": run_steps}
     if args.json:
         args.json.write_text(json.dumps(recorded, indent=2))
 

@@ -137,8 +137,9 @@ class BackendInfo:
 # An emulated (software) adapter's latency means nothing: it is never compared, never decides, and the
 # report says "parity only"; yet it is timed alone (matrix.run.cells.StageGate), at 15-65 ms a call on an
 # MLP under SwiftShader WebGPU and ~0.3 s on a conv policy at batch 64. So the worker times 1 warm-up and
-# 5 calls per batch size there, without the probe round that sizes real timing (matrix.run.worker.timed_calls):
-# enough for its order of magnitude. 3 probe + 3 warm-up + 20 calls made it most of a full matrix's timed seconds.
+# 5 calls at the smallest batch size only (matrix.run.worker.timed_batches), without the probe round that
+# sizes real timing (matrix.run.worker.timed_calls): enough for its order of magnitude. 3 probe + 3 warm-up +
+# 20 calls made it most of a full matrix's timed seconds; 1 + 5 at every batch size still ~8 s of a pixel CNN's.
 EMULATED_WARMUP, EMULATED_ITERS = 1, 5
 
 
@@ -243,10 +244,17 @@ class Target(ABC):
         """The target's session; called only where unavailable_reason() is None. `settings` holds values of
         this target's `knobs` only (checked by the core); {} means defaults."""
 
-    def start_runtime(self) -> None:
+    def start_runtime(self, threads: int) -> None:
         """Start what the next session needs besides its model (a browser page, a helper process that
-        has done its imports) before cold start is timed, so cold start stays session creation + first
-        inference; called before each open(); the default starts nothing."""
+        has done its imports, a runtime initialised with the session's `threads`) before cold start is
+        timed, so cold start stays session creation + first inference; called before each open(); the
+        default starts nothing."""
+
+    def emulated(self) -> bool:
+        """Whether the device the next session runs on is emulated in software (asked after start_runtime):
+        its timings mean nothing (BackendInfo.emulated) and never rank, so its cold start is not given the
+        machine alone (matrix.run.worker); the default: a real device."""
+        return False
 
     def stop_runtime(self) -> None:
         """Release what start_runtime started, when this target's worker moves on to another target's

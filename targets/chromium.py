@@ -7,10 +7,11 @@ through it). The browser is the worker's child: the worker's memory cap holds fo
 it ends with the worker (the pipe closes), on a timeout or a kill -9 alike. Only a browser
 the user started and owns (`--browser-endpoint`, `UserBrowser`) is reached over CDP.
 
-The three web targets share one worker (Target.worker_group) and so one Playwright driver,
-started once per run. The browser is launched with a target's first page and closed with its
-last (`_hold_browser`/`_release_browser`): the worker moving on to the next target closes it,
-so one browser's memory is held at a time. Each target gets its own fresh context and page
+The three web targets share one worker (Target.worker_group), so one Playwright driver and one
+browser, started once per run: the browser is launched with the first target's page and kept when
+the worker moves on (`drop_page(keep_browser=True)`: the target's context and its renderer go, the
+browser and its GPU process stay), which saves two launches (bench/matrix_wall.py's CPU by process kind);
+it is closed when the worker exits. Each target gets its own fresh context and page
 (`HarnessPage`: a private local server for the harness, the ORT dist/ files and published
 models, and one ORT bundle imported), kept for all the variants it serves; contexts share no storage, cache or origin. A browser that
 dies is launched afresh for the next page. Nothing here knows an ORT backend: that is
@@ -181,7 +182,7 @@ class _BrowserUse:
         self.browser, self.pages = browser, 0
 
 
-_BROWSERS: dict[tuple, _BrowserUse] = {}  # per (endpoint, flags): launched with its first page, closed with its last
+_BROWSERS: dict[tuple, _BrowserUse] = {}  # per (endpoint, flags): launched with its first page, closed with its last (or at exit)
 
 
 def _browser_key() -> tuple:
@@ -202,12 +203,13 @@ def _hold_browser(key: tuple):
     return use.browser
 
 
-def _release_browser(key: tuple, browser) -> None:
-    """A page is done with `browser`: the last one closes it (a dead browser that was replaced is closed at once)."""
+def _release_browser(key: tuple, browser, keep: bool) -> None:
+    """A page is done with `browser`: the last one closes it unless `keep` asks to leave it open for the
+    process's next page (a dead browser, or one that was replaced, is closed at once)."""
     use = _BROWSERS.get(key)
     if use is not None and use.browser is browser:
         use.pages -= 1
-        if use.pages > 0:
+        if use.pages > 0 or (keep and browser.is_connected()):
             return
         del _BROWSERS[key]
     with contextlib.suppress(Exception):  # a dead browser has nothing left to close
@@ -246,7 +248,9 @@ class HarnessPage:
             self.answers[key] = self.call(function, *args)
         return self.answers[key]
 
-    def close(self) -> None:
+    def close(self, keep_browser: bool = False) -> None:
+        """Close the context (its renderer goes) and the server; the browser too when this was its last
+        page, unless `keep_browser`."""
         if self.browser is None:
             return
         for step in ("context", "server"):
@@ -256,7 +260,7 @@ class HarnessPage:
                     resource.stop() if step == "server" else resource.close()
             except Exception:  # noqa: BLE001 — a dead browser has nothing left to close
                 pass
-        _release_browser(self.browser_key, self.browser)
+        _release_browser(self.browser_key, self.browser, keep_browser)
         self.browser = None
 
 
@@ -280,9 +284,9 @@ def _page_key(bundle: str) -> tuple:
     return bundle, *_browser_key()
 
 
-def drop_page(bundle: str) -> None:
+def drop_page(bundle: str, keep_browser: bool = False) -> None:
     if (page := _PAGES.pop(_page_key(bundle), None)) is not None:
-        page.close()
+        page.close(keep_browser)
 
 
 @atexit.register

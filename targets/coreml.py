@@ -68,7 +68,7 @@ class CoremlPredictTarget(CoremlTarget):
     def unavailable_reason(self) -> str | None:
         return "CoreML prediction needs macOS" if sys.platform != "darwin" else environment_missing()
 
-    def start_runtime(self) -> None:
+    def start_runtime(self, threads: int) -> None:
         """The prediction process, its coremltools import done, so cold start is Core ML's load + first predict."""
         if self._started_helper is None and not self.unavailable_reason():
             self._started_helper = PredictHelper()

@@ -34,6 +34,7 @@ from .web_support import (
     fixed_batch_model,
     model_nodes,
     npm_package_version,
+    one_node_model,
     placement_from_log,
     placement_rows,
 )
@@ -134,7 +135,8 @@ class WebSession(Session):
         loaded = self.page.versions.get("version", {}).get("web")  # as the page's ORT reports itself
         info.detail = "; ".join(filter(None, [info.detail, f"onnxruntime-web {loaded} in the page" if loaded else ""]))
         if info.emulated:
-            info.detail += f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls"
+            info.detail += (f"; emulated: parity only, latency from at most {EMULATED_ITERS} calls at the smallest batch, "
+                            "cold start taken beside other work")
         info.detail += self.target.variant_note(self.probe, self.artifact.variant)
         return info
 
@@ -155,7 +157,7 @@ def _fed_batch(feeds: Feeds, batch_axes: dict[str, int]) -> int:
 class OrtWebTarget(Target):
     runs_onnx_as_is = True
     service_key: ClassVar[str] = "chromium"
-    worker_group: ClassVar[str] = "browser"  # one worker and Playwright driver for the three; a browser per target (targets/chromium.py)
+    worker_group: ClassVar[str] = "browser"  # one worker, Playwright driver and browser for the three, a context each (targets/chromium.py)
     backend: ClassVar[str]  # onnxruntime-web executionProviders name
     bundle: ClassVar[str]  # one ORT bundle per page, from the installed dist/
     ort_ep: ClassVar[str | None]  # ORT's name for the EP in its placement log
@@ -171,14 +173,20 @@ class OrtWebTarget(Target):
     def unavailable_reason(self) -> str | None:
         return web_unavailable_reason()
 
-    def start_runtime(self) -> None:
-        """The page and its device probe (a WebGPU adapter request), before and outside the timed cold start."""
+    def start_runtime(self, threads: int) -> None:
+        """The page, its device probe (a WebGPU adapter request) and ORT's own start in it (its wasm module compiled
+        and instantiated with `threads`, the backend's WebGL context or WebGPU device), before and outside the timed
+        cold start, as an in-process runtime's import is: cold start is then the session's creation + first
+        inference for every variant, where the page's first session used to carry 0.3-5 s of ORT's start alone."""
         if self.unavailable_reason() is None:
-            shared_page(self.bundle).call_once("probe", self.backend)
+            page = shared_page(self.bundle)
+            if page.call_once("probe", self.backend)["present"]:
+                page.call_once("startRuntime", self.backend, threads, one_node_model())
 
     def stop_runtime(self) -> None:
-        """The target's page and context go: the worker's browser holds the page of the target it serves only."""
-        drop_page(self.bundle)
+        """The target's page and context go (the worker's browser holds the page of the target it serves only);
+        the browser stays for the worker's next web target (targets/chromium.py)."""
+        drop_page(self.bundle, keep_browser=True)
 
     def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:
         return WebSession(self, artifact, threads)
@@ -188,6 +196,14 @@ class OrtWebTarget(Target):
         if endpoint := os.environ.get(BROWSER_ENDPOINT_ENV):
             return UserBrowser(endpoint)
         return None
+
+    def emulated(self) -> bool:
+        """Read from the page's device probe (start_runtime has opened the page), as verify_backend reads it."""
+        return self.unavailable_reason() is None and self.emulated_on(shared_page(self.bundle).call_once("probe", self.backend))
+
+    def emulated_on(self, probe: dict) -> bool:
+        """Whether the device `probe` describes is a software emulation (SwiftShader)."""
+        return False
 
     def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:
         return BackendInfo(requested=self.backend, actual=self.backend if opened else "none",
@@ -229,8 +245,10 @@ class OrtWebWebgl(OrtWebTarget):
     def verify_backend(self, probe: dict, log: list[str], opened: bool, rows: list[PlacementRow]) -> BackendInfo:
         if not probe["present"]:
             return BackendInfo(self.backend, "none", detail=probe["reason"])
-        renderer = probe.get("renderer", "")
-        return BackendInfo(self.backend, self.backend, emulated="swiftshader" in renderer.lower(), detail=renderer)
+        return BackendInfo(self.backend, self.backend, emulated=self.emulated_on(probe), detail=probe.get("renderer", ""))
+
+    def emulated_on(self, probe: dict) -> bool:
+        return probe["present"] and "swiftshader" in probe.get("renderer", "").lower()
 
     def placement_from(self, nodes: list[tuple[str, str]], log: list[str]) -> list[PlacementRow]:
         """WebGL is not an ORT EP: a session runs every node or fails to open."""
@@ -249,8 +267,8 @@ class OrtWebWebgpu(OrtWebTarget):
         """Read from the placement rows, so the backend check and the placement table never disagree."""
         if not probe["present"]:
             return BackendInfo(self.backend, "none", detail=probe["reason"])
-        adapter = ", ".join(f"{key}={probe[key]}" for key in ("vendor", "architecture", "description") if probe.get(key))
-        emulated = probe["isFallbackAdapter"] or "swiftshader" in adapter.lower()
+        adapter = _adapter(probe)
+        emulated = self.emulated_on(probe)
         on_gpu = [row for row in rows if row.where == self.where_label]
         if on_gpu:
             fell_back = [row for row in rows if row.fallback]
@@ -266,6 +284,9 @@ class OrtWebWebgpu(OrtWebTarget):
                                detail=f"adapter {adapter}; ORT placed no node on {self.ort_ep}; all ran on {', '.join(where)}")
         return BackendInfo(self.backend, "unknown", emulated=emulated, detail="ORT logged no node placement")
 
+    def emulated_on(self, probe: dict) -> bool:
+        return probe["present"] and (probe["isFallbackAdapter"] or "swiftshader" in _adapter(probe).lower())
+
     def variant_note(self, probe: dict, variant: str) -> str:
         # Measured on onnxruntime-web 1.30: without shader-f16 the WebGPU EP accepts an fp16
         # model and returns wrong numbers (0.79 max drift) instead of refusing it. Devices
@@ -275,4 +296,6 @@ class OrtWebWebgpu(OrtWebTarget):
         return ""
 
 
-
+def _adapter(probe: dict) -> str:
+    """The WebGPU adapter as the probe named it: "vendor=…, architecture=…, description=…"."""
+    return ", ".join(f"{key}={probe[key]}" for key in ("vendor", "architecture", "description") if probe.get(key))

@@ -182,6 +182,19 @@ def model_nodes(path: Path) -> list[tuple[str, str]]:
     return [(node.op_type, node.name or f"{node.op_type}_{index}") for index, node in enumerate(graph.node)]
 
 
+@functools.cache
+def one_node_model() -> str:
+    """A one-node ONNX model (y = x + x on a float[1]), base64: what the page opens to start the runtime
+    itself (harness.mjs startRuntime) before a cell's cold start is timed. Add runs on every backend."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "start",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return base64.b64encode(model.SerializeToString()).decode()
+
+
 # --- fixed-batch copies (WebGL has no symbolic batch) ------------------------
 
 

@@ -11,6 +11,7 @@ from matrix.decide import decide
 from matrix.judge import noise
 from matrix import results as schema
 from matrix.inputs.examples import path as example
+from matrix.run.protocol import STAGES
 
 pytestmark = [pytest.mark.slow]
 
@@ -69,6 +70,21 @@ def test_latency_placement_and_contract_are_measured(ort_cpu_runs, name):
 def test_lints_are_in_the_results(ort_cpu_runs):
     lints = {item["id"]: item["level"] for item in load_results(ort_cpu_runs["continuous_mlp"])["lints"]}
     assert set(lints.values()) == {"ok"} and "symbolic-batch" in lints
+
+
+def test_latency_and_cold_start_are_timed_with_no_other_stage_starting(tmp_path):
+    """Two targets' workers run at once, but a timed stage is granted alone: no other cell starts a stage
+    while one cell's latency runs, and the waits it took are noted (Measurement.gate_wait_s)."""
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu,ort-node", "--variants", "fp32,fp16",
+                   "--iters", "300", "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    timelines = {d.name: json.loads((d / "measurement.json").read_text()) for d in (tmp_path / "cells").iterdir()}
+    starts = [(at, name) for name, m in timelines.items() for stage, at in m["timeline"].items() if stage in STAGES]
+    for name, measurement in timelines.items():
+        # timing ends when the worker asks for the placement stage, before the wait for that grant
+        begun = measurement["timeline"]["latency"]
+        ended = measurement["timeline"]["placement"] - measurement["gate_wait_s"]["latency"]
+        assert not [other for at, other in starts if begun < at < ended and other != name], name
 
 
 def test_a_cell_that_hangs_is_killed_and_the_rest_still_report(tmp_path):

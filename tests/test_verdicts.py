@@ -248,7 +248,7 @@ def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path)
     feeds = observations.take(observations.seeded(info, 8, 0), 1, info.batch_axes)
     spec = cells.CellSpec(target="ort-cpu", variant="fp32", observations="", onnx_variants={}, iters=10**8,
                           warmup=10**6, latency_budget_s=0.5)
-    from matrix.run.worker import timed_calls
+    from matrix.run.worker import timed_batches, timed_calls
 
     started = time.perf_counter()
     samples, budget_spent = timed_calls(session, feeds, spec)
@@ -259,6 +259,7 @@ def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path)
     assert not budget_spent and len(samples) == 50
     # an emulated adapter's latency means nothing: a few calls, whatever --iters asks
     assert len(timed_calls(session, feeds, spec, emulated=True)[0]) == EMULATED_ITERS < spec.iters
+    assert timed_batches([64, 1], emulated=True) == [1] and timed_batches([1, 64], emulated=False) == [1, 64]  # and its smallest batch only
 
 
 def test_a_conversion_only_cell_is_converted_not_passed():

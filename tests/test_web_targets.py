@@ -282,6 +282,28 @@ def test_a_dead_browser_costs_only_its_cells(monkeypatch, cache_dir):
     assert not _own_browsers(marker)
 
 
+def test_the_next_web_target_reuses_the_browser_in_a_context_of_its_own(monkeypatch):
+    """A worker moving on to its next web target keeps the browser (no second launch) and closes the
+    previous target's context; the last page's close ends the browser."""
+    marker = "--window-size=803,603"  # tells this test's browser from the others open in this process
+    monkeypatch.setattr(chromium, "CHROMIUM_FLAGS", [*chromium.CHROMIUM_FLAGS, marker])
+    wasm, webgl = REGISTRY["ort-web-wasm"], REGISTRY["ort-web-webgl"]
+    try:
+        wasm.start_runtime(1)
+        (browser,) = _own_browsers(marker)
+        assert not wasm.emulated()
+        wasm.stop_runtime()
+        webgl.start_runtime(1)
+        assert _own_browsers(marker) == [browser]
+        assert webgl.emulated()  # SwiftShader on this kind of host: its cold start is not timed alone
+        page = chromium.shared_page(webgl.bundle)
+        assert page.browser.contexts == [page.context]
+    finally:
+        chromium.drop_page(webgl.bundle)
+    browser.wait(timeout=30)
+    assert not _own_browsers(marker)
+
+
 def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path):
     """End to end through the CLI: the node falls back, the cell is a WARN, and the report shows it."""
     from conftest import load_results, run_cli

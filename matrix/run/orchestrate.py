@@ -248,9 +248,9 @@ class CellSchedule:
     many as the cores and the memory allow. Their stages are granted by one cells.StageGate, so opening
     sessions and pages, contract, parity, rollouts and placement run side by side while latency is measured
     with nothing else running. Each finished cell goes to the journal at once; the report lists them in
-    grid order. Targets that share something large (a browser's driver) share one worker, one target after
-    another (Target.worker_group): the worker and its Playwright driver start once per run, not once per target,
-    and one browser's memory is held at a time. An interrupted run kills the workers and keeps only the cells that finished."""
+    grid order. Targets that share something large (a browser) share one worker, one target after another
+    (Target.worker_group): the worker, its Playwright driver and its browser start once per run, not once per
+    target, and one target's page is held at a time. An interrupted run kills the workers and keeps only the cells that finished."""
 
     def __init__(self, config: RunConfig, configurations: list[Configuration], runner: CellRunner, inputs_by_model: dict,
                  finished: dict, journal: Journal, gate: cells.StageGate):

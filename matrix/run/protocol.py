@@ -120,6 +120,7 @@ class Measurement(Record):
 
     stage: str = START
     timeline: dict[str, float] = Field(default_factory=dict)  # wall-clock start of each stage (bench/matrix_wall.py)
+    gate_wait_s: dict[str, float] = Field(default_factory=dict)  # seconds waited for the stage gate, per stage it fell in
     worker_pid: int | None = None
     runtime_version: str = ""
     artifact: ArtifactInfo | None = None

@@ -40,7 +40,7 @@ from ..judge.metrics import latency_stats
 from ..errors import error_line
 from .guarded import stage
 from ..outdir import write_atomic_with
-from .protocol import DONE, GO, OUTPUTS_FILE, TIMED, UNTIMED, CellSpec, Measurement, done_message, gate_message
+from .protocol import DONE, GO, OUTPUTS_FILE, START, TIMED, UNTIMED, CellSpec, Measurement, done_message, gate_message
 from ..results import ArtifactInfo, CellError
 from ..judge.rules import workaround_note
 
@@ -48,12 +48,17 @@ from ..judge.rules import workaround_note
 _gated = False  # serve(): the parent grants each stage (cells.StageGate)
 
 
-def gate(kind: str) -> None:
-    """Wait for the parent's go for `kind` of work (protocol.TIMED: nothing else runs meanwhile)."""
-    if _gated:
-        print(gate_message(kind), flush=True)
-        if sys.stdin.readline().strip() != GO:  # the parent is gone: nothing left to measure for
-            sys.exit(1)
+def gate(kind: str, measurement: Measurement) -> None:
+    """Wait for the parent's go for `kind` of work (protocol.TIMED: nothing else runs meanwhile). The wait is
+    noted on the stage it falls in (Measurement.gate_wait_s), so bench/matrix_wall.py tells waiting from work."""
+    if not _gated:
+        return
+    asked = time.time()
+    print(gate_message(kind), flush=True)
+    if sys.stdin.readline().strip() != GO:  # the parent is gone: nothing left to measure for
+        sys.exit(1)
+    within = measurement.stage if measurement.stage in measurement.timeline else START
+    measurement.gate_wait_s[within] = measurement.gate_wait_s.get(within, 0.0) + time.time() - asked
 
 
 def main(cell_dir: Path) -> None:
@@ -101,19 +106,19 @@ def _serving(target) -> None:
 
 def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: dict) -> None:
     target = targets.get(spec.target)
-    _serving(target)
     feeds = observations.read(Path(spec.observations))
     measurement.runtime_version = target.runtime_version()
     versions.check_loaded(target)  # a pinned target runs its own release or not at all
 
     def enter(name: str) -> None:
-        gate(TIMED if name == "latency" else UNTIMED)
+        gate(TIMED if name == "latency" else UNTIMED, measurement)
         measurement.stage = name
         measurement.timeline[name] = time.time()  # wall-clock start of each stage, for bench/matrix_wall.py
         _save(cell_dir, measurement, arrays)
         stage(name)
 
     enter("prepare")
+    _serving(target)  # under the gate's grant: closing the previous target's page is work too
     onnx_variants = {k: Path(v) for k, v in spec.onnx_variants.items()}
     ctx = PrepareContext(
         onnx_variants=onnx_variants,
@@ -140,13 +145,18 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
 
     enter("open")
     first_batch = observations.take(feeds, spec.chunk or 1, spec.batch_axes)
-    target.start_runtime()
-    gate(TIMED)  # cold start is a timing too
+    target.start_runtime(spec.threads)
+    # Cold start is a timing too, given the machine alone; on an emulated device it means nothing (a pixel
+    # CNN's first WebGPU session under SwiftShader took 8-11 s, all of it holding every other target off).
+    timed_alone = not target.emulated()
+    if timed_alone:
+        gate(TIMED, measurement)
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads, spec.settings)
     session.run(first_batch)
     measurement.cold_start_ms = (time.perf_counter_ns() - started) / 1e6
-    gate(UNTIMED)
+    if timed_alone:
+        gate(UNTIMED, measurement)
     measurement.backend = session.backend()
     try:
         _run_session(session, spec, feeds, measurement, arrays, enter)
@@ -188,7 +198,7 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
     enter("latency")
     measurement.latency = []
     emulated = bool(measurement.backend and measurement.backend.emulated)
-    for batch in spec.batch_sizes:
+    for batch in timed_batches(spec.batch_sizes, emulated):
         samples, budget_spent = timed_calls(session, observations.take(feeds, batch, spec.batch_axes), spec, emulated)
         measurement.latency.append(latency_stats(batch, samples))
         if budget_spent:
@@ -198,6 +208,15 @@ def _run_session(session, spec, feeds, measurement, arrays, enter) -> None:
 
     enter("placement")
     measurement.placement = session.placement()
+
+
+def timed_batches(batch_sizes: list[int], emulated: bool) -> list[int]:
+    """The batch sizes latency is timed at: all of them, or on an emulated adapter the smallest only.
+
+    An emulated adapter's latency never ranks or decides (the decision reads the smallest batch, and counts
+    an emulated one as no latency at all); its larger batches cost most of a conv policy's serial timing
+    (SwiftShader WebGPU ~0.3 s a call at batch 64) to show nothing the smallest does not."""
+    return sorted(batch_sizes)[:1] if emulated else list(batch_sizes)
 
 
 PROBE_CALLS = 3  # timed first to size the warm-up and the rounds that fit the budget
@@ -257,7 +276,9 @@ def serve() -> None:
     The interpreter, the imports and the runtime's own start-up are paid once per target, not per
     cell. Each cell's stderr (the runtime's native output too) goes to its own worker.log. A cell
     that crashes this process costs the cells still queued for it only: the parent starts a fresh
-    worker for them (cells.WorkerProcess)."""
+    worker for them (cells.WorkerProcess). Each stage waits for the parent's grant (gate())."""
+    global _gated
+    _gated = True
     for line in sys.stdin:
         cell_dir = Path(line.strip())
         _stderr_to(cell_dir / "worker.log")

@@ -64,6 +64,6 @@ def test_the_default_prepare_names_the_variant_and_the_cache_for_open(tmp_path, 
 @pytest.mark.skipif(sys.platform == "darwin", reason="on macOS the Core ML helper really starts")
 def test_core_ml_starts_no_prediction_process_where_it_cannot_predict():
     target = targets.get("coreml-cpu")
-    target.start_runtime()
+    target.start_runtime(1)
     assert target._started_helper is None
 

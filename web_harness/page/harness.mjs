@@ -2,7 +2,7 @@
 // window.harness: one ORT bundle per page, sessions keyed by a name, tensors in
 // and out as base64 bytes, latency taken here with performance.now().
 
-import { decodeFeeds, encodeOutputs, tensorRunner } from './tensors.mjs';
+import { bytesFromBase64, decodeFeeds, encodeOutputs, tensorRunner } from './tensors.mjs';
 
 // ORT prints its placement decisions as log lines; keep every console line
 // (installed before ORT is imported, so ORT's own logger goes through it).
@@ -68,6 +68,21 @@ async function probe(backend) {
   if (backend === 'webgpu') return webgpuAdapter();
   if (backend === 'webgl') return webglRenderer();
   return { present: true };
+}
+
+// The runtime's own start, before any cell's cold start is timed (as an in-process runtime's import is):
+// a throwaway session of a one-node model makes ORT compile and instantiate its wasm module with the
+// cells' thread count and start the backend (WebGL context, WebGPU device). It runs nothing. A failure
+// is left for the cell's own session to meet and report in its own words.
+async function startRuntime(backend, threads, modelB64) {
+  ort.env.wasm.numThreads = threads;
+  try {
+    const session = await ort.InferenceSession.create(bytesFromBase64(modelB64), { executionProviders: [backend], ...QUIET });
+    await session.release();
+    return { started: true };
+  } catch (error) {
+    return { started: false, error: String(error && error.message ? error.message : error) };
+  }
 }
 
 async function open(key, modelUrl, backend, threads, verbose) {
@@ -138,6 +153,6 @@ function reporting(fn) {
 }
 
 window.harness = Object.fromEntries(
-  Object.entries({ load, probe, open, run, time, bareLoop, release }).map(([name, fn]) => [name, reporting(fn)]),
+  Object.entries({ load, probe, startRuntime, open, run, time, bareLoop, release }).map(([name, fn]) => [name, reporting(fn)]),
 );
 window.harnessReady = true;

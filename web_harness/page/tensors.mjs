@@ -9,7 +9,7 @@ const ARRAYS = {
   float16: Uint16Array,
 };
 
-function bytesFromBase64(b64) {
+export function bytesFromBase64(b64) {
   if (typeof Buffer !== 'undefined') return new Uint8Array(Buffer.from(b64, 'base64'));
   if (Uint8Array.fromBase64) return Uint8Array.fromBase64(b64);
   const text = atob(b64);
