@@ -34,17 +34,18 @@ def app(quiet: int, verbose: int) -> None:
     """Run one exported policy on every runtime it ships on: parity drift against a
     float64 reference, latency, operator placement and the RL action contract."""
     global console
-    console = _stderr_console(verbose - quiet)
     context = click.get_current_context()
-    context.meta["verbosity"] = verbose - quiet
     if context.invoked_subcommand == "run":
         _warm_fork_server()
+    console = _stderr_console(verbose - quiet)
+    context.meta["verbosity"] = verbose - quiet
 
 
 def _warm_fork_server() -> None:
     """A run's reference job and cell workers are forked from a server that imports numpy, onnx and onnxruntime
-    (~1 s, matrix/run/forkserver.py): started before `run` parses its options and imports its own modules, the
-    two overlap, and the reference job does not wait for it. A run refused as bad input takes it down with it."""
+    (~1 s, matrix/run/forkserver.py): started first, before even the console's import, and before `run` parses
+    its options and imports its own modules, the two overlap, and the reference job finds its modules loaded.
+    A run refused as bad input takes it down with it."""
     from ..run import forkserver
 
     forkserver.CLIENT.warm()
