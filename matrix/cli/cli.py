@@ -43,9 +43,9 @@ def app(quiet: int, verbose: int) -> None:
 
 def _warm_fork_server() -> None:
     """A run's reference job and cell workers are forked from a server that imports numpy, onnx and onnxruntime
-    (~1 s, matrix/run/forkserver.py): started first, before even the console's import, and before `run` parses
-    its options and imports its own modules, the two overlap, and the reference job finds its modules loaded.
-    A run refused as bad input takes it down with it."""
+    (~1 s, matrix/run/forkserver.py): started before `run` parses its options and imports its own modules (by the
+    entry point, matrix/cli/__init__.py, already: then this does nothing), the two overlap, and the reference job
+    finds its modules loaded. A run refused as bad input takes it down with it."""
     from ..run import forkserver
 
     forkserver.CLIENT.warm()
@@ -438,8 +438,11 @@ def _one_variant(value: str) -> list[str]:
 
 
 def _is_the_program() -> bool:
-    """main() is what this process runs: the console script and `python -m matrix` both call it from __main__."""
-    return getattr(sys.modules.get("__main__"), "main", None) is main
+    """main() is what this process runs: the console script and `python -m matrix` both call it from __main__,
+    through the package's entry point (matrix/cli/__init__.py)."""
+    from . import main as entry_point
+
+    return getattr(sys.modules.get("__main__"), "main", None) is entry_point
 
 
 def main() -> None:
