@@ -19,7 +19,8 @@ def main() -> None:
 
 
 def _command(arguments: list[str]) -> str | None:
-    """The command named on the command line: the group's own options (-q, -v, --version, --help) take no value."""
+    """The command named on the command line: the group's own options (-q, -v, --version, --help) take no value.
+    Should one ever take a value, a run is still found by its command's callback (cli._warm_fork_server)."""
     return next((argument for argument in arguments if not argument.startswith("-")), None)
 
 

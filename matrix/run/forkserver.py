@@ -275,9 +275,9 @@ CLIENT = Client()
 def serve(control: socket.socket, preload: list) -> None:
     """Fork one child per request; tell each request's channel the child's pid, then its exit status.
 
-    Ready at once, and the imports (`preload`, one module at a time) happen while no request waits: a job
-    asked for early (the reference, ~0.1 s after the runner starts to wait) is forked with what is loaded
-    so far and imports the rest itself, instead of waiting for every import of every kind of job."""
+    Ready at once; the imports (`preload`, one step at a time) happen while no request waits. A job asked
+    for before they are done (a run's reference job, often) is forked with what is loaded so far and imports
+    the rest itself, instead of waiting for the imports of every kind of job."""
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
     signal.set_wakeup_fd(wakeup_write)
