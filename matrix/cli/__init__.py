@@ -1,5 +1,27 @@
 """The `policy-matrix` command line: commands, the `run` options in argument groups, matrix.toml, setup and bisect."""
 
-from .cli import main  # the console script's entry point stays `matrix.cli:main`
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    """The console script's entry point (`matrix.cli:main`; `python -m matrix` too): cli.main. A `run` starts its
+    fork server first, before even the command line's own imports (click, the option groups), so the server's
+    imports, which the run's first job (the reference) needs, are that much further when it is asked for."""
+    if _command(sys.argv[1:]) == "run":
+        from ..run import forkserver
+
+        forkserver.CLIENT.warm()
+    from .cli import main as command_line
+
+    command_line()
+
+
+def _command(arguments: list[str]) -> str | None:
+    """The command named on the command line: the group's own options (-q, -v, --version, --help) take no value.
+    Should one ever take a value, a run is still found by its command's callback (cli._warm_fork_server)."""
+    return next((argument for argument in arguments if not argument.startswith("-")), None)
+
 
 __all__ = ["main"]

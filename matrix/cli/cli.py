@@ -8,7 +8,7 @@ about as fast as Python itself.
 from __future__ import annotations
 
 import atexit
-import gc
+import contextlib
 import json
 import os
 import signal
@@ -34,17 +34,18 @@ def app(quiet: int, verbose: int) -> None:
     """Run one exported policy on every runtime it ships on: parity drift against a
     float64 reference, latency, operator placement and the RL action contract."""
     global console
-    console = _stderr_console(verbose - quiet)
     context = click.get_current_context()
-    context.meta["verbosity"] = verbose - quiet
     if context.invoked_subcommand == "run":
         _warm_fork_server()
+    console = _stderr_console(verbose - quiet)
+    context.meta["verbosity"] = verbose - quiet
 
 
 def _warm_fork_server() -> None:
     """A run's reference job and cell workers are forked from a server that imports numpy, onnx and onnxruntime
-    (~1 s, matrix/run/forkserver.py): started before `run` parses its options and imports its own modules, the
-    two overlap, and the reference job does not wait for it. A run refused as bad input takes it down with it."""
+    (~1 s, matrix/run/forkserver.py): started before `run` parses its options and imports its own modules (by the
+    entry point, matrix/cli/__init__.py, already: then this does nothing), the two overlap, and the reference job
+    finds its modules loaded. A run refused as bad input takes it down with it."""
     from ..run import forkserver
 
     forkserver.CLIENT.warm()
@@ -437,23 +438,49 @@ def _one_variant(value: str) -> list[str]:
 
 
 def _is_the_program() -> bool:
-    """main() is what this process runs: the console script and `python -m matrix` both call it from __main__."""
-    return getattr(sys.modules.get("__main__"), "main", None) is main
+    """main() is what this process runs: the console script and `python -m matrix` both call it from __main__,
+    through the package's entry point (matrix/cli/__init__.py)."""
+    from . import main as entry_point
+
+    return getattr(sys.modules.get("__main__"), "main", None) is entry_point
 
 
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
+    global _exit_status
     signal.signal(signal.SIGTERM, raise_terminated)  # like Ctrl-C: report what finished, leave nothing running
     # Python installs its Ctrl-C handler only when SIGINT was not ignored at start; a background job of a
     # non-interactive shell inherits it ignored, and an interrupt would then do nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if _is_the_program():
-        # What a command imported (numpy, onnx, pydantic's schemas, ...) lives until the process ends. Frozen when
-        # the interpreter exits, its final collections do not walk it all: 0.3-0.5 s less at the end of a run
-        # (bench/matrix_wall.py "exit"). Threads are still joined, every atexit handler runs, streams are flushed.
-        # Not inside another program (the tests call main() in process): what it loaded may need those collections
-        # (onnxsim's executor, freed only by them, would be reported as leaked by its bindings).
-        atexit.register(gc.freeze)
+        # What a command imported (numpy, onnx, pydantic's schemas, ...) lives until the process ends; the
+        # interpreter's teardown would then free it module by module, object by object (~0.1 s at the end of a run,
+        # bench/matrix_wall.py "exit"). Registered first, this handler runs last: other threads have been joined
+        # and every other atexit handler has run. Not inside another program (the tests call main() in process).
+        atexit.register(_end_without_teardown)
+    try:
+        _run_app()
+    except SystemExit as stop:
+        _exit_status = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+        raise
+
+
+_exit_status: int | None = None  # what main() exits with (None: it raised something else), for _end_without_teardown
+
+
+def _end_without_teardown() -> None:
+    """The process ends with main()'s status once the standard streams are flushed, as the interpreter would
+    end it, but without freeing what is loaded first. Files the commands write are closed by then (written
+    whole, then swapped in); an exception main() did not turn into a status ends the usual way."""
+    if _exit_status is None:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away, a closed stream
+            stream.flush()
+    os._exit(_exit_status)
+
+
+def _run_app() -> None:
     try:
         code = app.main(standalone_mode=False, prog_name="policy-matrix")
     except (InputError, click.UsageError) as error:

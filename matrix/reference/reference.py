@@ -49,7 +49,7 @@ def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
 def evaluator_for(proto: onnx.ModelProto):
     """onnx's reference evaluator with the operators it gets wrong replaced (reference_ops.py). Imported here, as
     ORT in dev_runtime: the runner uses only Reference and save, and the evaluator runs in the reference job,
-    forked from a server that has both imported already (matrix/run/forkserver.py)."""
+    forked from a server that imports both, and the evaluator's operator modules, while the runner starts (matrix/run/forkserver.py)."""
     from onnx.reference import ReferenceEvaluator
 
     from .reference_ops import CORRECTED_OPS

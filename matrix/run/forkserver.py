@@ -38,10 +38,14 @@ import subprocess
 import sys
 import threading
 
-# What every job imports; the jobs' own modules are imported too, then dropped from sys.modules, so each
-# child runs its entry module fresh as __main__ (runpy warns about a module already imported).
-PRELOAD = ("numpy", "numpy.random", "onnx", "onnxruntime", "onnx.reference")
-ENTRY_MODULES = ("matrix.run.worker", "matrix.run.guarded", "matrix.reference.reference_job")
+# What the jobs import, in the order a run needs them: the reference job first (its evaluator's ~200
+# operator modules, `onnx.reference.ops`, cost each reference job ~0.2 s when not preloaded), then the cell
+# workers'. One module per step, the large ones apart (the results' schemas take 0.1-0.3 s to build): a request
+# waits for the step under way only. The jobs' own modules are imported too, then dropped from sys.modules, so
+# each child runs its entry module fresh as __main__ (runpy warns about a module already imported).
+PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.reference", "onnx.reference.ops", "onnxruntime", "pydantic",
+           "matrix.results", "matrix.run.rollouts", "matrix.reference.reference")
+ENTRY_MODULES = ("matrix.reference.reference_job", "matrix.run.guarded", "matrix.run.worker")
 # An environment whose value of these differs from the server's changes what the child would import:
 # the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned
 # npm release's node_modules is read when targets.web_support is imported).
@@ -268,8 +272,12 @@ CLIENT = Client()
 # --- the server -------------------------------------------------------------------------
 
 
-def serve(control: socket.socket) -> None:
-    """Fork one child per request; tell each request's channel the child's pid, then its exit status."""
+def serve(control: socket.socket, preload: list) -> None:
+    """Fork one child per request; tell each request's channel the child's pid, then its exit status.
+
+    Ready at once; the imports (`preload`, one step at a time) happen while no request waits. A job asked
+    for before they are done (a run's reference job, often) is forked with what is loaded so far and imports
+    the rest itself, instead of waiting for the imports of every kind of job."""
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
     signal.set_wakeup_fd(wakeup_write)
@@ -277,8 +285,13 @@ def serve(control: socket.socket) -> None:
     children: dict[int, socket.socket] = {}
     control.send(READY)
     while True:
+        ready = []
         with contextlib.suppress(InterruptedError):
-            ready, _, _ = select.select([control, wakeup_read], [], [])
+            ready, _, _ = select.select([control, wakeup_read], [], [], 0 if preload else None)
+        if not ready and preload:
+            with contextlib.suppress(Exception):  # a module that cannot load fails the job that needs it, in its log
+                preload.pop(0)()
+            continue
         if wakeup_read in ready:
             os.read(wakeup_read, 4096)
         _reap(children)
@@ -391,20 +404,25 @@ def set_title(argv: list[str]) -> None:
     ctypes.memmove(start, title + b"\0" * (room - len(title) - 1) + b" ", room)
 
 
-def _preload() -> None:
+def preload_steps() -> list:
+    """One import per step. An entry module's step drops every entry module from sys.modules (one may import
+    another: the reference job imports matrix.run.guarded), so no child is forked with one already there."""
+    import functools
     import importlib
 
-    for name in (*PRELOAD, *ENTRY_MODULES):
+    def entry(name: str) -> None:
         importlib.import_module(name)
-    for name in ENTRY_MODULES:
-        del sys.modules[name]
+        for loaded in ENTRY_MODULES:
+            sys.modules.pop(loaded, None)
+
+    return [*(functools.partial(importlib.import_module, name) for name in PRELOAD),
+            *(functools.partial(entry, name) for name in ENTRY_MODULES)]
 
 
 if __name__ == "__main__":
     control_socket = socket.socket(fileno=int(sys.argv[1]))
     set_title([sys.executable, "-m", "matrix.run.forkserver"])
-    _preload()
-    # The runner may be gone before the server is ready (it stopped on bad input while the imports ran):
-    # nobody is left to serve or to read a traceback, so the server ends as quietly as a closed socket.
+    # The runner may be gone while the imports run (it stopped on bad input): nobody is left to serve or
+    # to read a traceback, so the server ends as quietly as a closed socket.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        serve(control_socket)
+        serve(control_socket, preload_steps())
