@@ -72,8 +72,9 @@ def test_lints_are_in_the_results(ort_cpu_runs):
 
 
 def test_a_cell_that_hangs_is_killed_and_the_rest_still_report(tmp_path):
-    # A timed loop far longer than the timeout: each cell is killed, the matrix goes on. The timeout also
-    # bounds the reference job and each worker's start, so it leaves room for a busy machine's imports.
+    # A timed loop far longer than the timeout: each cell is killed in its latency stage, keeping the parity and
+    # contract it measured before, and the matrix goes on. The timeout also bounds the reference job and each
+    # worker's start, so it leaves room for a busy machine's imports.
     done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
                    "--iters", "50000000", "--timeout", "15", "--out", tmp_path)
     assert done.returncode == 1, done.stderr
@@ -83,6 +84,8 @@ def test_a_cell_that_hangs_is_killed_and_the_rest_still_report(tmp_path):
     for cell in cells:
         assert cell["verdict"] == "FAIL" and cell["error"]["stage"] == "latency"
         assert "timeout" in cell["error"]["message"]
+        assert cell["parity"] and {c["name"]: c["ok"] for c in cell["contract"]}["batch 1/2/7"] is True
+    assert cells[0]["parity"][0]["max_abs"] < 1e-5  # fp32 against the float64 reference
     assert (tmp_path / "index.html").exists()
 
 
