@@ -40,7 +40,7 @@ def test_merge_keeps_every_host_and_cell(shards, tmp_path, policy_matrix):
 
 
 def test_merged_report_groups_by_host_in_chromium(shards, tmp_path, policy_matrix):
-    assert policy_matrix(["merge", shards / "linux-a", shards / "linux-b", "--out", tmp_path])[0] == 0
+    assert policy_matrix(["merge", shards / "linux-a", shards / "linux-b", "--out", tmp_path]).returncode == 0
     with chromium_page() as page:
         page.goto((tmp_path / "index.html").as_uri())
         assert page.locator("#verdicts h3").all_inner_texts() == ["linux-a", "linux-b"]
@@ -80,7 +80,7 @@ def test_identical_rerun_has_no_regressions(shards, tmp_path, policy_matrix):
                    "--latency-threshold", "100")
     assert done.returncode == 0, done.stderr
     assert load_results(rerun)["regressions"] == []
-    assert policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", shards / "linux-a"])[0] == 0
+    assert policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", shards / "linux-a"]).returncode == 0
 
 
 def _inject_regressions(results: schema.RunResults) -> schema.RunResults:
