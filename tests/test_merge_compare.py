@@ -54,8 +54,8 @@ def test_merged_report_groups_by_host_in_chromium(shards, tmp_path, policy_matri
 
 def test_merge_refuses_other_models_and_schemas(shards, tmp_path, policy_matrix):
     other = tmp_path / "other"
-    assert run_cli("run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
-                   "--host-label", "linux-c", "--out", other).returncode == 0
+    assert policy_matrix(["run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
+                          "--host-label", "linux-c", "--out", other]).returncode == 0
     code, lines = policy_matrix(["merge", shards / "linux-a", other, "--out", tmp_path / "m1"])
     assert code == 2 and "shards must share one model" in "\n".join(lines), lines
 
@@ -75,9 +75,9 @@ def test_identical_rerun_has_no_regressions(shards, tmp_path, policy_matrix):
     # depends on what else the (shared, 2-core) machine is doing, so the latency rule gets room
     # here and is checked on fixed numbers in test_compare_flags_each_injected_regression.
     rerun = tmp_path / "rerun"
-    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
-                   "--iters", "200", "--host-label", "linux-a", "--out", rerun, "--baseline", shards / "linux-a",
-                   "--latency-threshold", "100")
+    done = policy_matrix(["run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
+                          "--iters", "200", "--host-label", "linux-a", "--out", rerun, "--baseline", shards / "linux-a",
+                          "--latency-threshold", "100"])
     assert done.returncode == 0, done.stderr
     assert load_results(rerun)["regressions"] == []
     assert policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", shards / "linux-a"]).returncode == 0
