@@ -1,4 +1,4 @@
-"""Shared fixtures: the CLI as a user runs it (a subprocess, real exit codes)."""
+"""Shared fixtures: the CLI as a user runs it (a subprocess, real exit codes) or in the test process (policy_matrix)."""
 
 from __future__ import annotations
 
