@@ -188,7 +188,8 @@ def test_an_unknown_message_or_another_target_gets_no_invented_cause():
 def test_fp16_overflow_names_the_scale_up_node_not_its_neighbours(tmp_path, policy_matrix):
     model = write(fp16_overflow_mlp(), tmp_path, "overflow")
     out = tmp_path / "report"
-    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--diagnose", "--out", out, *RUN_FAST])
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--diagnose",
+                          "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr  # the fp16 cell FAILs on drift
     cells = {c.variant: c for c in schema.load(out / "results.json").cells}
     assert cells["fp32"].verdict == "PASS" and cells["fp32"].diagnosis is None  # only drifting cells are diagnosed
@@ -251,7 +252,8 @@ def _fixes_section(out) -> str:
 def test_webgl_sb3_pattern_fails_as_exported_and_passes_simplified_with_clip(tmp_path, policy_matrix):
     model = write(sb3_pendulum_like(), tmp_path, "pendulum")
     out = tmp_path / "report"
-    done = policy_matrix(["run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
+    done = policy_matrix(["run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist",
+                          "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr  # the cell as exported still FAILs: a fix does not change its verdict
     cell = schema.load(out / "results.json").cells[0]
     assert "ConstantOfShape" in cell.error.message
@@ -307,7 +309,8 @@ def single_gemm(bias: np.ndarray | None) -> onnx.ModelProto:
 def test_webgl_gemm_bias_failures_are_explained_and_fixed(tmp_path, bias, message, fix, policy_matrix):
     model = write(single_gemm(bias), tmp_path, "gemm")
     out = tmp_path / "report"
-    done = policy_matrix(["run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
+    done = policy_matrix(["run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist",
+                          "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr
     cell = schema.load(out / "results.json").cells[0]
     assert message in cell.error.message

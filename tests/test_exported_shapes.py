@@ -128,7 +128,8 @@ def test_an_lstm_policy_drives_episodes_with_its_state_carried_on_axis_1(tmp_pat
 
 @pytest.mark.slow
 def test_lstm_actor_passes_on_ort_cpu_and_tract_at_batch_1_and_64(exported, tmp_path, policy_matrix):
-    done = policy_matrix(["run", exported["lstm_actor"], "--targets", "ort-cpu,tract", "--batch-sizes", "1,64", *FAST, "--out", tmp_path])
+    done = policy_matrix(["run", exported["lstm_actor"], "--targets", "ort-cpu,tract", "--batch-sizes", "1,64",
+                          *FAST, "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     cells = _cells(tmp_path)
     for target in ("ort-cpu", "tract"):
@@ -144,7 +145,8 @@ def test_a_rank0_side_input_and_an_unnamed_batch_run_on_ort_cpu_and_tract(export
     """tract gets input facts from the shapes it is fed: unnamed dims no longer stop it."""
     for name in ("vad_with_sample_rate", "unnamed_batch_regressor"):
         out = tmp_path / name
-        done = policy_matrix(["run", exported[name], "--targets", "ort-cpu,tract", "--batch-sizes", "1,7", *FAST, "--out", out])
+        done = policy_matrix(["run", exported[name], "--targets", "ort-cpu,tract", "--batch-sizes", "1,7", *FAST,
+                              "--out", out])
         assert done.returncode == 0, done.stderr
         for cell in _cells(out).values():
             assert cell["verdict"] == "PASS", (name, cell["target"], cell["reasons"])
@@ -165,7 +167,8 @@ def test_an_lstm_actor_exported_by_torch_passes_on_ort_cpu_tract_and_wasm(tmp_pa
     assert exported.returncode == 0, exported.stderr
     info = model.load(path)
     assert info.state_pairs == [StatePair("h_in", "h_out", 1), StatePair("c_in", "c_out", 1)]
-    done = policy_matrix(["run", path, "--targets", "ort-cpu,tract,ort-web-wasm", "--batch-sizes", "1,64", *FAST, "--out", tmp_path / "out"])
+    done = policy_matrix(["run", path, "--targets", "ort-cpu,tract,ort-web-wasm", "--batch-sizes", "1,64", *FAST,
+                          "--out", tmp_path / "out"])
     assert done.returncode == 0, done.stderr
     for cell in _cells(tmp_path / "out").values():
         assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
@@ -175,7 +178,8 @@ def test_an_lstm_actor_exported_by_torch_passes_on_ort_cpu_tract_and_wasm(tmp_pa
 @pytest.mark.slow
 @pytest.mark.browser
 def test_lstm_actor_passes_on_the_browsers_wasm_backend(exported, tmp_path, policy_matrix):
-    done = policy_matrix(["run", exported["lstm_actor"], "--targets", "ort-web-wasm", "--batch-sizes", "1,64", *FAST, "--out", tmp_path])
+    done = policy_matrix(["run", exported["lstm_actor"], "--targets", "ort-web-wasm", "--batch-sizes", "1,64", *FAST,
+                          "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     cell = _cells(tmp_path)["ort-web-wasm"]
     assert cell["verdict"] == "PASS", cell["reasons"]

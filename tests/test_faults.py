@@ -185,7 +185,8 @@ def test_a_second_run_on_the_same_folder_is_refused(tmp_path, policy_matrix):
 def test_a_cell_whose_files_cannot_be_written_fails_alone(tmp_path, policy_matrix):
     (tmp_path / "cells").mkdir()
     (tmp_path / "cells" / "ort-cpu-fp16").write_text("a file where the cell's folder should go")
-    done = policy_matrix(["run", MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--iters", "5", "--out", tmp_path])
+    done = policy_matrix(["run", MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--iters", "5",
+                          "--out", tmp_path])
     assert done.returncode == 1, done.stderr
     fp32, fp16 = load_results(tmp_path)["cells"]
     assert fp32["verdict"] == "PASS"

@@ -123,7 +123,8 @@ def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_reco
 
 def test_int8_flips_above_the_tie_margin_fail_below_min_agreement_and_warn_above(built, tmp_path, policy_matrix):
     path = built("close_call_discrete")
-    done = policy_matrix(["run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", *FAST, "--out", tmp_path / "a"])
+    done = policy_matrix(["run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", *FAST,
+                          "--out", tmp_path / "a"])
     assert done.returncode == 1, done.stderr
     cell = _cells(tmp_path / "a")["int8"]
     parity = cell["parity"][0]
@@ -279,7 +280,8 @@ def test_a_tflite_int8_file_with_nothing_quantized_warns_and_is_never_recommende
     _tflite_or_skip()
     from matrix import results
 
-    done = policy_matrix(["run", built("side_input_policy"), "--targets", "tflite", "--precisions", "fp32,int8", *FAST, "--out", tmp_path])
+    done = policy_matrix(["run", built("side_input_policy"), "--targets", "tflite", "--precisions", "fp32,int8",
+                          *FAST, "--out", tmp_path])
     cells = _cells(tmp_path)
     int8 = cells["int8"]
     assert int8["artifact"]["quantization"]["quantized_weights"] == 0, int8["artifact"]
