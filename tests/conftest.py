@@ -1,4 +1,4 @@
-"""Shared fixtures: the CLI as a user runs it (a subprocess, real exit codes)."""
+"""Shared fixtures: the CLI as a user runs it (a subprocess, real exit codes) or in the test process (policy_matrix)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -95,17 +96,33 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     )
 
 
+@dataclass
+class CliRun:
+    """A CLI run in this process, read as a subprocess.CompletedProcess is (returncode, stdout, stderr);
+    it unpacks as (exit code, stderr's non-blank lines)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def __iter__(self):
+        yield self.returncode
+        yield [line for line in self.stderr.splitlines() if line.strip()]
+
+
 @pytest.fixture
 def policy_matrix(tmp_path, monkeypatch, capsys):
     """Run `policy-matrix ARGS` in this process, as `cli.main()` runs it (the jobs and workers it starts are still
-    processes of their own), without a subprocess to start and import per case; return (exit code, stderr lines).
-    ARGS that do not start with a command are a `run`'s."""
+    processes of their own), without a subprocess to start and import per case: for refusals, and for runs whose
+    outputs a test only reads (the process boundary, signals and exit are tested through `run_cli`). The fork
+    server a run starts stays warm for the worker's next runs, so their jobs are forked, not started. ARGS that do
+    not start with a command are a `run`'s."""
     from matrix.cli import cli
 
     monkeypatch.chdir(tmp_path)  # no matrix.toml of the checkout is found
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
 
-    def invoke(args: list) -> tuple[int, list[str]]:
+    def invoke(args: list) -> CliRun:
         command = [] if str(args[0]) in cli.app.commands else ["run"]
         monkeypatch.setattr(sys, "argv", ["policy-matrix", *command, *map(str, args)])
         try:
@@ -114,8 +131,8 @@ def policy_matrix(tmp_path, monkeypatch, capsys):
         finally:
             for number, handler in handlers.items():
                 signal.signal(number, handler)
-        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-        return ended.value.code, lines
+        captured = capsys.readouterr()
+        return CliRun(ended.value.code, captured.out, captured.err)
 
     return invoke
 

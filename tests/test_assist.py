@@ -15,7 +15,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, sb3_pendulum_like, write
-from conftest import run_cli
 from web_fixtures import softsign_mlp
 
 import targets
@@ -186,10 +185,11 @@ def test_an_unknown_message_or_another_target_gets_no_invented_cause():
 # --- end to end ------------------------------------------------------------------------------
 
 
-def test_fp16_overflow_names_the_scale_up_node_not_its_neighbours(tmp_path):
+def test_fp16_overflow_names_the_scale_up_node_not_its_neighbours(tmp_path, policy_matrix):
     model = write(fp16_overflow_mlp(), tmp_path, "overflow")
     out = tmp_path / "report"
-    done = run_cli("run", model, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--diagnose", "--out", out, *RUN_FAST)
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--diagnose",
+                          "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr  # the fp16 cell FAILs on drift
     cells = {c.variant: c for c in schema.load(out / "results.json").cells}
     assert cells["fp32"].verdict == "PASS" and cells["fp32"].diagnosis is None  # only drifting cells are diagnosed
@@ -208,13 +208,13 @@ def test_fp16_overflow_names_the_scale_up_node_not_its_neighbours(tmp_path):
     assert "<b>scale_up</b>" in section and "<svg" in section
 
 
-def test_diagnosis_follows_tensors_the_fp16_converter_renamed(tmp_path):
+def test_diagnosis_follows_tensors_the_fp16_converter_renamed(tmp_path, policy_matrix):
     """onnxconverter-common wraps the Min/Max clip in Casts and renames its outputs, leaving stale
     value_info behind: the diagnosis must still run and compare those nodes under their original names."""
     model = write(sb3_pendulum_like(), tmp_path, "pendulum")
     out = tmp_path / "report"
-    done = run_cli("run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--tolerance", "ort-cpu:fp16=1e-6",
-                   "--diagnose", "--out", out, *RUN_FAST)
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--tolerance", "ort-cpu:fp16=1e-6",
+                          "--diagnose", "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr  # fp16 rounding is far above 1e-6: the cell FAILs and is diagnosed
     diagnosis = schema.load(out / "results.json").cells[0].diagnosis
     assert not diagnosis.note, diagnosis.note
@@ -223,12 +223,12 @@ def test_diagnosis_follows_tensors_the_fp16_converter_renamed(tmp_path):
     assert compared["/Max"] == "above_low" and compared["/Min"] == "action"  # renamed in the variant, still compared
 
 
-def test_webgpu_fp16_without_shader_f16_diverges_at_its_first_gemm(tmp_path):
+def test_webgpu_fp16_without_shader_f16_diverges_at_its_first_gemm(tmp_path, policy_matrix):
     if targets.get("ort-web-webgpu").unavailable_reason():
         pytest.skip(targets.get("ort-web-webgpu").unavailable_reason())
     out = tmp_path / "report"
-    done = run_cli("run", examples.path("continuous_mlp"), "--targets", "ort-web-webgpu", "--precisions", "fp16",
-                   "--diagnose", "--out", out, *RUN_FAST)
+    done = policy_matrix(["run", examples.path("continuous_mlp"), "--targets", "ort-web-webgpu", "--precisions", "fp16",
+                          "--diagnose", "--out", out, *RUN_FAST])
     cell = schema.load(out / "results.json").cells[0]
     if "no shader-f16" not in cell.backend.detail:
         pytest.skip(f"this adapter runs fp16 natively ({cell.backend.detail}): nothing to diagnose")
@@ -249,10 +249,11 @@ def _fixes_section(out) -> str:
 
 
 @pytest.mark.skipif(_web_ready() is not None, reason=str(_web_ready()))
-def test_webgl_sb3_pattern_fails_as_exported_and_passes_simplified_with_clip(tmp_path):
+def test_webgl_sb3_pattern_fails_as_exported_and_passes_simplified_with_clip(tmp_path, policy_matrix):
     model = write(sb3_pendulum_like(), tmp_path, "pendulum")
     out = tmp_path / "report"
-    done = run_cli("run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    done = policy_matrix(["run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist",
+                          "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr  # the cell as exported still FAILs: a fix does not change its verdict
     cell = schema.load(out / "results.json").cells[0]
     assert "ConstantOfShape" in cell.error.message
@@ -272,10 +273,10 @@ def test_webgl_sb3_pattern_fails_as_exported_and_passes_simplified_with_clip(tmp
 
 
 @pytest.mark.skipif(_web_ready() is not None, reason=str(_web_ready()))
-def test_webgl_discrete_policy_runs_after_the_argmax_head_cut(tmp_path):
+def test_webgl_discrete_policy_runs_after_the_argmax_head_cut(tmp_path, policy_matrix):
     out = tmp_path / "report"
-    done = run_cli("run", examples.path("discrete_mlp"), "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist",
-                   "--out", out, *RUN_FAST)
+    done = policy_matrix(["run", examples.path("discrete_mlp"), "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist",
+                          "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr
     cell = schema.load(out / "results.json").cells[0]
     assert "ArgMax" in cell.error.message
@@ -305,10 +306,11 @@ def single_gemm(bias: np.ndarray | None) -> onnx.ModelProto:
     (np.array(0.5, np.float32), "Invalid input shape of C", "gemm-bias-rank1"),
     (None, "Uniform beta not found", "gemm-zero-bias"),
 ])
-def test_webgl_gemm_bias_failures_are_explained_and_fixed(tmp_path, bias, message, fix):
+def test_webgl_gemm_bias_failures_are_explained_and_fixed(tmp_path, bias, message, fix, policy_matrix):
     model = write(single_gemm(bias), tmp_path, "gemm")
     out = tmp_path / "report"
-    done = run_cli("run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    done = policy_matrix(["run", model, "--targets", "ort-web-webgl", "--precisions", "fp32", "--assist",
+                          "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr
     cell = schema.load(out / "results.json").cells[0]
     assert message in cell.error.message
@@ -318,10 +320,10 @@ def test_webgl_gemm_bias_failures_are_explained_and_fixed(tmp_path, bias, messag
 
 
 @pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
-def test_tflite_flex_softsign_runs_in_litert_after_the_softsign_rewrite(tmp_path):
+def test_tflite_flex_softsign_runs_in_litert_after_the_softsign_rewrite(tmp_path, policy_matrix):
     model = write(softsign_mlp(), tmp_path, "softsign")
     out = tmp_path / "report"
-    done = run_cli("run", model, "--targets", "tflite", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    done = policy_matrix(["run", model, "--targets", "tflite", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr
     cell = schema.load(out / "results.json").cells[0]
     assert "FlexSoftsign" in cell.error.message
@@ -331,10 +333,10 @@ def test_tflite_flex_softsign_runs_in_litert_after_the_softsign_rewrite(tmp_path
 
 
 @pytest.mark.skipif(targets.get("coreml").unavailable_reason() is not None, reason=str(targets.get("coreml").unavailable_reason()))
-def test_coreml_conversion_of_an_opset23_export_works_after_conversion_to_17(tmp_path):
+def test_coreml_conversion_of_an_opset23_export_works_after_conversion_to_17(tmp_path, policy_matrix):
     model = write(jax2onnx_like(), tmp_path, "jax_policy")
     out = tmp_path / "report"
-    done = run_cli("run", model, "--targets", "coreml", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST)
+    done = policy_matrix(["run", model, "--targets", "coreml", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
     assert done.returncode == 1, done.stderr
     cell = schema.load(out / "results.json").cells[0]
     assert "operation_type='Cast', version=23" in cell.error.message

@@ -1,7 +1,7 @@
 """ONNX's own backend node tests through the matrix: the tool must neither crash nor blame a correct runtime.
 
 Each case is a model with fixed inputs and the outputs ONNX expects. It runs
-as a user would run it (`policy-matrix run --obs inputs.npz`) on ort-cpu (and
+as a user would run it (`policy-matrix run --obs inputs.npz`, in the test process) on ort-cpu (and
 tract where installed); the saved float64 reference must equal ONNX's expected
 outputs and the correct runtime must not FAIL. The test data ships inside
 older onnx wheels: the onnx2tf environment's onnx has it (`make setup`).
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import load_results, run_cli
+from conftest import load_results
 from onnx import numpy_helper
 
 from targets.paths import cache_dir
@@ -66,12 +66,12 @@ def _case(folder: Path, tmp_path: Path) -> tuple[Path, Path, dict[str, np.ndarra
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_backend_node_case_runs_and_the_reference_is_right(data, tmp_path, name):
+def test_backend_node_case_runs_and_the_reference_is_right(data, tmp_path, name, policy_matrix):
     model_path, inputs, expected = _case(data / name, tmp_path)
     out = tmp_path / "out"
-    done = run_cli("run", model_path, "--obs", inputs, "--targets", "ort-cpu,tract", "--precisions", "fp32",
-                   "--iters", "3", "--warmup", "1", "--out", out)
-    assert "Traceback" not in done.stderr, done.stderr
+    _, lines = policy_matrix(["run", model_path, "--obs", inputs, "--targets", "ort-cpu,tract", "--precisions", "fp32",
+                              "--iters", "3", "--warmup", "1", "--out", out])
+    assert "Traceback" not in "\n".join(lines), lines
     reference = np.load(out / "reference.npz")
     for output, value in expected.items():
         got = reference[output]
@@ -90,13 +90,13 @@ def test_backend_node_case_runs_and_the_reference_is_right(data, tmp_path, name)
 
 
 @pytest.mark.browser
-def test_pow_passes_on_webgl_and_webgpu_on_its_relative_error(data, tmp_path):
+def test_pow_passes_on_webgl_and_webgpu_on_its_relative_error(data, tmp_path, policy_matrix):
     """test_pow's largest output is about 1357: the software WebGL/WebGPU adapters drift ~6e-4 there, a relative
     error below 1e-6 that atol + rtol·|ref| passes (an absolute 1e-4 alone FAILed both)."""
     model_path, inputs, _ = _case(data / "test_pow", tmp_path)
-    done = run_cli("run", model_path, "--obs", inputs, "--targets", "ort-web-webgl,ort-web-webgpu", "--precisions", "fp32",
-                   "--iters", "3", "--warmup", "1", "--out", tmp_path / "out")
-    assert "Traceback" not in done.stderr, done.stderr
+    _, lines = policy_matrix(["run", model_path, "--obs", inputs, "--targets", "ort-web-webgl,ort-web-webgpu", "--precisions",
+                              "fp32", "--iters", "3", "--warmup", "1", "--out", tmp_path / "out"])
+    assert "Traceback" not in "\n".join(lines), lines
     for cell in load_results(tmp_path / "out")["cells"]:
         (parity,) = cell["parity"]
         assert cell["verdict"] in ("PASS", "WARN") and parity["tolerance_used"] <= 1, (cell["target"], cell["reasons"])

@@ -63,22 +63,22 @@ def test_coreml_is_available_once_set_up():
     assert rows["coreml"]["available"], rows["coreml"]["reason"]  # `make setup` built it
 
 
-def test_lint_json_is_the_lint_list():
-    done = run_cli("lint", "--json", MLP)
+def test_lint_json_is_the_lint_list(policy_matrix):
+    done = policy_matrix(["lint", "--json", MLP])
     assert done.returncode == 0, done.stderr
     lints = json.loads(done.stdout)
     assert {"input-obs", "output-action", "symbolic-batch"} <= {item["id"] for item in lints}
     assert all(item["level"] in ("ok", "warn", "error") and item["message"] for item in lints)
 
 
-def test_compare_json_lists_regressions(ort_cpu_runs, tmp_path):
+def test_compare_json_lists_regressions(ort_cpu_runs, tmp_path, policy_matrix):
     run = ort_cpu_runs["continuous_mlp"]
-    same = run_cli("compare", "--json", "--baseline", run, "--current", run)
+    same = policy_matrix(["compare", "--json", "--baseline", run, "--current", run])
     assert same.returncode == 0 and json.loads(same.stdout) == []
     worse = load_results(run)
     worse["cells"][0]["verdict"] = "FAIL"
     (tmp_path / "results.json").write_text(json.dumps(worse))
-    done = run_cli("compare", "--json", "--baseline", run, "--current", tmp_path / "results.json")
+    done = policy_matrix(["compare", "--json", "--baseline", run, "--current", tmp_path / "results.json"])
     assert done.returncode == 1
     found = json.loads(done.stdout)
     assert [(r["target"], r["variant"], r["kind"]) for r in found] == [("ort-cpu", worse["cells"][0]["variant"], "verdict")]
@@ -92,9 +92,9 @@ def test_quiet_prints_nothing_and_verbose_names_each_cell(tmp_path):
     assert verbose.returncode == 0 and "PASS ort-cpu fp32" in verbose.stderr
 
 
-def test_targets_by_glob_and_skip(tmp_path):
-    done = run_cli("run", MLP, "--targets", "ort-*", "--skip", "ort-web-*,ort-node,ort-cuda*,ort-coreml",
-                   "--precisions", "fp32", "--iters", "5", "--warmup", "1", "--out", tmp_path)
+def test_targets_by_glob_and_skip(tmp_path, policy_matrix):
+    done = policy_matrix(["run", MLP, "--targets", "ort-*", "--skip", "ort-web-*,ort-node,ort-cuda*,ort-coreml",
+                          "--precisions", "fp32", "--iters", "5", "--warmup", "1", "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     assert load_results(tmp_path)["settings"]["targets"] == ["ort-cpu"]
 

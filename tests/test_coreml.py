@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 import targets
 from matrix.inputs.examples import path as example
 from targets import coreml
+from targets.paths import cache_dir
 from targets.base import CellSkip, PrepareContext
 
 pytestmark = [pytest.mark.coreml_env]
@@ -38,16 +39,11 @@ EXPECTED_OPS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def shared_cache(tmp_path_factory):
-    """One conversion cache for this module, fresh per test session: tests convert for real
-    once and reuse it; tests about the cache or about failures bring their own."""
-    global SHARED_CACHE
-    SHARED_CACHE = tmp_path_factory.mktemp("coreml-cache")
-
-
 def context(model_path: Path, tmp_path: Path, cache: Path | None = None) -> PrepareContext:
-    """A PrepareContext with observations drawn for the model's first input."""
+    """A PrepareContext with observations drawn for the model's first input. Conversions land in the shared cache
+    (POLICY_MATRIX_CACHE), keyed by content as the tool keys them (the ONNX bytes, the variant, the environment's
+    pins and the conversion script): a model converts for real once, and again whenever any of those changes.
+    Tests about the cache or about failures bring their own, so the converter runs on every `make test` too."""
     graph = onnx.load(model_path).graph
     value = graph.input[0]
     shape = [dim.dim_value or 16 for dim in value.type.tensor_type.shape.dim]
@@ -55,7 +51,7 @@ def context(model_path: Path, tmp_path: Path, cache: Path | None = None) -> Prep
     workdir = tmp_path / "cell"
     workdir.mkdir(exist_ok=True)
     return PrepareContext(onnx_variants={"fp32": model_path}, calibration=feeds, batch_axes={value.name: 0}, workdir=workdir,
-                          cache_dir=cache or SHARED_CACHE)
+                          cache_dir=cache or cache_dir())
 
 
 def policy(tmp_path: Path, name: str, nodes: list, initializers: list, opset: int) -> Path:

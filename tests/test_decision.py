@@ -80,9 +80,9 @@ def test_a_latency_budget_between_the_two_ships_the_student_and_one_below_both_n
     assert decision.closest.misses[0].startswith("p50 ≤")
 
 
-def test_the_teacher_is_shipped_when_the_student_misses_quality_and_nothing_meeting_the_budget_is_said(models, tmp_path):
-    done = run_cli("run", models["teacher"], "--candidate", models["student"], "--targets", "ort-cpu", *FAST,
-                   "--batch-sizes", "256", "--budget", "ort-cpu=p50:1ns", "--out", tmp_path)
+def test_the_teacher_is_shipped_when_the_student_misses_quality_and_nothing_meeting_the_budget_is_said(models, tmp_path, policy_matrix):
+    done = policy_matrix(["run", models["teacher"], "--candidate", models["student"], "--targets", "ort-cpu", *FAST,
+                          "--batch-sizes", "256", "--budget", "ort-cpu=p50:1ns", "--out", tmp_path])
     assert done.returncode == 1, done.stderr  # the student FAILs the default fp32 tolerance against the teacher
     assert "decision ort-cpu: nothing meets the budget; closest: teacher.onnx fp32" in done.stderr
     results = schema.load(tmp_path / "results.json")
@@ -106,9 +106,9 @@ def test_a_candidate_with_another_interface_is_one_clear_line_and_exit_2(models,
     assert lines == [f"policy-matrix: error: --candidate {other}: its interface differs from teacher.onnx's: {words}"]
 
 
-def test_ort_settings_grid_reaches_the_runtime_and_shows_in_results_csv_and_report(tmp_path):
-    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", *FAST, "--batch-sizes", "1",
-                   "--settings", "ort-cpu:threads=1,2", "--settings", "ort-cpu:opt=disable,all", "--out", tmp_path)
+def test_ort_settings_grid_reaches_the_runtime_and_shows_in_results_csv_and_report(tmp_path, policy_matrix):
+    done = policy_matrix(["run", example("continuous_mlp"), "--targets", "ort-cpu", *FAST, "--batch-sizes", "1",
+                          "--settings", "ort-cpu:threads=1,2", "--settings", "ort-cpu:opt=disable,all", "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     assert "grid: 4 configurations" in done.stderr
     results = load_results(tmp_path)
@@ -127,8 +127,8 @@ def test_ort_settings_grid_reaches_the_runtime_and_shows_in_results_csv_and_repo
 
 
 def test_settings_are_pruned_where_they_cannot_apply_and_typos_exit_2(tmp_path, policy_matrix):
-    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu,tract", *FAST, "--batch-sizes", "1",
-                   "--settings", "*:opt=basic,all", "--out", tmp_path)
+    done = policy_matrix(["run", example("continuous_mlp"), "--targets", "ort-cpu,tract", *FAST, "--batch-sizes", "1",
+                          "--settings", "*:opt=basic,all", "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     assert "grid: 3 configurations" in done.stderr and "not run: opt on tract" in done.stderr
     cells = load_results(tmp_path)["cells"]
@@ -142,13 +142,13 @@ def test_settings_are_pruned_where_they_cannot_apply_and_typos_exit_2(tmp_path, 
 
 
 @pytest.mark.tflite_env
-def test_tflite_threads_are_a_settings_axis(tmp_path):
+def test_tflite_threads_are_a_settings_axis(tmp_path, policy_matrix):
     import targets
 
     if reason := targets.get("tflite").unavailable_reason():
         pytest.skip(f"tflite: {reason}")
-    done = run_cli("run", example("continuous_mlp"), "--targets", "tflite", *FAST, "--batch-sizes", "1",
-                   "--settings", "tflite:threads=1,2", "--settings", "tflite:xnnpack=on,off", "--out", tmp_path)
+    done = policy_matrix(["run", example("continuous_mlp"), "--targets", "tflite", *FAST, "--batch-sizes", "1",
+                          "--settings", "tflite:threads=1,2", "--settings", "tflite:xnnpack=on,off", "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     cells = {(c["settings"]["threads"], c["settings"]["xnnpack"]): c for c in load_results(tmp_path)["cells"]}
     assert set(cells) == {(t, x) for t in ("1", "2") for x in ("on", "off")}
@@ -166,13 +166,13 @@ def test_a_bad_budget_is_one_line_and_exit_2(spec, words, tmp_path, policy_matri
     assert code == 2 and len(lines) == 1 and words in lines[0], lines[-5:]
 
 
-def test_budgets_settings_and_candidates_come_from_matrix_toml(models, tmp_path):
+def test_budgets_settings_and_candidates_come_from_matrix_toml(models, tmp_path, policy_matrix):
     config = tmp_path / "matrix.toml"
     config.write_text('candidate = ["student.onnx"]\nsettings = ["ort-cpu:threads=1,2"]\nbudget = ["ort-cpu=size:5kB"]\n'
                       'prefer = "size"\ntargets = "ort-cpu"\nprecisions = "fp32"\niters = 5\nwarmup = 1\nbatch-sizes = "1"\n'
                       '[tolerance]\n"ort-cpu:fp32" = 1.0\n')
     (tmp_path / "student.onnx").write_bytes(models["student"].read_bytes())
-    done = run_cli("run", models["teacher"], "--config", config, "--out", tmp_path / "out")
+    done = policy_matrix(["run", models["teacher"], "--config", config, "--out", tmp_path / "out"])
     assert done.returncode == 0, done.stderr
     results = schema.load(tmp_path / "out" / "results.json")
     assert len(results.cells) == 4 and results.run_options["decision"] == {"budgets": ["ort-cpu=size:5kB"], "prefer": "size"}
@@ -182,16 +182,16 @@ def test_budgets_settings_and_candidates_come_from_matrix_toml(models, tmp_path)
     assert json.loads((tmp_path / "out" / "results.json").read_text())["decision"][0]["prefer"] == "size"
 
 
-def test_with_env_a_candidate_is_judged_by_its_return_not_by_its_step_by_step_agreement(tmp_path):
+def test_with_env_a_candidate_is_judged_by_its_return_not_by_its_step_by_step_agreement(tmp_path, policy_matrix):
     import rollout_policies
 
     teacher_path = rollout_policies.cartpole(tmp_path / "teacher.onnx")
     gains = list(rollout_policies.CARTPOLE_GAINS)
     close = rollout_policies.cartpole(tmp_path / "close.onnx", (gains[0], gains[1] * 3, gains[2], gains[3]))
     poor = rollout_policies.cartpole(tmp_path / "poor.onnx", (0.0, 0.0, 0.0, 0.1))
-    done = run_cli("run", teacher_path, "--candidate", close, "--candidate", poor, "--targets", "ort-cpu", "--precisions", "fp32",
-                   "--env", "CartPole-v1", "--episodes", "3", "--iters", "5", "--warmup", "1", "--batch-sizes", "1",
-                   "--out", tmp_path / "out")
+    done = policy_matrix(["run", teacher_path, "--candidate", close, "--candidate", poor, "--targets", "ort-cpu", "--precisions", "fp32",
+                          "--env", "CartPole-v1", "--episodes", "3", "--iters", "5", "--warmup", "1", "--batch-sizes", "1",
+                          "--out", tmp_path / "out"])
     results = schema.load(tmp_path / "out" / "results.json")
     cells = {cell.candidate: cell for cell in results.cells}
     assert cells["close.onnx"].parity[0].agreement < 1.0  # it differs step by step ...

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
 from onnx import helper
 
 import policies
@@ -128,8 +127,9 @@ def test_an_lstm_policy_drives_episodes_with_its_state_carried_on_axis_1(tmp_pat
 # --- fed right on every runtime -------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_lstm_actor_passes_on_ort_cpu_and_tract_at_batch_1_and_64(exported, tmp_path):
-    done = run_cli("run", exported["lstm_actor"], "--targets", "ort-cpu,tract", "--batch-sizes", "1,64", *FAST, "--out", tmp_path)
+def test_lstm_actor_passes_on_ort_cpu_and_tract_at_batch_1_and_64(exported, tmp_path, policy_matrix):
+    done = policy_matrix(["run", exported["lstm_actor"], "--targets", "ort-cpu,tract", "--batch-sizes", "1,64",
+                          *FAST, "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     cells = _cells(tmp_path)
     for target in ("ort-cpu", "tract"):
@@ -141,11 +141,12 @@ def test_lstm_actor_passes_on_ort_cpu_and_tract_at_batch_1_and_64(exported, tmp_
 
 
 @pytest.mark.slow
-def test_a_rank0_side_input_and_an_unnamed_batch_run_on_ort_cpu_and_tract(exported, tmp_path):
+def test_a_rank0_side_input_and_an_unnamed_batch_run_on_ort_cpu_and_tract(exported, tmp_path, policy_matrix):
     """tract gets input facts from the shapes it is fed: unnamed dims no longer stop it."""
     for name in ("vad_with_sample_rate", "unnamed_batch_regressor"):
         out = tmp_path / name
-        done = run_cli("run", exported[name], "--targets", "ort-cpu,tract", "--batch-sizes", "1,7", *FAST, "--out", out)
+        done = policy_matrix(["run", exported[name], "--targets", "ort-cpu,tract", "--batch-sizes", "1,7", *FAST,
+                              "--out", out])
         assert done.returncode == 0, done.stderr
         for cell in _cells(out).values():
             assert cell["verdict"] == "PASS", (name, cell["target"], cell["reasons"])
@@ -155,7 +156,7 @@ def test_a_rank0_side_input_and_an_unnamed_batch_run_on_ort_cpu_and_tract(export
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.coreml_env  # torch lives in the CoreML converter environment
-def test_an_lstm_actor_exported_by_torch_passes_on_ort_cpu_tract_and_wasm(tmp_path):
+def test_an_lstm_actor_exported_by_torch_passes_on_ort_cpu_tract_and_wasm(tmp_path, policy_matrix):
     from targets import isolated_env
     from targets.coreml_conversion import ENV_NAME, REQUIREMENTS
 
@@ -166,7 +167,8 @@ def test_an_lstm_actor_exported_by_torch_passes_on_ort_cpu_tract_and_wasm(tmp_pa
     assert exported.returncode == 0, exported.stderr
     info = model.load(path)
     assert info.state_pairs == [StatePair("h_in", "h_out", 1), StatePair("c_in", "c_out", 1)]
-    done = run_cli("run", path, "--targets", "ort-cpu,tract,ort-web-wasm", "--batch-sizes", "1,64", *FAST, "--out", tmp_path / "out")
+    done = policy_matrix(["run", path, "--targets", "ort-cpu,tract,ort-web-wasm", "--batch-sizes", "1,64", *FAST,
+                          "--out", tmp_path / "out"])
     assert done.returncode == 0, done.stderr
     for cell in _cells(tmp_path / "out").values():
         assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
@@ -175,8 +177,9 @@ def test_an_lstm_actor_exported_by_torch_passes_on_ort_cpu_tract_and_wasm(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_lstm_actor_passes_on_the_browsers_wasm_backend(exported, tmp_path):
-    done = run_cli("run", exported["lstm_actor"], "--targets", "ort-web-wasm", "--batch-sizes", "1,64", *FAST, "--out", tmp_path)
+def test_lstm_actor_passes_on_the_browsers_wasm_backend(exported, tmp_path, policy_matrix):
+    done = policy_matrix(["run", exported["lstm_actor"], "--targets", "ort-web-wasm", "--batch-sizes", "1,64", *FAST,
+                          "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     cell = _cells(tmp_path)["ort-web-wasm"]
     assert cell["verdict"] == "PASS", cell["reasons"]
@@ -193,7 +196,7 @@ def test_a_zipmap_output_is_left_out_with_the_fix_named_and_the_dense_output_run
     found = {item.id: (item.level, item.message) for item in lint(info)}
     assert found["tensor-outputs"][0] == "warn" and "output_probability is a sequence of maps (ZipMap)" in found["tensor-outputs"][1]
     assert "{'zipmap': False}" in found["tensor-outputs"][1]
-    assert policy_matrix(["lint", path])[0] == 0
+    assert policy_matrix(["lint", path]).returncode == 0
 
 
 def test_a_model_whose_only_output_is_not_a_tensor_is_bad_input(tmp_path, policy_matrix):
@@ -206,9 +209,9 @@ def test_a_model_whose_only_output_is_not_a_tensor_is_bad_input(tmp_path, policy
 
 
 @pytest.mark.slow
-def test_a_zipmap_classifier_runs_its_dense_output_on_ort_cpu(tmp_path):
+def test_a_zipmap_classifier_runs_its_dense_output_on_ort_cpu(tmp_path, policy_matrix):
     path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")
-    done = run_cli("run", path, "--targets", "ort-cpu", *FAST, "--out", tmp_path / "out")
+    done = policy_matrix(["run", path, "--targets", "ort-cpu", *FAST, "--out", tmp_path / "out"])
     assert done.returncode == 0, done.stderr
     cell = _cells(tmp_path / "out")["ort-cpu"]
     assert cell["verdict"] == "PASS", cell["reasons"]
@@ -252,9 +255,9 @@ def test_observed_actions_that_saturate_inside_the_space_count_as_its_reach(tmp_
 
 
 @pytest.mark.slow
-def test_the_action_range_note_reaches_the_lints_and_the_behaviour_section(tmp_path):
-    done = run_cli("run", _tanh_actor(tmp_path), "--targets", "ort-cpu", "--env", "Pendulum-v1", "--episodes", "1",
-                   "--batch-sizes", "1", *FAST, "--out", tmp_path / "out")
+def test_the_action_range_note_reaches_the_lints_and_the_behaviour_section(tmp_path, policy_matrix):
+    done = policy_matrix(["run", _tanh_actor(tmp_path), "--targets", "ort-cpu", "--env", "Pendulum-v1", "--episodes", "1",
+                          "--batch-sizes", "1", *FAST, "--out", tmp_path / "out"])
     assert done.returncode == 0, done.stderr
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     lints = {item["id"]: item for item in results["lints"]}
@@ -289,13 +292,13 @@ def test_the_lstm_actor_fails_on_the_coreml_route_naming_the_missing_converter(e
 @pytest.mark.browser
 @pytest.mark.tflite_env
 @pytest.mark.coreml_env
-def test_a_rank0_side_input_model_runs_on_every_linux_target_without_a_tool_crash(exported, tmp_path):
+def test_a_rank0_side_input_model_runs_on_every_linux_target_without_a_tool_crash(exported, tmp_path, policy_matrix):
     """silero-vad's interface on every target: the tool's own steps (feeding, the int8 calibration sets of
     the full-integer LiteRT and Core ML routes, WebGL's fixed-batch copy) never crash on `sr` or the axis-1
     state; what a converter or runtime cannot do is a cell with its own words."""
     linux = "ort-cpu,ort-node,ort-web-wasm,ort-web-webgl,ort-web-webgpu,tract,tflite,tflite-noxnn,tflite-int8-full,coreml"
-    done = run_cli("run", exported["vad_with_sample_rate"], "--targets", linux, "--variants", "fp32,int8", "--n-obs", "16",
-                   "--iters", "5", "--warmup", "1", "--batch-sizes", "1,7", "--out", tmp_path, "--fail-on", "never")
+    done = policy_matrix(["run", exported["vad_with_sample_rate"], "--targets", linux, "--variants", "fp32,int8", "--n-obs", "16",
+                          "--iters", "5", "--warmup", "1", "--batch-sizes", "1,7", "--out", tmp_path, "--fail-on", "never"])
     assert done.returncode == 0, done.stderr
     cells = json.loads((tmp_path / "results.json").read_text())["cells"]
     assert {cell["target"] for cell in cells} == set(linux.split(","))
@@ -309,10 +312,10 @@ def test_a_rank0_side_input_model_runs_on_every_linux_target_without_a_tool_cras
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_a_zipmap_classifier_runs_its_dense_output_in_node_and_the_browser(tmp_path):
+def test_a_zipmap_classifier_runs_its_dense_output_in_node_and_the_browser(tmp_path, policy_matrix):
     """onnxruntime-web cannot read a sequence of maps back: the harness fetches the tensor outputs only."""
     path = policies.save(policies.zipmap_classifier(), tmp_path, "classifier")
-    done = run_cli("run", path, "--targets", "ort-node,ort-web-wasm", *FAST, "--out", tmp_path / "out")
+    done = policy_matrix(["run", path, "--targets", "ort-node,ort-web-wasm", *FAST, "--out", tmp_path / "out"])
     assert done.returncode == 0, done.stderr
     for cell in _cells(tmp_path / "out").values():
         assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])

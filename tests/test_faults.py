@@ -133,7 +133,8 @@ def test_runner_kill_9_takes_its_worker_along_and_resume_finishes_the_matrix(tmp
 
 
 def test_resume_refuses_other_settings(tmp_path, policy_matrix):
-    assert run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path).returncode == 0
+    first = policy_matrix(["run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path])
+    assert first.returncode == 0, first.stderr
     code, lines = policy_matrix([MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path])
     assert code == 2 and "options differ" in "\n".join(lines) and "iters" in "\n".join(lines), lines
     code, lines = policy_matrix([example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
@@ -141,9 +142,10 @@ def test_resume_refuses_other_settings(tmp_path, policy_matrix):
     assert code == 2 and "another model" in "\n".join(lines), lines
 
 
-def test_a_rerun_keeps_the_previous_runs_lines(tmp_path):
+def test_a_rerun_keeps_the_previous_runs_lines(tmp_path, policy_matrix):
     for _ in range(2):
-        assert run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path).returncode == 0
+        done = policy_matrix(["run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path])
+        assert done.returncode == 0, done.stderr
     lines = _jsonl(tmp_path)
     assert len(lines) == 2 and lines[0]["run_id"] != lines[1]["run_id"]
     assert len(load_results(tmp_path)["cells"]) == 1
@@ -180,10 +182,11 @@ def test_a_second_run_on_the_same_folder_is_refused(tmp_path, policy_matrix):
     assert first.returncode == 143
 
 
-def test_a_cell_whose_files_cannot_be_written_fails_alone(tmp_path):
+def test_a_cell_whose_files_cannot_be_written_fails_alone(tmp_path, policy_matrix):
     (tmp_path / "cells").mkdir()
     (tmp_path / "cells" / "ort-cpu-fp16").write_text("a file where the cell's folder should go")
-    done = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--iters", "5", "--out", tmp_path)
+    done = policy_matrix(["run", MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--iters", "5",
+                          "--out", tmp_path])
     assert done.returncode == 1, done.stderr
     fp32, fp16 = load_results(tmp_path)["cells"]
     assert fp32["verdict"] == "PASS"

@@ -57,10 +57,10 @@ def test_single_step_drift_is_measured_on_states_the_environment_produced(pendul
     assert "states the float64 reference visited" in done.stderr
 
 
-def test_a_run_on_synthetic_rows_says_so_in_the_header_the_summary_and_the_reasons(tmp_path):
+def test_a_run_on_synthetic_rows_says_so_in_the_header_the_summary_and_the_reasons(tmp_path, policy_matrix):
     model = policies.pendulum(tmp_path / "pendulum.onnx")
-    done = run_cli("run", model, "--targets", "ort-cpu", "--variants", "int8", "--tolerance", "int8=1e-3",
-                   "--iters", "10", "--warmup", "2", "--out", tmp_path / "out")
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--variants", "int8", "--tolerance", "int8=1e-3",
+                          "--iters", "10", "--warmup", "2", "--out", tmp_path / "out"])
     assert done.returncode == 1, done.stderr  # int8 drift beyond 1e-3 on synthetic rows: still judged, and named
     results = load_results(tmp_path / "out")
     assert results["model"]["observation_kind"] == "synthetic"
@@ -106,10 +106,10 @@ def sb3_pattern_pendulum(path, env_seeds=range(100, 120)):
     return path
 
 
-def test_an_int8_that_loses_return_on_every_seed_fails_with_confidence(tmp_path):
+def test_an_int8_that_loses_return_on_every_seed_fails_with_confidence(tmp_path, policy_matrix):
     model = sb3_pattern_pendulum(tmp_path / "sb3_pendulum.onnx")
-    done = run_cli("run", model, "--targets", "ort-cpu", "--variants", "fp32,int8", "--env", "Pendulum-v1",
-                   "--episodes", "10", "--seed", "0", "--iters", "10", "--warmup", "2", "--out", tmp_path / "out")
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--variants", "fp32,int8", "--env", "Pendulum-v1",
+                          "--episodes", "10", "--seed", "0", "--iters", "10", "--warmup", "2", "--out", tmp_path / "out"])
     cells = {cell["variant"]: cell for cell in load_results(tmp_path / "out")["cells"]}
     assert done.returncode == 1 and cells["fp32"]["verdict"] == "PASS", done.stderr
     int8, rollout = cells["int8"], cells["int8"]["rollout"]

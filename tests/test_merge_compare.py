@@ -40,7 +40,7 @@ def test_merge_keeps_every_host_and_cell(shards, tmp_path, policy_matrix):
 
 
 def test_merged_report_groups_by_host_in_chromium(shards, tmp_path, policy_matrix):
-    assert policy_matrix(["merge", shards / "linux-a", shards / "linux-b", "--out", tmp_path])[0] == 0
+    assert policy_matrix(["merge", shards / "linux-a", shards / "linux-b", "--out", tmp_path]).returncode == 0
     with chromium_page() as page:
         page.goto((tmp_path / "index.html").as_uri())
         assert page.locator("#verdicts h3").all_inner_texts() == ["linux-a", "linux-b"]
@@ -54,8 +54,8 @@ def test_merged_report_groups_by_host_in_chromium(shards, tmp_path, policy_matri
 
 def test_merge_refuses_other_models_and_schemas(shards, tmp_path, policy_matrix):
     other = tmp_path / "other"
-    assert run_cli("run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
-                   "--host-label", "linux-c", "--out", other).returncode == 0
+    assert policy_matrix(["run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
+                          "--host-label", "linux-c", "--out", other]).returncode == 0
     code, lines = policy_matrix(["merge", shards / "linux-a", other, "--out", tmp_path / "m1"])
     assert code == 2 and "shards must share one model" in "\n".join(lines), lines
 
@@ -75,12 +75,12 @@ def test_identical_rerun_has_no_regressions(shards, tmp_path, policy_matrix):
     # depends on what else the (shared, 2-core) machine is doing, so the latency rule gets room
     # here and is checked on fixed numbers in test_compare_flags_each_injected_regression.
     rerun = tmp_path / "rerun"
-    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
-                   "--iters", "200", "--host-label", "linux-a", "--out", rerun, "--baseline", shards / "linux-a",
-                   "--latency-threshold", "100")
+    done = policy_matrix(["run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
+                          "--iters", "200", "--host-label", "linux-a", "--out", rerun, "--baseline", shards / "linux-a",
+                          "--latency-threshold", "100"])
     assert done.returncode == 0, done.stderr
     assert load_results(rerun)["regressions"] == []
-    assert policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", shards / "linux-a"])[0] == 0
+    assert policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", shards / "linux-a"]).returncode == 0
 
 
 def _inject_regressions(results: schema.RunResults) -> schema.RunResults:

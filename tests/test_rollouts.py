@@ -176,14 +176,14 @@ def test_clipping_is_applied_only_when_asked_and_counted():
 
 # --- the CLI: worker, core and report ------------------------------------------------------------
 
-def _run(policy: Path, out: Path, *args: str):
-    done = run_cli("run", policy, *FAST, "--out", out, *args)
+def _run(policy_matrix, policy: Path, out: Path, *args: str):
+    done = policy_matrix(["run", policy, *FAST, "--out", out, *args])
     assert done.returncode in (0, 1), done.stderr
     return load_results(out)
 
 
-def test_cli_drives_cartpole_on_ort_cpu_and_reports_behaviour(policy_dir, tmp_path):
-    data = _run(policy_dir / "cartpole.onnx", tmp_path, "--targets", "ort-cpu", "--env", "CartPole-v1", "--episodes", "3")
+def test_cli_drives_cartpole_on_ort_cpu_and_reports_behaviour(policy_dir, tmp_path, policy_matrix):
+    data = _run(policy_matrix, policy_dir / "cartpole.onnx", tmp_path, "--targets", "ort-cpu", "--env", "CartPole-v1", "--episodes", "3")
     assert data["settings"]["rollout"]["seeds"] == "0..2"
     for cell in data["cells"]:
         rollout = cell["rollout"]
@@ -194,9 +194,9 @@ def test_cli_drives_cartpole_on_ort_cpu_and_reports_behaviour(policy_dir, tmp_pa
     assert 'id="behaviour"' in html and 'id="behaviour-chart"' in html and "never, never, never" in html
 
 
-def test_matrix_toml_rollout_settings_and_progress_per_episode(policy_dir, tmp_path):
+def test_matrix_toml_rollout_settings_and_progress_per_episode(policy_dir, tmp_path, policy_matrix):
     (tmp_path / "matrix.toml").write_text('env = "CartPole-v1"\nepisodes = 2\nreturn-tolerance = "1%"\n')
-    data = _run(policy_dir / "cartpole.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
+    data = _run(policy_matrix, policy_dir / "cartpole.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
                 "--config", tmp_path / "matrix.toml")
     assert data["settings"]["rollout"]["episodes"] == 2 and data["settings"]["rollout"]["return_tolerance"].startswith("0.01")
     assert len(data["cells"][0]["rollout"]["episodes"]) == 2
@@ -208,18 +208,18 @@ def test_matrix_toml_rollout_settings_and_progress_per_episode(policy_dir, tmp_p
     assert seen.index("rollout (1/2 episodes)") < seen.index("rollout (2/2 episodes)") < seen.index("latency")
 
 
-def test_two_runs_drive_the_same_episodes(policy_dir, tmp_path):
+def test_two_runs_drive_the_same_episodes(policy_dir, tmp_path, policy_matrix):
     args = ("--targets", "ort-cpu", "--precisions", "fp32", "--env", "Pendulum-v1", "--episodes", "2", "--seed", "7")
-    first = _run(policy_dir / "pendulum.onnx", tmp_path / "a", *args)["cells"][0]["rollout"]["episodes"]
-    second = _run(policy_dir / "pendulum.onnx", tmp_path / "b", *args)["cells"][0]["rollout"]["episodes"]
+    first = _run(policy_matrix, policy_dir / "pendulum.onnx", tmp_path / "a", *args)["cells"][0]["rollout"]["episodes"]
+    second = _run(policy_matrix, policy_dir / "pendulum.onnx", tmp_path / "b", *args)["cells"][0]["rollout"]["episodes"]
     assert [e["seed"] for e in first] == [7, 8]
     assert [(e["episode_return"], e["length"]) for e in first] == [(e["episode_return"], e["length"]) for e in second]
 
 
-def test_a_better_return_never_warns_even_at_a_zero_return_tolerance(policy_dir, tmp_path):
+def test_a_better_return_never_warns_even_at_a_zero_return_tolerance(policy_dir, tmp_path, policy_matrix):
     """Pendulum's int8 variant drifts on every step and, over seeds 0 and 1, returns slightly more than the float64
     reference (+0.006, measured): with a tolerance of 0 return units the better return is still no finding."""
-    data = _run(policy_dir / "pendulum.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32,int8",
+    data = _run(policy_matrix, policy_dir / "pendulum.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32,int8",
                 "--env", "Pendulum-v1", "--episodes", "2", "--return-tolerance", "abs:0")
     cells = {c["variant"]: c for c in data["cells"]}
     int8 = cells["int8"]
@@ -227,9 +227,9 @@ def test_a_better_return_never_warns_even_at_a_zero_return_tolerance(policy_dir,
     assert int8["verdict"] == "PASS" and not any(reason.startswith("behaviour") for reason in int8["reasons"]), int8["reasons"]
 
 
-def test_tflite_in_the_loop(policy_dir, tmp_path):
+def test_tflite_in_the_loop(policy_dir, tmp_path, policy_matrix):
     assert targets.get("tflite").unavailable_reason() is None, "run make setup"
-    data = _run(policy_dir / "cartpole.onnx", tmp_path, "--targets", "tflite", "--precisions", "fp32",
+    data = _run(policy_matrix, policy_dir / "cartpole.onnx", tmp_path, "--targets", "tflite", "--precisions", "fp32",
                 "--env", "CartPole-v1", "--episodes", "2")
     cell = data["cells"][0]
     assert cell["verdict"] != "FAIL", cell["reasons"]  # WARN: ARG_MAX runs outside XNNPACK
@@ -238,19 +238,19 @@ def test_tflite_in_the_loop(policy_dir, tmp_path):
     assert cell["rollout"]["action_agreement"] == 1.0
 
 
-def test_browser_wasm_in_the_loop(policy_dir, tmp_path):
+def test_browser_wasm_in_the_loop(policy_dir, tmp_path, policy_matrix):
     assert targets.get("ort-web-wasm").unavailable_reason() is None, "run make setup"
-    data = _run(policy_dir / "pendulum.onnx", tmp_path, "--targets", "ort-web-wasm", "--precisions", "fp32",
+    data = _run(policy_matrix, policy_dir / "pendulum.onnx", tmp_path, "--targets", "ort-web-wasm", "--precisions", "fp32",
                 "--env", "Pendulum-v1", "--episodes", "2")
     cell = data["cells"][0]
     assert cell["verdict"] == "PASS", cell["reasons"]
     assert cell["rollout"]["steps"] == 400 and abs(cell["rollout"]["return_delta_rel"]) < 1e-6
 
 
-def test_open_loop_replay_reports_drift_per_step(policy_dir, tmp_path):
+def test_open_loop_replay_reports_drift_per_step(policy_dir, tmp_path, policy_matrix):
     recorded = np.random.default_rng(0).uniform(-1, 1, size=(50, 3)).astype(np.float32)
     np.save(tmp_path / "obs.npy", recorded)
-    data = _run(policy_dir / "pendulum.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32,int8",
+    data = _run(policy_matrix, policy_dir / "pendulum.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32,int8",
                 "--trajectory", tmp_path / "obs.npy")
     fp32, int8 = (c["rollout"] for c in data["cells"])
     assert fp32["mode"] == "open-loop" and len(fp32["step_drift"]) == 50
@@ -259,10 +259,10 @@ def test_open_loop_replay_reports_drift_per_step(policy_dir, tmp_path):
 
 
 @pytest.mark.parametrize("given", [False, True])
-def test_cli_carries_recurrent_state_through_the_worker(policy_dir, tmp_path, given):
+def test_cli_carries_recurrent_state_through_the_worker(policy_dir, tmp_path, given, policy_matrix):
     np.savez(tmp_path / "start.npz", h_in=np.ones((1, 1), np.float32))
     start = ("--initial-state", str(tmp_path / "start.npz")) if given else ()
-    data = _run(policy_dir / "recurrent.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
+    data = _run(policy_matrix, policy_dir / "recurrent.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
                 "--env", "CartPole-v1", "--episodes", "2", *start)
     cell = data["cells"][0]
     assert data["settings"]["rollout"]["states"] == ["h_in"]
@@ -286,7 +286,7 @@ def test_bad_rollout_input_is_one_line_and_exit_2(policy_dir, args, words, polic
     assert code == 2 and len(lines) == 1 and words in lines[0], lines[-5:]
 
 
-def test_a_users_own_env_class_with_kwargs(policy_dir, tmp_path, monkeypatch):
+def test_a_users_own_env_class_with_kwargs(policy_dir, tmp_path, monkeypatch, policy_matrix):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_envs.py").write_text(
         "from gymnasium.envs.classic_control.cartpole import CartPoleEnv\n"
@@ -302,7 +302,7 @@ def test_a_users_own_env_class_with_kwargs(policy_dir, tmp_path, monkeypatch):
         "        obs, r, term, trunc, info = super().step(action)\n"
         "        return obs, r, term, trunc or self.steps >= self.limit, info\n"
     )
-    data = _run(policy_dir / "cartpole.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
+    data = _run(policy_matrix, policy_dir / "cartpole.onnx", tmp_path / "out", "--targets", "ort-cpu", "--precisions", "fp32",
                 "--env", "my_envs:ShortCartPole", "--env-kwargs", json.dumps({"limit": 40}), "--episodes", "2")
     assert [e["length"] for e in data["cells"][0]["rollout"]["episodes"]] == [40, 40]
 

@@ -88,8 +88,9 @@ def test_latency_and_cold_start_are_timed_with_no_other_stage_starting(tmp_path)
 
 
 def test_a_cell_that_hangs_is_killed_and_the_rest_still_report(tmp_path):
-    # A timed loop far longer than the timeout: each cell is killed, the matrix goes on. The timeout also
-    # bounds the reference job and each worker's start, so it leaves room for a busy machine's imports.
+    # A timed loop far longer than the timeout: each cell is killed in its latency stage, keeping the parity and
+    # contract it measured before, and the matrix goes on. The timeout also bounds the reference job and each
+    # worker's start, so it leaves room for a busy machine's imports.
     done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
                    "--iters", "50000000", "--timeout", "15", "--out", tmp_path)
     assert done.returncode == 1, done.stderr
@@ -99,24 +100,26 @@ def test_a_cell_that_hangs_is_killed_and_the_rest_still_report(tmp_path):
     for cell in cells:
         assert cell["verdict"] == "FAIL" and cell["error"]["stage"] == "latency"
         assert "timeout" in cell["error"]["message"]
+        assert cell["parity"] and {c["name"]: c["ok"] for c in cell["contract"]}["batch 1/2/7"] is True
+    assert cells[0]["parity"][0]["max_abs"] < 1e-5  # fp32 against the float64 reference
     assert (tmp_path / "index.html").exists()
 
 
-def test_tolerance_override_turns_a_pass_into_a_fail(tmp_path):
-    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp16", "--iters", "5",
-                   "--tolerance", "ort-cpu:fp16=1e-6", "--out", tmp_path)
+def test_tolerance_override_turns_a_pass_into_a_fail(tmp_path, policy_matrix):
+    done = policy_matrix(["run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp16", "--iters", "5",
+                          "--tolerance", "ort-cpu:fp16=1e-6", "--out", tmp_path])
     assert done.returncode == 1
     cell = load_results(tmp_path)["cells"][0]
     assert cell["verdict"] == "FAIL" and cell["tolerance"] == 1e-6 and "above tolerance" in cell["reasons"][0]
 
 
-def test_recorded_observations_are_used_and_saved(tmp_path):
+def test_recorded_observations_are_used_and_saved(tmp_path, policy_matrix):
     import numpy as np
 
     recorded = np.random.default_rng(5).normal(size=(20, 17)).astype(np.float32)
     np.save(tmp_path / "obs.npy", recorded)
-    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
-                   "--obs", tmp_path / "obs.npy", "--out", tmp_path / "out")
+    done = policy_matrix(["run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
+                          "--obs", tmp_path / "obs.npy", "--out", tmp_path / "out"])
     assert done.returncode == 0, done.stderr
     saved = np.load(tmp_path / "out" / "observations.npz")["obs"]
     assert np.array_equal(saved, recorded)
@@ -159,12 +162,13 @@ def _cmdline(process) -> str:
 
 def test_matrix_toml_sets_tolerances_and_a_broken_one_exits_2(tmp_path, policy_matrix):
     (tmp_path / "matrix.toml").write_text('[tolerance]\n"ort-cpu:fp16" = 1e-7\n')
-    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp16", "--iters", "5",
-                   "--config", tmp_path / "matrix.toml", "--out", tmp_path / "out")
+    done = policy_matrix(["run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp16", "--iters", "5",
+                          "--config", tmp_path / "matrix.toml", "--out", tmp_path / "out"])
     assert done.returncode == 1 and load_results(tmp_path / "out")["cells"][0]["tolerance"] == 1e-7
 
     (tmp_path / "broken.toml").write_text("[tolerance\n")
-    code, lines = policy_matrix([example("continuous_mlp"), "--config", tmp_path / "broken.toml", "--out", tmp_path / "out2"])
+    code, lines = policy_matrix([example("continuous_mlp"), "--config", tmp_path / "broken.toml",
+                                 "--out", tmp_path / "out2"])
     assert code == 2 and "cannot read the config" in "\n".join(lines), lines
 
 

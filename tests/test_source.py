@@ -38,9 +38,9 @@ def source_cell(out: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_source_that_matches_its_export_passes_at_1e_5(tmp_path):
+def test_a_source_that_matches_its_export_passes_at_1e_5(tmp_path, policy_matrix):
     policy = mlp_with_source(tmp_path)
-    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act")
+    done = policy_matrix(["run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act"])
     assert done.returncode == 0, done.stderr
     cell = source_cell(tmp_path / "out")
     assert cell["verdict"] == "PASS" and cell["variant"] == "python"
@@ -49,10 +49,10 @@ def test_a_source_that_matches_its_export_passes_at_1e_5(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rescale_outside_the_graph_is_named_and_its_returns_are_the_top_behaviour_row(tmp_path):
+def test_a_rescale_outside_the_graph_is_named_and_its_returns_are_the_top_behaviour_row(tmp_path, policy_matrix):
     policy = mlp_with_source(tmp_path)
-    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act_rescaled",
-                  "--env", "Pendulum-v1", "--episodes", "2")
+    done = policy_matrix(["run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act_rescaled",
+                          "--env", "Pendulum-v1", "--episodes", "2"])
     assert done.returncode == 0, done.stderr
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     cell = results["cells"][0]
@@ -70,11 +70,11 @@ def test_a_rescale_outside_the_graph_is_named_and_its_returns_are_the_top_behavi
                   "the ONNX graph does not"),
     ("act_pixels", False, "export: the source divides observations by 255; the ONNX graph does not"),
 ])
-def test_preprocessing_missing_from_the_export_is_caught_and_named(tmp_path, function, normalize, words):
+def test_preprocessing_missing_from_the_export_is_caught_and_named(tmp_path, function, normalize, words, policy_matrix):
     policy = mlp_with_source(tmp_path)
     statistics = ("--source-normalize", tmp_path / "normalizer.npz") if normalize else ()
-    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--source", f"python:trained_policy:{function}",
-                  *statistics)
+    done = policy_matrix(["run", policy, *FAST, "--out", tmp_path / "out", "--source", f"python:trained_policy:{function}",
+                          *statistics])
     assert done.returncode == 0, done.stderr
     cell = source_cell(tmp_path / "out")
     assert cell["verdict"] == "FAIL"
@@ -84,10 +84,10 @@ def test_preprocessing_missing_from_the_export_is_caught_and_named(tmp_path, fun
 @pytest.mark.slow
 @pytest.mark.parametrize("function, words", [("act_crashes", "RuntimeError: the checkpoint needs a GPU"),
                                              ("act_hangs", "timed out after 20 s (--timeout)")])
-def test_a_source_that_crashes_or_hangs_is_one_failed_cell_with_the_reason(tmp_path, function, words):
+def test_a_source_that_crashes_or_hangs_is_one_failed_cell_with_the_reason(tmp_path, function, words, policy_matrix):
     policy = mlp_with_source(tmp_path)
-    done = run_in(tmp_path, "run", policy, *FAST, "--out", tmp_path / "out", "--timeout", "20",
-                  "--source", f"python:trained_policy:{function}")
+    done = policy_matrix(["run", policy, *FAST, "--out", tmp_path / "out", "--timeout", "20",
+                          "--source", f"python:trained_policy:{function}"])
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     cell = source_cell(tmp_path / "out")
@@ -97,11 +97,11 @@ def test_a_source_that_crashes_or_hangs_is_one_failed_cell_with_the_reason(tmp_p
 
 
 @pytest.mark.slow
-def test_an_interpreter_without_the_framework_is_exit_2_naming_the_package(tmp_path):
+def test_an_interpreter_without_the_framework_is_exit_2_naming_the_package(tmp_path, policy_matrix):
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("this interpreter has torch: it cannot stand for one that lacks it")
     policy = mlp_with_source(tmp_path)
-    done = run_in(tmp_path, "run", policy, "--targets", "ort-cpu", "--source", "torch:trained_policy:act")
+    done = policy_matrix(["run", policy, "--targets", "ort-cpu", "--source", "torch:trained_policy:act"])
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"policy-matrix: error: --source torch:trained_policy:act: {sys.executable} lacks the package 'torch' "
@@ -109,10 +109,10 @@ def test_an_interpreter_without_the_framework_is_exit_2_naming_the_package(tmp_p
 
 
 @pytest.mark.slow
-def test_a_framework_the_users_module_imports_and_the_interpreter_lacks_is_exit_2(tmp_path):
+def test_a_framework_the_users_module_imports_and_the_interpreter_lacks_is_exit_2(tmp_path, policy_matrix):
     policy = mlp_with_source(tmp_path)
     (tmp_path / "flax_policy.py").write_text("import not_an_installed_framework\n\ndef act(obs):\n    return obs\n")
-    done = run_in(tmp_path, "run", policy, "--targets", "ort-cpu", "--source", "python:flax_policy:act")
+    done = policy_matrix(["run", policy, "--targets", "ort-cpu", "--source", "python:flax_policy:act"])
     assert done.returncode == 2
     assert done.stderr.strip() == (f"policy-matrix: error: --source python:flax_policy:act: {sys.executable} lacks the package "
                                    "'not_an_installed_framework' (install it in the training environment, or pass that "
@@ -120,11 +120,11 @@ def test_a_framework_the_users_module_imports_and_the_interpreter_lacks_is_exit_
 
 
 @pytest.mark.slow
-def test_an_interpreter_without_numpy_is_exit_2_naming_numpy(tmp_path):
+def test_an_interpreter_without_numpy_is_exit_2_naming_numpy(tmp_path, policy_matrix):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp_path / "bare"], check=True)
     policy = mlp_with_source(tmp_path)
-    done = run_in(tmp_path, "run", policy, "--targets", "ort-cpu", "--source", "python:trained_policy:act",
-                  "--source-python", tmp_path / "bare" / "bin" / "python")
+    done = policy_matrix(["run", policy, "--targets", "ort-cpu", "--source", "python:trained_policy:act",
+                          "--source-python", tmp_path / "bare" / "bin" / "python"])
     assert done.returncode == 2
     assert "lacks the package 'numpy'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
@@ -148,8 +148,8 @@ def test_a_missing_source_interpreter_is_refused():
 
 
 @pytest.mark.slow
-def test_source_options_without_a_source_are_one_line_and_exit_2(tmp_path):
+def test_source_options_without_a_source_are_one_line_and_exit_2(tmp_path, policy_matrix):
     policy = mlp_with_source(tmp_path)
-    done = run_in(tmp_path, "run", policy, "--targets", "ort-cpu", "--source-normalize", tmp_path / "normalizer.npz")
+    done = policy_matrix(["run", policy, "--targets", "ort-cpu", "--source-normalize", tmp_path / "normalizer.npz"])
     assert done.returncode == 2
     assert done.stderr.strip() == "policy-matrix: error: --source-python and --source-normalize need --source"

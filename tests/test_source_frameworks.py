@@ -47,10 +47,17 @@ def sb3_python(torch_python: Path) -> Path:
     return python
 
 
+@pytest.fixture(scope="module")
+def torch_policy(tmp_path_factory, torch_python) -> Path:
+    """The folder of torch_policy.py and its two exports (policy.onnx, policy.pt): one torch process makes both."""
+    folder = tmp_path_factory.mktemp("torch")
+    torch_with_source(folder, torch_python)
+    return folder
+
+
 @pytest.mark.parametrize("spec", ["torch:torch_policy:make_policy", "torchscript:policy.pt"])
-def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(tmp_path, torch_python, spec):
-    torch_with_source(tmp_path, torch_python)
-    done = run_in(tmp_path, "run", tmp_path / "policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
+def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(torch_policy, tmp_path, torch_python, spec):
+    done = run_in(torch_policy, "run", torch_policy / "policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
                   "--source-python", torch_python, "--tolerance", "source:*=1e-5")
     assert done.returncode == 0, done.stderr
     cell = source_cell(tmp_path / "out")

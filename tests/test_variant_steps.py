@@ -147,11 +147,11 @@ def test_a_batch_fixed_to_the_fed_batch_or_a_host_argmax_is_no_interface_change(
 
 
 @pytest.mark.slow
-def test_assist_offers_keeping_the_diagnosed_node_in_fp32_and_checks_it_through_the_target(tmp_path):
+def test_assist_offers_keeping_the_diagnosed_node_in_fp32_and_checks_it_through_the_target(tmp_path, policy_matrix):
     policy = tmp_path / "overflow.onnx"
     onnx.save(fp16_overflow_mlp(), str(policy))
-    done = run_cli("run", policy, "--targets", "ort-cpu", "--precisions", "fp16", "--diagnose", "--assist",
-                   "--iters", "5", "--warmup", "1", "--n-obs", "64", "--out", tmp_path / "out")
+    done = policy_matrix(["run", policy, "--targets", "ort-cpu", "--precisions", "fp16", "--diagnose", "--assist",
+                          "--iters", "5", "--warmup", "1", "--n-obs", "64", "--out", tmp_path / "out"])
     assert done.returncode == 1, done.stderr
     cell = schema.load(tmp_path / "out" / "results.json").cells[0]
     assert cell.verdict == "FAIL" and cell.diagnosis.first.node == "scale_up"

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnx.reference
 import pytest
-from conftest import load_results, run_cli
+from conftest import load_results
 from onnx import TensorProto, helper
 
 import policies
@@ -43,7 +43,7 @@ def _cells(out) -> dict[str, dict]:
 
 # --- variants the tool makes -------------------------------------------------------------------
 
-def test_fp16_of_a_recurrent_cell_keeps_its_interface_and_passes(built, tmp_path):
+def test_fp16_of_a_recurrent_cell_keeps_its_interface_and_passes(built, tmp_path, policy_matrix):
     info = model.load(built("gru_cell"))
     paths, errors = variants.produce_all(info, ["fp16"], tmp_path / "variants")
     assert not errors
@@ -51,7 +51,7 @@ def test_fp16_of_a_recurrent_cell_keeps_its_interface_and_passes(built, tmp_path
     variants.validate(info.proto, fp16, "fp16")  # raises if names, shapes or dtypes moved
     assert {o.name: o.type.tensor_type.elem_type for o in fp16.graph.output} == {"action": 1, "h_next": 1}
 
-    done = run_cli("run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path)
+    done = policy_matrix(["run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     for cell in _cells(tmp_path).values():
         assert cell["verdict"] == "PASS", cell["reasons"]
@@ -72,13 +72,13 @@ def test_a_variant_whose_output_became_float16_is_refused_and_restored(built):
     variants.validate(original, variants.restore_interface(original, changed), "fp16")
 
 
-def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path):
+def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path, policy_matrix):
     """SB3 Pendulum: onnxconverter-common declares the clipped action float16; the variant must not."""
     info = model.load(built("minmax_clip_mlp"))
     paths, errors = variants.produce_all(info, ["fp16"], tmp_path / "variants")
     assert not errors
     assert onnx.load(str(paths["fp16"])).graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
-    done = run_cli("run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path)
+    done = policy_matrix(["run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     cells = _cells(tmp_path)
     assert cells["fp16"]["verdict"] == "PASS", cells["fp16"]["reasons"]
@@ -86,9 +86,9 @@ def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path
     assert bounds["ok"] is True and "[-2, 2] (graph: final Min/Max clip)" in bounds["detail"]
 
 
-def test_int8_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, tmp_path):
+def test_int8_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, tmp_path, policy_matrix):
     path = built("gemm_add_mlp")  # weights in Constant nodes: dynamic quantization sees none of them
-    done = run_cli("run", path, "--targets", "ort-cpu,tract", "--precisions", "fp32,int8", *FAST, "--out", tmp_path)
+    done = policy_matrix(["run", path, "--targets", "ort-cpu,tract", "--precisions", "fp32,int8", *FAST, "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     results = load_results(tmp_path)
     assert list(results["variant_errors"]) == ["int8"] and "quantized nothing" in results["variant_errors"]["int8"]
@@ -121,9 +121,10 @@ def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_reco
 
 # --- discrete actions ------------------------------------------------------------------------
 
-def test_int8_flips_above_the_tie_margin_fail_below_min_agreement_and_warn_above(built, tmp_path):
+def test_int8_flips_above_the_tie_margin_fail_below_min_agreement_and_warn_above(built, tmp_path, policy_matrix):
     path = built("close_call_discrete")
-    done = run_cli("run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", *FAST, "--out", tmp_path / "a")
+    done = policy_matrix(["run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", *FAST,
+                          "--out", tmp_path / "a"])
     assert done.returncode == 1, done.stderr
     cell = _cells(tmp_path / "a")["int8"]
     parity = cell["parity"][0]
@@ -132,13 +133,13 @@ def test_int8_flips_above_the_tie_margin_fail_below_min_agreement_and_warn_above
     assert load_results(tmp_path / "a")["settings"]["tie_margin"] == 1e-3
     assert "flips / " in (tmp_path / "a" / "index.html").read_text()
 
-    done = run_cli("run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", "--min-agreement", "0.5",
-                   *FAST, "--out", tmp_path / "b")
+    done = policy_matrix(["run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", "--min-agreement", "0.5",
+                          *FAST, "--out", tmp_path / "b"])
     assert done.returncode == 0, done.stderr
     assert _cells(tmp_path / "b")["int8"]["verdict"] == "WARN"
 
-    done = run_cli("run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", "--tie-margin", "100",
-                   *FAST, "--out", tmp_path / "c")
+    done = policy_matrix(["run", path, "--targets", "ort-cpu", "--precisions", "int8", "--n-obs", "256", "--tie-margin", "100",
+                          *FAST, "--out", tmp_path / "c"])
     parity = _cells(tmp_path / "c")["int8"]["parity"][0]
     assert done.returncode == 0 and parity["flips"] == 0 and parity["near_ties"] > 2
 
@@ -151,13 +152,13 @@ def test_bad_tie_margin_or_agreement_exits_2(built, tmp_path, option, policy_mat
 
 # --- inputs, the reference and its audit trail -----------------------------------------------
 
-def test_a_side_input_is_fed_whole_and_not_taken_for_a_batch(built, tmp_path):
+def test_a_side_input_is_fed_whole_and_not_taken_for_a_batch(built, tmp_path, policy_matrix):
     info = model.load(built("side_input_policy"))
     assert batch_axes.fed_whole(info) == ["rng"]
     lints = {item.id: item for item in lint(info)}
     assert lints["symbolic-batch"].level == "ok" and "['rng']" in lints["side-inputs"].message
 
-    done = run_cli("run", info.path, "--targets", "ort-cpu", "--precisions", "fp32", *FAST, "--out", tmp_path)
+    done = policy_matrix(["run", info.path, "--targets", "ort-cpu", "--precisions", "fp32", *FAST, "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     assert np.load(tmp_path / "observations.npz")["rng"].shape == (1,)
     saved = np.load(tmp_path / "reference.npz")
@@ -230,18 +231,6 @@ def test_recurrent_state_is_detected(built):
 
 # --- cells and stages --------------------------------------------------------------------------
 
-def test_a_cell_killed_in_its_latency_stage_keeps_parity_and_contract(tmp_path):
-    from matrix.inputs.examples import path as example
-
-    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32",
-                   "--iters", "50000000", "--timeout", "8", "--out", tmp_path)
-    assert done.returncode == 1, done.stderr
-    cell = _cells(tmp_path)["fp32"]
-    assert cell["verdict"] == "FAIL" and cell["error"]["stage"] == "latency"
-    assert cell["parity"] and cell["parity"][0]["max_abs"] < 1e-5
-    assert {c["name"]: c["ok"] for c in cell["contract"]}["batch 1/2/7"] is True
-
-
 def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path):
     info = model.load(built("gru_cell"))
     session = OrtSession(Artifact(path=info.path), ["CPUExecutionProvider"], 1)
@@ -278,9 +267,9 @@ def _tflite_or_skip():
         pytest.skip(f"tflite: {reason}")
 
 
-def test_a_failed_tflite_int8_step_leaves_fp32_and_fp16_standing(built, tmp_path):
+def test_a_failed_tflite_int8_step_leaves_fp32_and_fp16_standing(built, tmp_path, policy_matrix):
     _tflite_or_skip()
-    done = run_cli("run", built("markup_names_mlp"), "--targets", "tflite", *FAST, "--out", tmp_path)
+    done = policy_matrix(["run", built("markup_names_mlp"), "--targets", "tflite", *FAST, "--out", tmp_path])
     assert done.returncode == 1, done.stderr
     cells = _cells(tmp_path)
     assert cells["fp32"]["verdict"] == "PASS" and cells["fp32"]["parity"][0]["max_abs"] < 1e-5, cells["fp32"]["reasons"]
@@ -288,11 +277,12 @@ def test_a_failed_tflite_int8_step_leaves_fp32_and_fp16_standing(built, tmp_path
     assert cells["int8"]["verdict"] == "FAIL" and "SavedModel" in cells["int8"]["reasons"][0]
 
 
-def test_a_tflite_int8_file_with_nothing_quantized_warns_and_is_never_recommended(built, tmp_path):
+def test_a_tflite_int8_file_with_nothing_quantized_warns_and_is_never_recommended(built, tmp_path, policy_matrix):
     _tflite_or_skip()
     from matrix import results
 
-    done = run_cli("run", built("side_input_policy"), "--targets", "tflite", "--precisions", "fp32,int8", *FAST, "--out", tmp_path)
+    done = policy_matrix(["run", built("side_input_policy"), "--targets", "tflite", "--precisions", "fp32,int8",
+                          *FAST, "--out", tmp_path])
     cells = _cells(tmp_path)
     int8 = cells["int8"]
     assert int8["artifact"]["quantization"]["quantized_weights"] == 0, int8["artifact"]
@@ -303,12 +293,12 @@ def test_a_tflite_int8_file_with_nothing_quantized_warns_and_is_never_recommende
     assert all(d.runner_up is None or d.runner_up.variant != "int8" for d in decisions)
 
 
-def test_coreml_conversion_only_cell_is_converted_and_notes_the_tools_workaround(built, tmp_path):
+def test_coreml_conversion_only_cell_is_converted_and_notes_the_tools_workaround(built, tmp_path, policy_matrix):
     import targets
 
     if reason := targets.get("coreml").unavailable_reason():
         pytest.skip(f"coreml: {reason}")
-    done = run_cli("run", built("minmax_clip_mlp"), "--targets", "coreml", "--precisions", "fp32", "--out", tmp_path)
+    done = policy_matrix(["run", built("minmax_clip_mlp"), "--targets", "coreml", "--precisions", "fp32", "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     cell = _cells(tmp_path)["fp32"]
     assert cell["verdict"] == "CONVERTED", cell["reasons"]

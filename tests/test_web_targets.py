@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import psutil
 import pytest
-from conftest import load_results, run_cli
+from conftest import load_results
 from web_fixtures import softsign_mlp, softsign_only, write
 
 from matrix.inputs import examples
@@ -160,9 +160,9 @@ def test_webgl_runs_fixed_batch_copies_named_with_the_exported_files_own_error(c
                for n, f in prepared.files.items())
 
 
-def test_a_dynamic_batch_policys_webgl_cell_names_the_fixed_batch_preparation(tmp_path):
-    done = run_cli("run", examples.path("continuous_mlp"), "--targets", "ort-web-webgl,ort-web-wasm", "--precisions", "fp32",
-                   "--batch-sizes", "1", "--iters", "5", "--warmup", "1", "--out", tmp_path)
+def test_a_dynamic_batch_policys_webgl_cell_names_the_fixed_batch_preparation(tmp_path, policy_matrix):
+    done = policy_matrix(["run", examples.path("continuous_mlp"), "--targets", "ort-web-webgl,ort-web-wasm", "--precisions", "fp32",
+                          "--batch-sizes", "1", "--iters", "5", "--warmup", "1", "--out", tmp_path])
     assert done.returncode == 0, done.stderr
     results = load_results(tmp_path)
     webgl, wasm = results["cells"]
@@ -295,7 +295,6 @@ def test_the_next_web_target_reuses_the_browser_in_a_context_of_its_own(monkeypa
         wasm.stop_runtime()
         webgl.start_runtime(1)
         assert _own_browsers(marker) == [browser]
-        assert webgl.emulated()  # SwiftShader on this kind of host: its cold start is not timed alone
         page = chromium.shared_page(webgl.bundle)
         assert page.browser.contexts == [page.context]
     finally:
@@ -304,13 +303,13 @@ def test_the_next_web_target_reuses_the_browser_in_a_context_of_its_own(monkeypa
     assert not _own_browsers(marker)
 
 
-def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path):
+def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path, policy_matrix):
     """End to end through the CLI: the node falls back, the cell is a WARN, and the report shows it."""
-    from conftest import load_results, run_cli
+    from conftest import load_results
 
     path = write(softsign_mlp(), tmp_path, "softsign_mlp")
-    done = run_cli("run", path, "--targets", "ort-web-wasm,ort-web-webgpu", "--precisions", "fp32",
-                   "--iters", "10", "--out", tmp_path / "report")
+    done = policy_matrix(["run", path, "--targets", "ort-web-wasm,ort-web-webgpu", "--precisions", "fp32",
+                          "--iters", "10", "--out", tmp_path / "report"])
     assert done.returncode == 0, done.stderr
     cells = {c["target"]: c for c in load_results(tmp_path / "report")["cells"]}
     assert cells["ort-web-wasm"]["verdict"] == "PASS"
