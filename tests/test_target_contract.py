@@ -110,7 +110,8 @@ def test_fp32_meets_the_contract(prepared, services, target, name):
         else:
             assert parity.flips == 0 and parity.agreement > 0.9, parity
     assert all(check.ok is not False for check in cell.contract), cell.contract
-    assert [s.batch for s in cell.latency] == [1, 8] and all(s.p50_us > 0 for s in cell.latency)
+    timed = [1] if cell.backend and cell.backend.emulated else [1, 8]  # an emulated adapter: the smallest batch only
+    assert [s.batch for s in cell.latency] == timed and all(s.p50_us > 0 for s in cell.latency)
     assert cell.placement, "a predicting target must say where nodes ran"
     assert cell.backend and cell.backend.requested == cell.backend.actual
 
