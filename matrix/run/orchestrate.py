@@ -151,6 +151,7 @@ def lock_out(out: Path):
 
 def run(config: RunConfig, console: Console) -> RunResults:
     forkserver.CLIENT.warm()  # `policy-matrix run` started it before parsing (cli.py); other callers start it here
+    forkserver.resume_collection()  # paused by the entry point while the run's modules were imported
     config.out.mkdir(parents=True, exist_ok=True)
     model = config.model
     identity = run_identity(config)
