@@ -41,12 +41,13 @@ import threading
 
 # What the jobs import, in the order a run needs them: the reference job first (its evaluator's ~200
 # operator modules, `onnx.reference.ops`, cost each reference job ~0.2 s when not preloaded), then the cell
-# workers'. One module per step, the large ones apart (the results' schemas take 0.1-0.3 s to build): a request
-# waits for the step under way only. The jobs' own modules are imported too, then dropped from sys.modules, so
-# each child runs its entry module fresh as __main__ (runpy warns about a module already imported). numpy.ma, last:
-# np.percentile (a worker's latency percentiles) imports it on its first call, 15-50 ms; the reference job has no use for it.
+# workers' (the results' schemas, which the reference job has no use for; numpy.ma, which np.percentile imports
+# on its first call, 15-50 ms of a worker's latency percentiles). One module per step, the large ones apart (the
+# results' schemas take 0.1-0.3 s to build): a request waits for the step under way only. The jobs' own modules
+# are imported too, then dropped from sys.modules, so each child runs its entry module fresh as __main__ (runpy
+# warns about a module already imported).
 PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.reference", "onnx.reference.ops", "onnxruntime", "pydantic",
-           "matrix.results", "matrix.run.rollouts", "matrix.reference.reference", "numpy.ma")
+           "matrix.run.rollouts", "matrix.reference.reference", "matrix.results", "numpy.ma")
 ENTRY_MODULES = ("matrix.reference.reference_job", "matrix.run.guarded", "matrix.run.worker")
 # An environment whose value of these differs from the server's changes what the child would import:
 # the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned

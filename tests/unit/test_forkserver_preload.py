@@ -40,3 +40,11 @@ def test_collection_paused_for_the_imports_resumes_with_them_frozen_and_never_wh
     assert found["not_paused"] == [True, 0]
     assert found["paused"] is False and found["resumed"] is True
     assert found["frozen"] > 10_000  # the imported modules' objects, out of every later collection's way
+
+
+def test_the_reference_job_does_without_the_results_schemas():
+    # Forked before the server has built them (a run asks for its reference early), it would build them itself.
+    probe = ("import sys\nimport matrix.run.guarded, matrix.reference.reference_job\n"
+             "print('matrix.results' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "False"
