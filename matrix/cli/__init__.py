@@ -13,9 +13,16 @@ def main() -> None:
         from ..run import forkserver
 
         forkserver.CLIENT.warm()
+        if is_the_program():  # not in a test's process, whose garbage it would freeze (resume_collection)
+            forkserver.pause_collection()  # until the run has imported its modules (orchestrate.run)
     from .cli import main as command_line
 
     command_line()
+
+
+def is_the_program() -> bool:
+    """main() is what this process runs: the console script and `python -m matrix` both call it from __main__."""
+    return getattr(sys.modules.get("__main__"), "main", None) is main
 
 
 def _command(arguments: list[str]) -> str | None:
@@ -24,4 +31,4 @@ def _command(arguments: list[str]) -> str | None:
     return next((argument for argument in arguments if not argument.startswith("-")), None)
 
 
-__all__ = ["main"]
+__all__ = ["is_the_program", "main"]

@@ -19,6 +19,7 @@ import click
 
 from .. import __version__, options
 from . import cli_args as args
+from . import is_the_program
 from . import config as run_config_file
 from ..errors import InputError, Terminated, raise_terminated
 from ..frameworks.command import frameworks as frameworks_command
@@ -437,14 +438,6 @@ def _one_variant(value: str) -> list[str]:
     return chosen
 
 
-def _is_the_program() -> bool:
-    """main() is what this process runs: the console script and `python -m matrix` both call it from __main__,
-    through the package's entry point (matrix/cli/__init__.py)."""
-    from . import main as entry_point
-
-    return getattr(sys.modules.get("__main__"), "main", None) is entry_point
-
-
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
     global _exit_status
@@ -452,7 +445,7 @@ def main() -> None:
     # Python installs its Ctrl-C handler only when SIGINT was not ignored at start; a background job of a
     # non-interactive shell inherits it ignored, and an interrupt would then do nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    if _is_the_program():
+    if is_the_program():
         # What a command imported (numpy, onnx, pydantic's schemas, ...) lives until the process ends; the
         # interpreter's teardown would then free it module by module, object by object (~0.1 s at the end of a run,
         # bench/matrix_wall.py "exit"). Registered first, this handler runs last: other threads have been joined

@@ -28,6 +28,7 @@ Run as `python -m matrix.run.forkserver FD` it is the server, FD its end of the 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import queue
@@ -40,11 +41,13 @@ import threading
 
 # What the jobs import, in the order a run needs them: the reference job first (its evaluator's ~200
 # operator modules, `onnx.reference.ops`, cost each reference job ~0.2 s when not preloaded), then the cell
-# workers'. One module per step, the large ones apart (the results' schemas take 0.1-0.3 s to build): a request
-# waits for the step under way only. The jobs' own modules are imported too, then dropped from sys.modules, so
-# each child runs its entry module fresh as __main__ (runpy warns about a module already imported).
+# workers' (the results' schemas, which the reference job has no use for; numpy.ma, which np.percentile imports
+# on its first call, 15-50 ms of a worker's latency percentiles). One module per step, the large ones apart (the
+# results' schemas take 0.1-0.3 s to build): a request waits for the step under way only. The jobs' own modules
+# are imported too, then dropped from sys.modules, so each child runs its entry module fresh as __main__ (runpy
+# warns about a module already imported).
 PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.reference", "onnx.reference.ops", "onnxruntime", "pydantic",
-           "matrix.results", "matrix.run.rollouts", "matrix.reference.reference")
+           "matrix.run.rollouts", "matrix.reference.reference", "matrix.results", "numpy.ma")
 ENTRY_MODULES = ("matrix.reference.reference_job", "matrix.run.guarded", "matrix.run.worker")
 # An environment whose value of these differs from the server's changes what the child would import:
 # the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned
@@ -67,6 +70,30 @@ def module_of(command: list[str]) -> str | None:
     if len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
         return command[2]
     return None
+
+
+def pause_collection() -> None:
+    """No cyclic garbage collection while a process imports what it will keep: the imports make ~1M objects that
+    live as long as the process, and each collection among them (a full one, a dozen of the middle generation)
+    traverses them for nothing: 0.1-0.2 s of the runner's start-up and as much of the server's. Resumed by
+    `resume_collection`; a process whose imports never end (bad input) ends with collection still paused."""
+    global _collection_paused
+    gc.disable()
+    _collection_paused = True
+
+
+def resume_collection() -> None:
+    """Collection again, after `pause_collection`: what was imported is frozen first (gc.freeze), so no later
+    collection traverses it again, and a forked child's collections never touch (and copy) the server's pages.
+    Does nothing in a process that did not pause (the tests run the command line in their own process)."""
+    global _collection_paused
+    if _collection_paused:
+        gc.freeze()
+        gc.enable()
+        _collection_paused = False
+
+
+_collection_paused = False
 
 
 def _import_env(env) -> dict[str, str]:
@@ -291,6 +318,8 @@ def serve(control: socket.socket, preload: list) -> None:
         if not ready and preload:
             with contextlib.suppress(Exception):  # a module that cannot load fails the job that needs it, in its log
                 preload.pop(0)()
+            if not preload:
+                resume_collection()
             continue
         if wakeup_read in ready:
             os.read(wakeup_read, 4096)
@@ -343,6 +372,7 @@ def _child(request: dict, stdio: list[int], ready_write: int, server_pid: int) -
 
     code = 1
     try:
+        resume_collection()  # forked during the imports: the job collects its own garbage, never the server's objects
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
@@ -420,6 +450,7 @@ def preload_steps() -> list:
 
 
 if __name__ == "__main__":
+    pause_collection()
     control_socket = socket.socket(fileno=int(sys.argv[1]))
     set_title([sys.executable, "-m", "matrix.run.forkserver"])
     # The runner may be gone while the imports run (it stopped on bad input): nobody is left to serve or

@@ -1,7 +1,7 @@
 """The one protocol of every process that touches the user's model: cells, the reference, the tool's own steps.
 
 A guarded process gets a spec in (a JSON file in its folder), reports the stages it enters (one
-JSON line each on stdout, matrix.run.protocol.stage_message), leaves its result in the folder (written
+JSON line each on stdout, matrix.run.stage_lines.stage_message), leaves its result in the folder (written
 whole, then swapped in), writes its stderr to a log there, and runs under the run's limits
 (matrix.run.isolation: --timeout, the memory cap, its own process group, death with the runner). When
 it gives no result, `Ending` says why it ended (timeout, out of memory, a signal, an exit code with
@@ -33,7 +33,7 @@ from targets.base import signal_name
 
 from . import isolation
 from ..outdir import write_atomic
-from .protocol import START, read_message, stage_message
+from .stage_lines import START, read_message, stage_message
 
 # step -> "module:function(spec: dict, folder: Path) -> dict"; imported in the child only
 STEPS = {

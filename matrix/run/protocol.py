@@ -20,11 +20,11 @@ from ..configuration import Configuration
 from ..outdir import write_atomic
 from targets.paths import cache_dir
 from ..results import ArtifactInfo, Backend, CellError, LatencyStats, Placement, Record
+from .stage_lines import START, read_message, stage_message  # noqa: F401 (the stage lines are part of this protocol)
 
 # The worker's stages, in order; a progress bar counts them.
 STAGES = ("prepare", "open", "contract", "parity", "rollout", "latency", "placement")
 STAGES_AFTER_PARITY = ("rollout", "latency", "placement")  # failing here keeps the parity measured before
-START = "start"  # before the worker reported any stage
 DONE = "done"  # the worker finished every stage
 SERVICE = "service"  # the core's own stage: a run-scoped service (one browser) the cell needs
 
@@ -33,11 +33,6 @@ SPEC_FILE = "spec.json"
 MEASUREMENT_FILE = "measurement.json"
 OUTPUTS_FILE = "outputs.npz"
 LOG_FILE = "worker.log"
-
-
-def stage_message(name: str, progress: str = "") -> str:
-    """The line a worker prints when it enters a stage (and how far it is within one, e.g. episodes)."""
-    return json.dumps({"stage": name, **({"progress": progress} if progress else {})})
 
 
 # A serving worker asks before each stage (gate_message) and waits for GO on stdin: the parent lets
@@ -54,15 +49,6 @@ def gate_message(kind: str) -> str:
 def done_message(cell_dir: Path) -> str:
     """The line a serving worker prints when a cell's files are complete."""
     return json.dumps({"done": str(cell_dir)})
-
-
-def read_message(line: str) -> dict | None:
-    """A protocol line as a dict; None for anything else a runtime printed to stdout."""
-    try:
-        message = json.loads(line)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
 
 
 @dataclass(kw_only=True)

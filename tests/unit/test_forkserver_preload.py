@@ -24,3 +24,27 @@ def test_no_step_leaves_an_entry_module_imported_and_the_steps_load_what_jobs_ne
     assert found["left"] == []
     wanted = {*forkserver.PRELOAD, "matrix.results", "matrix.inputs.model", "targets"}
     assert wanted <= set(found["loaded"]), wanted - set(found["loaded"])
+
+
+def test_collection_paused_for_the_imports_resumes_with_them_frozen_and_never_where_it_was_not_paused():
+    # The runner and the server pause cyclic collection while importing; a process that never paused (a test
+    # running the command line in its own process) must not have its garbage frozen by a run's resume.
+    probe = ("import gc, json\nfrom matrix.run import forkserver\n"
+             "forkserver.resume_collection()\nnot_paused = [gc.isenabled(), gc.get_freeze_count()]\n"
+             "forkserver.pause_collection()\npaused = gc.isenabled()\nimport matrix.results\n"
+             "forkserver.resume_collection()\n"
+             "print(json.dumps({'not_paused': not_paused, 'paused': paused, 'resumed': gc.isenabled(), "
+             "'frozen': gc.get_freeze_count()}))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["not_paused"] == [True, 0]
+    assert found["paused"] is False and found["resumed"] is True
+    assert found["frozen"] > 10_000  # the imported modules' objects, out of every later collection's way
+
+
+def test_the_reference_job_does_without_the_results_schemas():
+    # Forked before the server has built them (a run asks for its reference early), it would build them itself.
+    probe = ("import sys\nimport matrix.run.guarded, matrix.reference.reference_job\n"
+             "print('matrix.results' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "False"
