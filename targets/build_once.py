@@ -12,8 +12,10 @@ beside the one that waits): a cache whose folder is read as a list of entries (t
 releases) keeps its locks in a folder of their own.
 
 A converter's refusal (its own words, given the same model and pins) is an entry too, so a
-re-run does not convert again to fail the same way; one that ran out of memory is not cached
-(`out_of_memory`): a larger cap may convert it. A build killed or timed out raises, leaving none.
+re-run does not convert again to fail the same way: its words in REFUSAL, a file of its own, so
+code that knows only finished conversions (an older checkout sharing the cache) converts again
+rather than misreading it. One that ran out of memory is not cached (`out_of_memory`): a larger
+cap may convert it. A build killed or timed out raises, leaving none.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from filelock import FileLock
+
+REFUSAL = "refusal.json"  # {"error": the converter's words}
 
 
 @contextlib.contextmanager

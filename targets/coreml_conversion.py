@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import Artifact, PrepareContext
-from .build_once import build_once, out_of_memory
+from .build_once import REFUSAL, build_once, out_of_memory
 from .isolated_env import PinnedWheel, ensure_env, env_python, run_json
 
 HERE = Path(__file__).parent
@@ -85,17 +85,18 @@ def convert(ctx: PrepareContext, variant: str) -> tuple[Path, dict, bool]:
         request = {"workdir": str(staging), "onnx": str(ctx.fp32_model), "example": str(example), "variant": variant,
                    "out": str(staging / "model.mlpackage"), "max_batch": MAX_BATCH, "batch_axes": ctx.batch_axes}
         result = run_json(build_environment(), CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
-        if "error" in result:
-            if out_of_memory(result["error"]):
-                raise RuntimeError(result["error"])
-            result["error"] = result["error"].replace(str(staging), str(entry))  # where its files are once cached
-        (staging / "conversion.json").write_text(json.dumps(result))
+        if "error" not in result:
+            (staging / "conversion.json").write_text(json.dumps(result))
+        elif out_of_memory(result["error"]):
+            raise RuntimeError(result["error"])
+        else:
+            words = result["error"].replace(str(staging), str(entry))  # where its files are once cached
+            (staging / REFUSAL).write_text(json.dumps({"error": words}))
 
-    made = build_once(entry, write, ready=lambda path: (path / "conversion.json").exists())
-    record = json.loads((entry / "conversion.json").read_text())
-    if "error" in record:
-        raise RuntimeError(record["error"] + ("" if made else CACHED_REFUSAL))
-    return entry / "model.mlpackage", record, not made
+    made = build_once(entry, write, ready=lambda path: (path / "conversion.json").exists() or (path / REFUSAL).exists())
+    if (entry / REFUSAL).exists():
+        raise RuntimeError(json.loads((entry / REFUSAL).read_text())["error"] + ("" if made else CACHED_REFUSAL))
+    return entry / "model.mlpackage", json.loads((entry / "conversion.json").read_text()), not made
 
 
 def ops_by_onnx_node(ops: list[dict]) -> str:

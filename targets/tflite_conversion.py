@@ -5,7 +5,7 @@ onnx, numpy 1.26, protobuf 4) through tflite_convert.py, files in and JSON out.
 A cache entry (a folder of .tflite files + meta.json) is keyed by the ONNX
 bytes, the converter environment's pins and the recipe, built once under the
 cache's lock (build_once.py), and reused by every later cell and run. A
-conversion onnx2tf refused is an entry with its words (meta.json's "error").
+conversion onnx2tf refused is an entry with its words (build_once.REFUSAL).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import onnx
 
 from . import isolated_env
 from .base import Feeds, PrepareContext
-from .build_once import build_once, out_of_memory
+from .build_once import REFUSAL, build_once, out_of_memory
 from .tflite_provenance import OnnxInterface
 
 REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
@@ -63,9 +63,9 @@ def converted(ctx: PrepareContext, model: Path, recipe: str) -> tuple[Path, bool
             raise RuntimeError(answer["error"])  # not cached: a larger cap may convert it
         else:  # onnx2tf's refusal of this model: the next run reads it instead of converting again
             staging.mkdir()
-            (staging / "meta.json").write_text(json.dumps({"error": answer["error"]}))
+            (staging / REFUSAL).write_text(json.dumps({"error": answer["error"]}))
 
-    made = build_once(entry, convert, ready=lambda path: (path / "meta.json").exists())
+    made = build_once(entry, convert, ready=lambda path: (path / "meta.json").exists() or (path / REFUSAL).exists())
     return entry, made
 
 
