@@ -10,6 +10,12 @@ released when its holder dies, so a crashed build never blocks the next one. A l
 outlives its build (deleting it while another process waits on it would let a third build
 beside the one that waits): a cache whose folder is read as a list of entries (the runtime
 releases) keeps its locks in a folder of their own.
+
+A converter's refusal (its own words, given the same model and pins) is an entry too, so a
+re-run does not convert again to fail the same way: its words in REFUSAL, a file of its own, so
+code that knows only finished conversions (an older checkout sharing the cache) converts again
+rather than misreading it. One that ran out of memory is not cached (`out_of_memory`): a larger
+cap may convert it. A build killed or timed out raises, leaving none.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from filelock import FileLock
+
+REFUSAL = "refusal.json"  # {"error": the converter's words}
 
 
 @contextlib.contextmanager
@@ -62,3 +70,9 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def out_of_memory(error: str) -> bool:
+    """A converter's words that say it ran out of memory (Python's MemoryError, torch's CPU allocator, C++'s
+    bad_alloc): not its refusal of the model, so the failure is not cached."""
+    return error.startswith("MemoryError") or "can't allocate memory" in error or "std::bad_alloc" in error

@@ -4,7 +4,8 @@ coremltools 9 has no ONNX frontend; the route runs in its own environment
 (requirements/coreml.txt: torch is large and coremltools has its own pins)
 through coreml_convert.py: files in, JSON out. Artifacts are cached by ONNX
 content hash + variant + the environment's pins + the converter script, built
-once under the cache's lock (build_once.py).
+once under the cache's lock (build_once.py), and so is a refusal in the
+converter's words (build_once.py says which failures are not cached).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import Artifact, PrepareContext
-from .build_once import build_once
+from .build_once import REFUSAL, build_once, out_of_memory
 from .isolated_env import PinnedWheel, ensure_env, env_python, run_json
 
 HERE = Path(__file__).parent
@@ -30,6 +31,7 @@ ENV_NAME = "coreml"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 MAX_BATCH = 1024  # upper bound of the flexible batch dimension (RangeDim)
 CONVERT_TIMEOUT_S = 600
+CACHED_REFUSAL = " (the converter's words when it converted this model, cached)"
 
 PRECISION_NOTES = {
     "fp32": "fp32: compute_precision=FLOAT32 (coremltools' default would be FLOAT16)",
@@ -72,7 +74,8 @@ def conversion_key(onnx_path: Path, variant: str, batch_axes: dict[str, int]) ->
 
 
 def convert(ctx: PrepareContext, variant: str) -> tuple[Path, dict, bool]:
-    """The cached .mlpackage for this ONNX + variant (converted on a miss), its record, and whether it was cached."""
+    """The cached .mlpackage for this ONNX + variant (converted on a miss), its record, and whether it was cached.
+    Raises RuntimeError with the converter's words when it refused the model, now or in the run that cached it."""
     entry = ctx.cache_dir / "coreml" / conversion_key(ctx.fp32_model, variant, ctx.batch_axes)
 
     def write(staging: Path) -> None:
@@ -82,11 +85,17 @@ def convert(ctx: PrepareContext, variant: str) -> tuple[Path, dict, bool]:
         request = {"workdir": str(staging), "onnx": str(ctx.fp32_model), "example": str(example), "variant": variant,
                    "out": str(staging / "model.mlpackage"), "max_batch": MAX_BATCH, "batch_axes": ctx.batch_axes}
         result = run_json(build_environment(), CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
-        if "error" in result:
+        if "error" not in result:
+            (staging / "conversion.json").write_text(json.dumps(result))
+        elif out_of_memory(result["error"]):
             raise RuntimeError(result["error"])
-        (staging / "conversion.json").write_text(json.dumps(result))
+        else:
+            words = result["error"].replace(str(staging), str(entry))  # where its files are once cached
+            (staging / REFUSAL).write_text(json.dumps({"error": words}))
 
-    made = build_once(entry, write, ready=lambda path: (path / "conversion.json").exists())
+    made = build_once(entry, write, ready=lambda path: (path / "conversion.json").exists() or (path / REFUSAL).exists())
+    if (entry / REFUSAL).exists():
+        raise RuntimeError(json.loads((entry / REFUSAL).read_text())["error"] + ("" if made else CACHED_REFUSAL))
     return entry / "model.mlpackage", json.loads((entry / "conversion.json").read_text()), not made
 
 

@@ -30,8 +30,11 @@ from typing import ClassVar
 
 from . import isolated_env
 from .base import NO_SETTINGS, Artifact, Knob, PrepareContext, Session, Settings, Target
+from .build_once import REFUSAL
 # build_environment: `policy-matrix setup tflite` builds the onnx2tf environment through this module.
-from .tflite_conversion import ENV_NAME, REQUIREMENTS, build_environment, converted, converter_pin, onnx_interface  # noqa: F401
+from .tflite_conversion import (  # noqa: F401
+    CACHED_WORDS, ENV_NAME, REQUIREMENTS, build_environment, converted, converter_pin, onnx_interface,
+)
 from .tflite_flatbuffer import flex_notes, layout_notes, op_inventory, quantization, variant_notes
 from .tflite_provenance import Provenance
 from .tflite_session import TfliteArtifact, TfliteSession
@@ -81,10 +84,12 @@ class TfliteTarget(Target):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         model = ctx.onnx_variant("fp32")  # onnx2tf makes its own fp16/int8 files from fp32
         entry, fresh = converted(ctx, model, self.recipe)
+        if (entry / REFUSAL).exists():  # onnx2tf refused the model: every cell of this recipe fails with its words
+            raise RuntimeError(json.loads((entry / REFUSAL).read_text())["error"] + ("" if fresh else CACHED_WORDS))
         meta = json.loads((entry / "meta.json").read_text())
         file_variant = variant if self.recipe == "dynamic" else "int8-full"
         if file_variant in meta.get("missing", {}):  # this cell only: its siblings have their files
-            raise RuntimeError(meta["missing"][file_variant] + ("" if fresh else " (onnx2tf's words when it converted this model, cached)"))
+            raise RuntimeError(meta["missing"][file_variant] + ("" if fresh else CACHED_WORDS))
         path = entry / f"{file_variant}.tflite"
         interface = onnx_interface(model)
         artifact = TfliteArtifact(

@@ -4,7 +4,8 @@ onnx2tf runs in its own virtual environment (its pins clash with the core: old
 onnx, numpy 1.26, protobuf 4) through tflite_convert.py, files in and JSON out.
 A cache entry (a folder of .tflite files + meta.json) is keyed by the ONNX
 bytes, the converter environment's pins and the recipe, built once under the
-cache's lock (build_once.py), and reused by every later cell and run.
+cache's lock (build_once.py), and reused by every later cell and run. A
+conversion onnx2tf refused is an entry with its words (build_once.REFUSAL).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import onnx
 
 from . import isolated_env
 from .base import Feeds, PrepareContext
-from .build_once import build_once
+from .build_once import REFUSAL, build_once, out_of_memory
 from .tflite_provenance import OnnxInterface
 
 REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
@@ -32,6 +33,7 @@ CONVERT_TIMEOUT_S = 900
 MAX_CALIBRATION_SAMPLES = 128
 RECIPE_FILES = {"dynamic": ("fp32", "fp16", "int8"), "full": ("int8-full",)}
 WORK_FOLDER = "<onnx2tf's work folder>"  # stands for the converting cell's folder in cached reasons
+CACHED_WORDS = " (onnx2tf's words when it converted this model, cached)"
 
 
 def converter_pin() -> str:
@@ -54,9 +56,16 @@ def converted(ctx: PrepareContext, model: Path, recipe: str) -> tuple[Path, bool
     entry = ctx.cache_dir / "tflite" / cache_key(model, recipe, calibration)
 
     def convert(staging: Path) -> None:
-        store(staging, run_converter(ctx, model, recipe, calibration), RECIPE_FILES[recipe])
+        answer = run_converter(ctx, model, recipe, calibration)
+        if answer["ok"]:
+            store(staging, answer, RECIPE_FILES[recipe])
+        elif out_of_memory(answer["error"]):
+            raise RuntimeError(answer["error"])  # not cached: a larger cap may convert it
+        else:  # onnx2tf's refusal of this model: the next run reads it instead of converting again
+            staging.mkdir()
+            (staging / REFUSAL).write_text(json.dumps({"error": answer["error"]}))
 
-    made = build_once(entry, convert, ready=lambda path: (path / "meta.json").exists())
+    made = build_once(entry, convert, ready=lambda path: (path / "meta.json").exists() or (path / REFUSAL).exists())
     return entry, made
 
 
@@ -95,9 +104,9 @@ def run_converter(ctx: PrepareContext, model: Path, recipe: str, calibration: Fe
         "keep_nchw": image_like_inputs(source), "calibration": calibration_files,
     }
     answer = isolated_env.run_json(python, CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
+    # Its words are cached and shown to later runs (what is missing, or why nothing was made): without this run's folder.
     if not answer["ok"]:
-        raise RuntimeError(answer["error"])  # onnx2tf's own words: the worker makes it a FAIL cell
-    # What is missing is cached with the files and shown to later runs: without this run's folder in it.
+        answer["error"] = answer["error"].replace(str(work), WORK_FOLDER)
     answer["errors"] = {name: text.replace(str(work), WORK_FOLDER) for name, text in answer.get("errors", {}).items()}
     return answer
 

@@ -8,6 +8,8 @@ import pytest
 from conftest import load_results, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
+from targets.paths import cache_dir
+
 pytestmark = [pytest.mark.tflite_env, pytest.mark.slow]
 
 
@@ -24,7 +26,12 @@ def deconv_policy() -> onnx.ModelProto:
     return model
 
 
-def test_onnx2tf_shows_its_own_error_not_a_download_failure(tmp_path):
+def test_onnx2tf_shows_its_own_error_not_a_download_failure(tmp_path, monkeypatch):
+    # A cache of its own (the shared one's converter environments linked in): onnx2tf's refusal is cached by content,
+    # and this test is about onnx2tf itself running offline, every session.
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "envs").symlink_to(cache_dir() / "envs")
+    monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path / "cache"))
     onnx.save(deconv_policy(), str(tmp_path / "deconv.onnx"))
     done = run_cli("run", tmp_path / "deconv.onnx", "--targets", "tflite", "--precisions", "fp32", "--iters", "5",
                    "--warmup", "1", "--out", tmp_path / "out")

@@ -122,9 +122,13 @@ def test_conversions_are_cached_by_content(tmp_path):
 def test_an_op_the_converter_lacks_fails_in_its_own_words(tmp_path):
     # onnx2torch 1.5.15 has no Cast converter for opset 23.
     path = policy(tmp_path, "cast23", [helper.make_node("Cast", ["obs"], ["action"], name="recast", to=TensorProto.FLOAT)], [], 23)
-    with pytest.raises(RuntimeError, match="Converter is not implemented.*Cast.*version=23"):
-        targets.get("coreml").prepare(context(path, tmp_path, cache=tmp_path / "cache"), "fp32")
-    assert not list((tmp_path / "cache").glob("coreml/*/conversion.json"))  # failures are not cached
+    ctx = context(path, tmp_path, cache=tmp_path / "cache")
+    with pytest.raises(RuntimeError, match="Converter is not implemented.*Cast.*version=23") as converted:
+        targets.get("coreml").prepare(ctx, "fp32")
+    assert "cached" not in str(converted.value)
+    with pytest.raises(RuntimeError) as cached:
+        targets.get("coreml").prepare(ctx, "fp32")
+    assert str(cached.value) == f"{converted.value} (the converter's words when it converted this model, cached)"
 
 
 def test_min_max_clipping_converts_through_the_broadcast_to_alias(tmp_path):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
 import subprocess
 import sys
 import zipfile
@@ -13,6 +15,8 @@ import pytest
 
 from matrix.cli import installer
 from targets import coreml, isolated_env
+from targets.build_once import build_once
+from targets.paths import cache_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.coreml_env]
 
@@ -76,9 +80,33 @@ def _wheel(tmp_path: Path) -> Path:
     return next((tmp_path / "wheels").glob("policy_matrix-*.whl"))
 
 
+def _dependency_wheels(wheel: Path) -> Path:
+    """The wheels pip resolves from the index for the wheel and for `setup web` (Python Playwright), downloaded once
+    per dependency list, Python and platform into the cache: installing from there resolves the same set offline.
+    From the index, every session asked it for each dependency and downloaded ~16 wheels (onnxruntime, onnx,
+    playwright, ...: pip's own cache is not kept on CI machines like this one), ~13 CPU-s of this test."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(next(name for name in archive.namelist() if name.endswith(".dist-info/METADATA"))).decode()
+    web = REPO / "web_harness" / "requirements.txt"
+    needs = [line for line in metadata.splitlines() if line.startswith(("Requires-Dist:", "Requires-Python:"))]
+    key = hashlib.sha256("\n".join([*needs, web.read_text(), sys.version, platform.platform()]).encode()).hexdigest()[:16]
+    folder = cache_dir() / "test-wheels" / key
+
+    def download(staging: Path) -> None:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", staging, wheel, "-r", web],
+                              capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, done.stderr[-3000:]
+        for own in staging.glob("policy_matrix-*.whl"):  # the wheel under test is always this session's
+            own.unlink()
+
+    build_once(folder, download)
+    return folder
+
+
 @pytest.mark.slow
 def test_the_wheel_sets_up_and_runs_a_web_cell_outside_the_source_tree(tmp_path):
     wheel = _wheel(tmp_path)
+    wheels = _dependency_wheels(wheel)
     names = zipfile.ZipFile(wheel).namelist()
     for shipped in ("web_harness/package.json", "web_harness/package-lock.json", "web_harness/requirements.txt",
                     "web_harness/page/harness.mjs", "web_harness/node/runner.mjs", "matrix/results.schema.json"):
@@ -89,12 +117,14 @@ def test_the_wheel_sets_up_and_runs_a_web_cell_outside_the_source_tree(tmp_path)
     bin_dir = tmp_path / "venv" / "bin"
     # --no-compile: byte-compiling every module of every dependency (sympy, pandas, matplotlib, ...) cost this test
     # ~30 s; the commands below compile only what they import, once (PYTHONDONTWRITEBYTECODE is left out for them).
+    # pip resolves the wheel's dependencies (and `setup web` its Playwright) from those wheels alone: --no-index.
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
     install = subprocess.run([bin_dir / "python", "-m", "pip", "install", "--quiet", "--no-compile", wheel],
-                             capture_output=True, text=True, timeout=1800)
+                             capture_output=True, text=True, timeout=1800, env={**os.environ, **offline})
     assert install.returncode == 0, install.stderr[-3000:]
     home = tmp_path / "elsewhere"  # not the checkout: nothing may come from the source tree
     home.mkdir()
-    env = {**PLAIN_ENV, "POLICY_MATRIX_CACHE": str(tmp_path / "cache"), "PYTHONPATH": ""}
+    env = {**PLAIN_ENV, **offline, "POLICY_MATRIX_CACHE": str(tmp_path / "cache"), "PYTHONPATH": ""}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     def cli(*args, timeout=1800):

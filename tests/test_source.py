@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,13 +23,6 @@ FAST = ("--targets", "ort-cpu", "--variants", "fp32", "--iters", "10", "--warmup
 
 
 # --- the column through the CLI -------------------------------------------------------------------
-
-def run_in(folder: Path, *args, timeout: float = 600) -> subprocess.CompletedProcess:
-    """The CLI run from the folder that holds the user's training module, as a user runs it."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "matrix", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=folder, env=env)
-
 
 def source_cell(out: Path) -> dict:
     cells = json.loads((out / "results.json").read_text())["cells"]

@@ -2,22 +2,27 @@
 from the Core ML environment, and Stable-Baselines3 installed over that torch in a cached venv.
 
 Installing stable-baselines3 over the existing torch took ~52 s here (gymnasium, cloudpickle,
-pandas and matplotlib come with it); the venv is kept under the cache and reused.
+pandas and matplotlib come with it); the venv is kept under the cache and reused, and so are the SB3
+policies it trains and exports (~11 s), keyed by the script that makes them and that venv.
+The runs are `cli.main()` in the test process (policy_matrix), from the folder that holds the
+user's training files, as a user runs them there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from targets.paths import cache_dir
 from targets import coreml_conversion
+from targets.build_once import build_once
 from targets.isolated_env import env_python
-from tests.source_policies import sb3_with_sources, torch_with_source
-from tests.test_source import FAST, run_in, source_cell
+from targets.paths import cache_dir
+from tests.source_policies import SB3_TRAIN_EXPORT, sb3_with_sources, torch_with_source
+from tests.test_source import FAST, source_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.coreml_env]
 
@@ -56,9 +61,11 @@ def torch_policy(tmp_path_factory, torch_python) -> Path:
 
 
 @pytest.mark.parametrize("spec", ["torch:torch_policy:make_policy", "torchscript:policy.pt"])
-def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(torch_policy, tmp_path, torch_python, spec):
-    done = run_in(torch_policy, "run", torch_policy / "policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
-                  "--source-python", torch_python, "--tolerance", "source:*=1e-5")
+def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(torch_policy, tmp_path, torch_python, spec,
+                                                                       policy_matrix, monkeypatch):
+    monkeypatch.chdir(torch_policy)  # where `torch:torch_policy:...` imports the user's module from
+    done = policy_matrix(["run", torch_policy / "policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
+                          "--source-python", torch_python, "--tolerance", "source:*=1e-5"])
     assert done.returncode == 0, done.stderr
     cell = source_cell(tmp_path / "out")
     assert cell["verdict"] == "PASS", cell["reasons"]
@@ -67,17 +74,31 @@ def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(torch_po
 
 
 @pytest.fixture(scope="module")
-def sb3_policies(tmp_path_factory, sb3_python) -> Path:
-    folder = tmp_path_factory.mktemp("sb3")
-    sb3_with_sources(folder, sb3_python)
+def sb3_policies(sb3_python) -> Path:
+    """The SB3 policies (read only): made once per training script and SB3 venv, whole (build_once), as the cache's
+    converted models are; the tests measure the tool on these files, not SB3's training."""
+    key = hashlib.sha256(f"{SB3_TRAIN_EXPORT}{sb3_python.parent.parent}".encode()).hexdigest()[:12]
+    folder = cache_dir() / "test-policies" / f"sb3-{key}"
+
+    def train_and_export(staging: Path) -> None:
+        staging.mkdir()
+        sb3_with_sources(staging, sb3_python)
+
+    build_once(folder, train_and_export)
     return folder
 
 
-def test_sb3_exports_the_documented_way_show_the_rescale_and_the_clip_named(sb3_policies, sb3_python, tmp_path):
-    for name in ("sac.zip", "sac.onnx", "ppo.zip", "ppo.onnx"):
-        (tmp_path / name).symlink_to(sb3_policies / name)
-    sac = run_in(tmp_path, "run", tmp_path / "sac.onnx", *FAST, "--out", tmp_path / "sac", "--source", "sb3:sac.zip",
-                 "--source-python", sb3_python, "--env", "Pendulum-v1", "--episodes", "3")
+def _linked(folder: Path, names: tuple[str, ...], into: Path) -> None:
+    """The user's files beside each other in the run's folder (the cached originals stay untouched)."""
+    for name in names:
+        (into / name).symlink_to(folder / name)
+
+
+def test_sb3_exports_the_documented_way_show_the_rescale_and_the_clip_named(sb3_policies, sb3_python, tmp_path,
+                                                                           policy_matrix):
+    _linked(sb3_policies, ("sac.zip", "sac.onnx", "ppo.zip", "ppo.onnx"), tmp_path)
+    sac = policy_matrix(["run", tmp_path / "sac.onnx", *FAST, "--out", tmp_path / "sac", "--source", "sb3:sac.zip",
+                         "--source-python", sb3_python, "--env", "Pendulum-v1", "--episodes", "3"])
     assert sac.returncode == 0, sac.stderr
     results = json.loads((tmp_path / "sac" / "results.json").read_text())
     cell = results["cells"][0]  # the top row of Behaviour: the training framework against the ONNX reference
@@ -87,17 +108,18 @@ def test_sb3_exports_the_documented_way_show_the_rescale_and_the_clip_named(sb3_
     assert cell["rollout"]["mean_return"] != pytest.approx(cell["rollout"]["reference_mean_return"])
     assert "stable-baselines3 2.9.2" in cell["runtime_version"]
 
-    ppo = run_in(tmp_path, "run", tmp_path / "ppo.onnx", *FAST, "--out", tmp_path / "ppo", "--source", "sb3:ppo.zip",
-                 "--source-python", sb3_python)
+    ppo = policy_matrix(["run", tmp_path / "ppo.onnx", *FAST, "--out", tmp_path / "ppo", "--source", "sb3:ppo.zip",
+                         "--source-python", sb3_python])
     assert ppo.returncode == 0, ppo.stderr
     assert source_cell(tmp_path / "ppo")["reasons"][0].startswith(
         "export: the source clips actions to the action space [-2, 2]; the ONNX graph does not")
 
 
-def test_vecnormalize_statistics_missing_from_the_export_are_named(sb3_policies, sb3_python, tmp_path):
-    done = run_in(sb3_policies, "run", "ppo_normalized.onnx", *FAST, "--out", tmp_path / "out",
-                  "--source", "sb3:ppo_normalized.zip", "--source-python", sb3_python,
-                  "--source-normalize", "vecnormalize.pkl")
+def test_vecnormalize_statistics_missing_from_the_export_are_named(sb3_policies, sb3_python, tmp_path, policy_matrix):
+    _linked(sb3_policies, ("ppo_normalized.onnx", "ppo_normalized.zip", "vecnormalize.pkl"), tmp_path)
+    done = policy_matrix(["run", "ppo_normalized.onnx", *FAST, "--out", tmp_path / "out",
+                          "--source", "sb3:ppo_normalized.zip", "--source-python", sb3_python,
+                          "--source-normalize", "vecnormalize.pkl"])
     assert done.returncode == 0, done.stderr
     cell = source_cell(tmp_path / "out")
     assert cell["reasons"][0].startswith("export: the source normalises observations with its statistics "

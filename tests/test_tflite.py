@@ -3,7 +3,8 @@
 Needs `make setup-tflite` (the onnx2tf environment) and ai-edge-litert; a
 missing piece FAILs these tests with what to run, it never skips them.
 Converted files land in the shared cache (POLICY_MATRIX_CACHE), so a second
-`make test` converts nothing.
+`make test` converts nothing; the test of onnx2tf's refusal (cached too) keeps a
+cache of its own, so onnx2tf refuses it every session.
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ def tflite_available():
     assert reason is None, reason
 
 
-def context(onnx_path: Path, workdir: Path, n_obs: int = 64) -> PrepareContext:
+def context(onnx_path: Path, workdir: Path, n_obs: int = 64, cache: Path | None = None) -> PrepareContext:
     info = model.load(onnx_path)
     return PrepareContext(
         onnx_variants={"fp32": onnx_path},
         calibration=observations.seeded(info, n_obs, seed=0),
         batch_axes=info.batch_axes,
         workdir=workdir,
-        cache_dir=cache_dir(),
+        cache_dir=cache or cache_dir(),
     )
 
 
@@ -189,8 +190,13 @@ def test_unconvertible_op_fails_with_onnx2tf_words(tmp_path):
         helper.make_node("CastLike", ["obs", "like"], ["wide"], name="widen"),
         helper.make_node("Cast", ["wide"], ["action"], name="narrow", to=TensorProto.FLOAT),
     ], [like])
-    with pytest.raises(RuntimeError, match="CastLike OP is not yet implemented"):
-        targets.get("tflite").prepare(context(path, tmp_path), "fp32")
+    ctx = context(path, tmp_path, cache=tmp_path / "cache")  # its own: onnx2tf refuses it every session
+    with pytest.raises(RuntimeError, match="CastLike OP is not yet implemented") as converted:
+        targets.get("tflite").prepare(ctx, "fp32")
+    assert "cached" not in str(converted.value)
+    with pytest.raises(RuntimeError) as cached:
+        targets.get("tflite-noxnn").prepare(ctx, "fp16")  # another cell of the same conversion
+    assert str(cached.value) == f"{converted.value} (onnx2tf's words when it converted this model, cached)"
 
 
 def test_missing_environment_says_how_to_build_it(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from targets.build_once import build_once
+from targets.build_once import build_once, out_of_memory
 
 BUILDERS = 3
 WAIT_S = 60
@@ -87,3 +87,15 @@ def test_an_entry_that_is_not_ready_is_replaced_not_merged_into(tmp_path):
 
     assert build_once(entry, build, ready) is True
     assert sorted(path.name for path in entry.iterdir()) == ["meta.json"]
+
+
+@pytest.mark.parametrize("words, ran_out", [
+    ("MemoryError: ", True),
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to "
+     "allocate 4194304 bytes. Error code 12 (Cannot allocate memory)", True),
+    ("RuntimeError: std::bad_alloc", True),
+    ("RuntimeError: NotImplementedError: onnx2torch has no Cast converter for schema version 23, only for 9, 13", False),
+    ("CastLike OP is not yet implemented in onnx2tf (No module named 'onnx2tf.ops.CastLike')", False),
+])
+def test_only_a_converter_that_ran_out_of_memory_is_not_cached(words, ran_out):
+    assert out_of_memory(words) is ran_out
