@@ -11,6 +11,12 @@ import sys
 from matrix.run import forkserver
 
 
+def _last_line(probe: str) -> str:
+    """The last line a fresh interpreter running `probe` prints: imports must start from nothing loaded."""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300)
+    return done.stdout.strip().splitlines()[-1]
+
+
 def test_no_step_leaves_an_entry_module_imported_and_the_steps_load_what_jobs_need():
     # An entry module left in sys.modules makes runpy warn and run a second copy of it as the child's __main__;
     # the reference job imports matrix.run.guarded, another entry module, while its own step runs.
@@ -19,8 +25,7 @@ def test_no_step_leaves_an_entry_module_imported_and_the_steps_load_what_jobs_ne
              "    step()\n"
              "    left += [name for name in forkserver.ENTRY_MODULES if name in sys.modules]\n"
              "print(json.dumps({'left': left, 'loaded': sorted(sys.modules)}))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300)
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = json.loads(_last_line(probe))
     assert found["left"] == []
     wanted = {*forkserver.PRELOAD, "matrix.results", "matrix.inputs.model", "targets"}
     assert wanted <= set(found["loaded"]), wanted - set(found["loaded"])
@@ -35,8 +40,7 @@ def test_collection_paused_for_the_imports_resumes_with_them_frozen_and_never_wh
              "forkserver.resume_collection()\n"
              "print(json.dumps({'not_paused': not_paused, 'paused': paused, 'resumed': gc.isenabled(), "
              "'frozen': gc.get_freeze_count()}))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = json.loads(_last_line(probe))
     assert found["not_paused"] == [True, 0]
     assert found["paused"] is False and found["resumed"] is True
     assert found["frozen"] > 10_000  # the imported modules' objects, out of every later collection's way
@@ -46,5 +50,4 @@ def test_the_reference_job_does_without_the_results_schemas():
     # Forked before the server has built them (a run asks for its reference early), it would build them itself.
     probe = ("import sys\nimport matrix.run.guarded, matrix.reference.reference_job\n"
              "print('matrix.results' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
-    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert _last_line(probe) == "False"
