@@ -14,7 +14,7 @@ releases) keeps its locks in a folder of their own.
 A converter's refusal (its own words, given the same model and pins) is an entry too, so a
 re-run does not convert again to fail the same way: its words in REFUSAL, a file of its own, so
 code that knows only finished conversions (an older checkout sharing the cache) converts again
-rather than misreading it. One that ran out of memory is not cached (`out_of_memory`): a larger
+rather than misreading it. One that ran out of memory is not cached (targets.out_of_memory): a larger
 cap may convert it. A build killed or timed out raises, leaving none.
 """
 
@@ -71,8 +71,3 @@ def _remove(path: Path) -> None:
     else:
         path.unlink(missing_ok=True)
 
-
-def out_of_memory(error: str) -> bool:
-    """A converter's words that say it ran out of memory (Python's MemoryError, torch's CPU allocator, C++'s
-    bad_alloc): not its refusal of the model, so the failure is not cached."""
-    return error.startswith("MemoryError") or "can't allocate memory" in error or "std::bad_alloc" in error

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from .base import Artifact, PrepareContext
-from .build_once import REFUSAL, build_once, out_of_memory
+from .build_once import REFUSAL, build_once
+from .out_of_memory import looks_out_of_memory
 from .isolated_env import PinnedWheel, ensure_env, env_python, run_json
 
 HERE = Path(__file__).parent
@@ -87,7 +88,7 @@ def convert(ctx: PrepareContext, variant: str) -> tuple[Path, dict, bool]:
         result = run_json(build_environment(), CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
         if "error" not in result:
             (staging / "conversion.json").write_text(json.dumps(result))
-        elif out_of_memory(result["error"]):
+        elif looks_out_of_memory(result["error"]):
             raise RuntimeError(result["error"])
         else:
             words = result["error"].replace(str(staging), str(entry))  # where its files are once cached

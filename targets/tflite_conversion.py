@@ -20,7 +20,8 @@ import onnx
 
 from . import isolated_env
 from .base import Feeds, PrepareContext
-from .build_once import REFUSAL, build_once, out_of_memory
+from .build_once import REFUSAL, build_once
+from .out_of_memory import looks_out_of_memory
 from .tflite_provenance import OnnxInterface
 
 REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
@@ -59,7 +60,7 @@ def converted(ctx: PrepareContext, model: Path, recipe: str) -> tuple[Path, bool
         answer = run_converter(ctx, model, recipe, calibration)
         if answer["ok"]:
             store(staging, answer, RECIPE_FILES[recipe])
-        elif out_of_memory(answer["error"]):
+        elif looks_out_of_memory(answer["error"]):
             raise RuntimeError(answer["error"])  # not cached: a larger cap may convert it
         else:  # onnx2tf's refusal of this model: the next run reads it instead of converting again
             staging.mkdir()

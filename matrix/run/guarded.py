@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from targets.base import signal_name
+from targets.out_of_memory import looks_out_of_memory
 
 from . import isolation
 from ..outdir import write_atomic
@@ -74,7 +75,7 @@ class Ending:
         if self.timed_out:
             return f"timed out after {self.timeout_s:g} s (--timeout)"
         tail = self._log_tail()
-        if self.memory_limit and _looks_out_of_memory(tail):
+        if self.memory_limit and looks_out_of_memory(tail):
             return f"out of memory (limit {size_text(self.memory_limit)}): {tail}"
         if self.returncode < 0:
             number = -self.returncode
@@ -158,22 +159,9 @@ def _follow(process, last_stage: list, on_stage) -> None:
         note_stage(message, last_stage, on_stage)
 
 
-MEMORY_WORDS = ("MemoryError", "bad_alloc", "Unable to allocate", "Failed to allocate", "Cannot allocate memory",
-                "out of memory", "std::length_error", "Memory allocation still failed",  # OpenBLAS
-                "failed to map segment from shared object",  # the loader, when the cap refuses a library's mapping
-                "cannot allocate memory for thread-local data",  # glibc, when it refuses a new thread's
-                # protobuf's upb encoder, when its arena cannot grow (its other causes, a missing required field or
-                # nesting past 100, do not occur in an ONNX model that loaded): onnx.save under the cap says only this
-                "EncodeError: Failed to serialize proto")
-
-
-def _looks_out_of_memory(text: str) -> bool:
-    return any(word in text for word in MEMORY_WORDS)
-
-
 def name_out_of_memory(message: str, memory_limit: int | None) -> str:
     """A runtime's allocation failure under the cap, said as what it is."""
-    if memory_limit and _looks_out_of_memory(message):
+    if memory_limit and looks_out_of_memory(message):
         return f"out of memory (limit {size_text(memory_limit)}): {message}"
     return message
 

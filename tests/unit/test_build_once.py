@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from targets.build_once import build_once, out_of_memory
+from targets.build_once import build_once
+from targets.out_of_memory import looks_out_of_memory
 
 BUILDERS = 3
 WAIT_S = 60
@@ -98,4 +99,4 @@ def test_an_entry_that_is_not_ready_is_replaced_not_merged_into(tmp_path):
     ("CastLike OP is not yet implemented in onnx2tf (No module named 'onnx2tf.ops.CastLike')", False),
 ])
 def test_only_a_converter_that_ran_out_of_memory_is_not_cached(words, ran_out):
-    assert out_of_memory(words) is ran_out
+    assert looks_out_of_memory(words) is ran_out
