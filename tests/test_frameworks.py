@@ -9,16 +9,45 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
 from matrix.errors import InputError
-from matrix.frameworks import DEFAULT, MODULES, load, parse
-from matrix.frameworks.rows import Row, TargetVerdict
+from matrix.frameworks import DEFAULT, MODULES, Framework, dryrun, load, parse
+from matrix.frameworks.rows import Row, TargetVerdict, framework_row
 from matrix.frameworks.table import markdown
 from tests.conftest import run_cli
 
 QUICK = ("--targets", "ort-cpu,tract", "--episodes", "2", "--iters", "5")
+# A framework module of this interpreter's onnx, for the build cache: each build notes its seed in RUNS, so a test
+# sees which calls trained and exported and which copied; seed 7 fails as a broken training script does.
+PROBE_MODULE = """
+import sys
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+
+def build(policy, folder, seed):
+    with open({runs!r}, "a") as runs:
+        runs.write(f"{{seed}}\\n")
+    if seed == 7:
+        sys.exit("the training script broke")
+    obs = helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])
+    action = helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 3])
+    graph = helper.make_graph([helper.make_node("Identity", ["obs"], ["action"])], policy, [obs], [action])
+    onnx.save(helper.make_model(graph), str(folder / "policy.onnx"))
+    return {{"task": "Pendulum-v1", "export_path": "onnx.helper"}}
+
+
+if __name__ == "__main__":
+    import _kit
+
+    _kit.main(build)
+"""
 
 
 def test_a_release_per_item_compares_two_releases_of_one_framework():
@@ -63,6 +92,38 @@ def test_untrusted_words_in_the_markdown_table_are_escaped():
                      {"targets": "ort-cpu", "variants": "fp32", "episodes": 1, "seed": 0})
     row = table.splitlines()[-1]
     assert "<script>" not in table and "\\|" in row and row.count(" | ") == 8  # the pipe stays inside its cell
+
+
+@pytest.mark.slow  # six builds, each a process importing onnx
+def test_a_policy_is_built_once_per_recipe_and_a_cached_build_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path / "cache"))
+    runs = tmp_path / "runs.txt"
+    (tmp_path / "recipe").mkdir()
+    module = tmp_path / "recipe" / "probe_export.py"
+    module.write_text(PROBE_MODULE.format(runs=str(runs)))
+    probe = Framework(name="probe", module="probe_export", package="onnx", version="", requirements=(), base=None,
+                      policies={"identity": "Pendulum-v1"}, export="onnx.helper", folder=tmp_path / "recipe")
+
+    def build(out: str, seed: int = 0, rebuild: bool = False) -> dict:
+        folder = tmp_path / out / "identity"
+        assert dryrun.build(Path(sys.executable), probe, "identity", folder, seed, rebuild) == ""
+        return json.loads((folder / "manifest.json").read_text())
+
+    assert "cached_build" not in build("first")
+    copied = build("second")  # another --out, the same recipe: copied from the cache, and it says so
+    assert copied["cached_build"].startswith("cached build of ")
+    assert (tmp_path / "second" / "identity" / "policy.onnx").read_bytes() == (tmp_path / "first" / "identity" / "policy.onnx").read_bytes()
+    row = framework_row(probe, "", "identity", copied)
+    assert row.build == copied["cached_build"] and "identity (Pendulum-v1; cached build)" in markdown([row], {
+        "targets": "ort-cpu", "variants": "fp32", "episodes": 1, "seed": 0})
+    build("seed", seed=1)  # each part of the key, changed, builds again
+    module.write_text(module.read_text() + "\n# the recipe changed\n")
+    build("edited")
+    assert "cached_build" not in build("second", rebuild=True)
+    assert runs.read_text().split() == ["0", "1", "0", "0"]
+    for _ in range(2):  # a failed build is not cached: the next run tries again
+        assert dryrun.build(Path(sys.executable), probe, "identity", tmp_path / "broken" / "identity", 7) == "the training script broke"
+    assert runs.read_text().split() == ["0", "1", "0", "0", "7", "7"]
 
 
 @pytest.mark.slow

@@ -42,6 +42,7 @@ class Framework:
     policies: dict[str, str]  # policy name -> Gymnasium task
     export: str  # the documented export path, in words
     unavailable: str = ""  # why this framework is a row without policies here (declared by its module)
+    folder: Path = FOLDER  # where its module lives
 
     @property
     def label(self) -> str:
@@ -53,7 +54,7 @@ class Framework:
 
     @property
     def file(self) -> Path:
-        return FOLDER / f"{self.module}.py"
+        return self.folder / f"{self.module}.py"
 
     def pins(self) -> list[str]:
         return [line.format(version=self.version) for line in self.requirements]

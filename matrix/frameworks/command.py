@@ -22,7 +22,7 @@ from . import DEFAULT
 @click.option("--seed", default=0, show_default=True, help="Seed of training and of the first episode.")
 @click.option("--iters", default=50, show_default=True, help="Timed calls at batch 1 (latency is beside the point here: one batch size).")
 @click.option("--jobs", default=1, show_default=True, help="Policies built and run at a time (each is its own processes).")
-@click.option("--rebuild", is_flag=True, help="Train and export again where a policy folder already holds a build.")
+@click.option("--rebuild", is_flag=True, help="Train and export again where a policy folder or the build cache already holds a build.")
 def frameworks(chosen, out, targets, variants, episodes, seed, iters, jobs, rebuild):
     """Each RL framework's default policies (CartPole-v1, Pendulum-v1, recurrent where it has one), trained
     for seconds and exported the way the framework documents, run on every target with --env, --source

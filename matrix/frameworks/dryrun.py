@@ -1,12 +1,14 @@
 """The dry-run: per framework and policy, build, train and export in the framework's environment,
 then run the matrix on the export through the CLI (`policy-matrix run` with `--env`, `--source`
 and `--assist`, one subprocess per policy, its own report folder), and read one row of the table
-from what that run wrote. Nothing is assumed: a framework that did not install, a policy that did
+from what that run wrote. A finished build is cached by its recipe (`build_key`) and copied, saying so, into
+a later table's folder. Nothing is assumed: a framework that did not install, a policy that did
 not build and a run that did not finish are rows that say so in the tool's or pip's own words.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,9 +16,11 @@ import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
-from targets.build_once import exclusive
+from targets.build_once import build_once, exclusive
+from targets.paths import cache_dir
 
 from . import KIT, Framework, environments
 from .rows import Row, framework_row, policy_row
@@ -24,6 +28,12 @@ from .rows import Row, framework_row, policy_row
 BUILD_TIMEOUT_S = 900
 RUN_TIMEOUT_S = 3600
 DEFAULT_TARGETS = "ort-cpu,ort-node,ort-web-wasm,ort-web-webgl,ort-web-webgpu,tract,tflite,coreml"
+MANIFEST = "manifest.json"  # what a build leaves (_kit.py writes it last)
+BUILDS = "framework-builds"  # finished builds in the cache, one folder per build_key
+
+
+class PolicyBuildFailed(RuntimeError):
+    """A policy's training or export did not finish: its last words."""
 
 
 @dataclass
@@ -35,7 +45,7 @@ class Plan:
     seed: int = 0
     iters: int = 50
     jobs: int = 1  # policies built and run at a time
-    rebuild: bool = False  # train and export again even where a policy folder holds a finished build
+    rebuild: bool = False  # train and export again even where a policy folder or the cache holds a finished build
 
 
 def interpreter(framework: Framework, on_progress) -> tuple[Path | None, str]:
@@ -59,10 +69,38 @@ def policy_folder(plan: Plan, framework: Framework, policy: str) -> Path:
     return plan.out / f"{framework.name}-{framework.version or 'base'}" / policy
 
 
-def build(python: Path, framework: Framework, policy: str, folder: Path, seed: int) -> str:
-    """Train and export in the framework's interpreter; "" when it left a manifest, else its last words."""
-    if (folder / "manifest.json").exists() and (folder / "policy.onnx").exists():
+def build(python: Path, framework: Framework, policy: str, folder: Path, seed: int, rebuild: bool = False) -> str:
+    """Train and export in the framework's interpreter, once per recipe: a finished build with the same key
+    (`build_key`) is copied from the cache, and its manifest says so. "" when the folder holds a build, else the
+    build's last words (a failed build is not cached: the next run tries again)."""
+    if not rebuild and finished(folder):
         return ""
+    entry = cache_dir() / BUILDS / f"{framework.name}-{policy}-{build_key(python, framework, policy, seed)}"
+    try:
+        made = build_once(entry, lambda staging: _train_and_export(python, framework, policy, folder, seed, staging),
+                          ready=lambda place: not rebuild and finished(place))
+    except PolicyBuildFailed as failed:
+        return str(failed)
+    if not made:
+        _restore(entry, folder)
+    return ""
+
+
+def build_key(python: Path, framework: Framework, policy: str, seed: int) -> str:
+    """Everything that makes the export: the framework module, the kit and this driver (their bytes), the pins,
+    the interpreter (its environment's folder is keyed by the pins, the base and the Python), the policy and seed."""
+    recipe = [path.read_bytes() for path in (framework.file, KIT, Path(__file__))]
+    words = [*framework.pins(), str(python), policy, str(seed)]
+    return hashlib.sha256(b"\0".join([*recipe, *(word.encode() for word in words)])).hexdigest()[:16]
+
+
+def finished(folder: Path) -> bool:
+    return (folder / MANIFEST).exists() and (folder / "policy.onnx").exists()
+
+
+def _train_and_export(python: Path, framework: Framework, policy: str, folder: Path, seed: int, staging: Path) -> None:
+    """The build in the policy's folder (its build.log stays there either way); the finished folder is copied to
+    `staging`, which becomes the cache entry."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     for script in (framework.file, KIT):
@@ -74,11 +112,21 @@ def build(python: Path, framework: Framework, policy: str, folder: Path, seed: i
                               text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as late:
         (folder / "build.log").write_text(_text(late.stdout) + _text(late.stderr))
-        return f"training and export ran past {BUILD_TIMEOUT_S} s"
+        raise PolicyBuildFailed(f"training and export ran past {BUILD_TIMEOUT_S} s") from None
     (folder / "build.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0 or not (folder / "manifest.json").exists():
-        return _last_words(done.stderr) or f"exited with {done.returncode}"
-    return ""
+    if done.returncode != 0 or not finished(folder):
+        raise PolicyBuildFailed(_last_words(done.stderr) or f"exited with {done.returncode}")
+    shutil.copytree(folder, staging)
+
+
+def _restore(entry: Path, folder: Path) -> None:
+    """The cached build into the policy's folder, its manifest naming where it came from and when it was built."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(entry, folder)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    built = datetime.fromtimestamp(entry.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    manifest["cached_build"] = f"cached build of {built} (same recipe, pins, interpreter and seed; --rebuild trains again)"
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
 def run_matrix(python: Path, plan: Plan, manifest: dict, folder: Path) -> str:
@@ -125,10 +173,10 @@ def _policy(plan: Plan, framework: Framework, python: Path, policy: str, on_prog
         if plan.rebuild:
             shutil.rmtree(folder, ignore_errors=True)
         on_progress(f"{framework.label} {policy}: train and export")
-        failed = build(python, framework, policy, folder, plan.seed)
+        failed = build(python, framework, policy, folder, plan.seed, plan.rebuild)
         if failed:
             return framework_row(framework, f"build failed: {failed}", policy=policy)
-        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest = json.loads((folder / MANIFEST).read_text())
         on_progress(f"{framework.label} {policy}: the matrix ({plan.targets})")
         failed = run_matrix(python, plan, manifest, folder)
     if failed:

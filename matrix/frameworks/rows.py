@@ -35,6 +35,7 @@ class Row:
     problem: str = ""  # why this row has no measurements (install, build or run failure), in the tool's or pip's words
     version: str = ""  # what the build interpreter reported (framework, torch, jax, ...)
     training: str = ""
+    build: str = ""  # where the export came from when this run did not train it (the build cache's note)
     export_path: str = ""
     fallbacks: list[str] = field(default_factory=list)
     opset: str = ""  # "17 / IR 8"
@@ -69,6 +70,7 @@ def framework_row(framework: Framework, problem: str, policy: str = "", manifest
     manifest = manifest or {}
     return Row(framework=framework.label, title=framework.export, policy=policy, task=manifest.get("task", ""),
                problem=problem, version=manifest.get("version", ""), training=manifest.get("training", ""),
+               build=manifest.get("cached_build", ""),
                export_path=manifest.get("export_path", ""),
                fallbacks=[_short(ANSI.sub("", text)) for text in manifest.get("fallbacks", [])])
 

@@ -45,5 +45,6 @@ def markdown_cells(row: Row) -> list[str]:
     if row.external_data:
         custom += "; weights in an external-data file"
     parity = f"{row.parity_verdict} {row.parity}".strip() + (f"; returns: {row.returns}" if row.returns else "")
-    return [framework, f"{row.policy} ({row.task})", export, row.opset, custom, row.dynamic_batch, parity,
+    policy = f"{row.policy} ({row.task}" + ("; cached build)" if row.build else ")")
+    return [framework, policy, export, row.opset, custom, row.dynamic_batch, parity,
             row.summary(), "; ".join(row.fixes())]
