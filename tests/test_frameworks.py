@@ -25,7 +25,6 @@ QUICK = ("--targets", "ort-cpu,tract", "--episodes", "2", "--iters", "5")
 # sees which calls trained and exported and which copied; seed 7 fails as a broken training script does.
 PROBE_MODULE = """
 import sys
-from pathlib import Path
 
 import onnx
 from onnx import TensorProto, helper

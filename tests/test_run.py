@@ -87,21 +87,20 @@ def test_latency_and_cold_start_are_timed_with_no_other_stage_starting(tmp_path)
         assert not [other for at, other in starts if begun < at < ended and other != name], name
 
 
-def test_a_cell_that_hangs_is_killed_and_the_rest_still_report(tmp_path):
-    # A timed loop far longer than the timeout: each cell is killed in its latency stage, keeping the parity and
-    # contract it measured before, and the matrix goes on. The timeout also bounds the reference job and each
-    # worker's start, so it leaves room for a busy machine's imports.
-    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
+def test_a_cell_that_hangs_is_killed_keeping_what_it_measured_and_the_run_reports(tmp_path):
+    # A timed loop far longer than the timeout: the cell is killed in its latency stage, keeping the parity and
+    # contract it measured before, and the run writes its report. The timeout also bounds the reference job and the
+    # worker's start, so it leaves room for a busy machine's imports. One cell: each hung cell costs a core for the
+    # whole timeout; the cells after a killed one are tested where that costs less (test_source: a hanging source
+    # beside an ort-cpu cell that passes; test_worker_reuse: the next cell gets a fresh worker).
+    done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32",
                    "--iters", "50000000", "--timeout", "15", "--out", tmp_path)
     assert done.returncode == 1, done.stderr
-    lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    cells = [json.loads(line) for line in lines]
-    assert [c["variant"] for c in cells] == ["fp32", "fp16"]
-    for cell in cells:
-        assert cell["verdict"] == "FAIL" and cell["error"]["stage"] == "latency"
-        assert "timeout" in cell["error"]["message"]
-        assert cell["parity"] and {c["name"]: c["ok"] for c in cell["contract"]}["batch 1/2/7"] is True
-    assert cells[0]["parity"][0]["max_abs"] < 1e-5  # fp32 against the float64 reference
+    (cell,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert cell["verdict"] == "FAIL" and cell["error"]["stage"] == "latency"
+    assert "timeout" in cell["error"]["message"]
+    assert cell["parity"] and {c["name"]: c["ok"] for c in cell["contract"]}["batch 1/2/7"] is True
+    assert cell["parity"][0]["max_abs"] < 1e-5  # fp32 against the float64 reference
     assert (tmp_path / "index.html").exists()
 
 
