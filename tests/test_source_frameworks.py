@@ -3,7 +3,8 @@ from the Core ML environment, and Stable-Baselines3 installed over that torch in
 
 Installing stable-baselines3 over the existing torch took ~52 s here (gymnasium, cloudpickle,
 pandas and matplotlib come with it); the venv is kept under the cache and reused, and so are the SB3
-policies it trains and exports (~11 s), keyed by the script that makes them and that venv.
+policies it trains and exports (~11 s) and the torch policy's exports (~7 s), keyed by the script that makes them
+and the interpreter.
 The runs are `cli.main()` in the test process (policy_matrix), from the folder that holds the
 user's training files, as a user runs them there.
 """
@@ -21,7 +22,7 @@ from targets import coreml_conversion
 from targets.build_once import build_once
 from targets.isolated_env import env_python
 from targets.paths import cache_dir
-from tests.source_policies import SB3_TRAIN_EXPORT, sb3_with_sources, torch_with_source
+from tests.source_policies import SB3_TRAIN_EXPORT, TORCH_EXPORT, TORCH_MODULE, sb3_with_sources, torch_with_source
 from tests.test_source import FAST, source_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.coreml_env]
@@ -52,19 +53,33 @@ def sb3_python(torch_python: Path) -> Path:
     return python
 
 
-@pytest.fixture(scope="module")
-def torch_policy(tmp_path_factory, torch_python) -> Path:
-    """The folder of torch_policy.py and its two exports (policy.onnx, policy.pt): one torch process makes both."""
-    folder = tmp_path_factory.mktemp("torch")
-    torch_with_source(folder, torch_python)
+def cached_policies(name: str, recipe: str, python: Path, make) -> Path:
+    """A folder of exported policies (read only), made once per recipe (the script's text) and interpreter, whole
+    (build_once), as the cache's converted models are: the tests measure the tool on these files, not the framework's
+    training and export (a torch process importing torch, ~7 s; SB3's training, ~11 s)."""
+    key = hashlib.sha256(f"{recipe}{python.parent.parent}".encode()).hexdigest()[:12]
+    folder = cache_dir() / "test-policies" / f"{name}-{key}"
+
+    def export(staging: Path) -> None:
+        staging.mkdir()
+        make(staging, python)
+
+    build_once(folder, export)
     return folder
+
+
+@pytest.fixture(scope="module")
+def torch_policy(torch_python) -> Path:
+    """torch_policy.py and its two exports (policy.onnx, policy.pt): one torch process makes both."""
+    return cached_policies("torch", TORCH_MODULE + TORCH_EXPORT, torch_python, torch_with_source)
 
 
 @pytest.mark.parametrize("spec", ["torch:torch_policy:make_policy", "torchscript:policy.pt"])
 def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(torch_policy, tmp_path, torch_python, spec,
                                                                        policy_matrix, monkeypatch):
-    monkeypatch.chdir(torch_policy)  # where `torch:torch_policy:...` imports the user's module from
-    done = policy_matrix(["run", torch_policy / "policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
+    _linked(torch_policy, ("torch_policy.py", "policy.onnx", "policy.pt"), tmp_path)
+    monkeypatch.chdir(tmp_path)  # where `torch:torch_policy:...` imports the user's module from
+    done = policy_matrix(["run", tmp_path / "policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
                           "--source-python", torch_python, "--tolerance", "source:*=1e-5"])
     assert done.returncode == 0, done.stderr
     cell = source_cell(tmp_path / "out")
@@ -75,17 +90,7 @@ def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(torch_po
 
 @pytest.fixture(scope="module")
 def sb3_policies(sb3_python) -> Path:
-    """The SB3 policies (read only): made once per training script and SB3 venv, whole (build_once), as the cache's
-    converted models are; the tests measure the tool on these files, not SB3's training."""
-    key = hashlib.sha256(f"{SB3_TRAIN_EXPORT}{sb3_python.parent.parent}".encode()).hexdigest()[:12]
-    folder = cache_dir() / "test-policies" / f"sb3-{key}"
-
-    def train_and_export(staging: Path) -> None:
-        staging.mkdir()
-        sb3_with_sources(staging, sb3_python)
-
-    build_once(folder, train_and_export)
-    return folder
+    return cached_policies("sb3", SB3_TRAIN_EXPORT, sb3_python, sb3_with_sources)
 
 
 def _linked(folder: Path, names: tuple[str, ...], into: Path) -> None:
