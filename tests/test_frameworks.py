@@ -115,7 +115,7 @@ def test_a_policy_is_built_once_per_recipe_and_a_cached_build_says_so(tmp_path, 
     row = framework_row(probe, "", "identity", copied)
     assert row.build == copied["cached_build"] and "identity (Pendulum-v1; cached build)" in markdown([row], {
         "targets": "ort-cpu", "variants": "fp32", "episodes": 1, "seed": 0})
-    build("seed", seed=1)  # each part of the key, changed, builds again
+    build("seed", seed=1)  # another seed, then another recipe: built again
     module.write_text(module.read_text() + "\n# the recipe changed\n")
     build("edited")
     assert "cached_build" not in build("second", rebuild=True)
