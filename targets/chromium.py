@@ -44,11 +44,25 @@ SYSTEM_CHROMIUM = (
     "/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",  # Debian, Ubuntu, CI runners
     "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome", "/Applications/Chromium.app/Contents/MacOS/Chromium",
 )
+# Chromium obeys only the last --disable-features of its command line, and Playwright puts its own list
+# before ours: ours repeats Playwright's (1.65's; tests/test_web_targets.py checks the installed release's
+# is inside it) and adds browser parts a run never uses, which cost a page more than the page itself (its
+# renderer ~115 MiB RSS): the address bar's popup, which Chromium pre-renders for every window, headless
+# too, in a renderer of its own (~157 MiB RSS and ~1.3 CPU s per page opened), and a spare renderer kept
+# ready for the next navigation (~74 MiB for the browser's life). None runs in the page measured.
+PLAYWRIGHT_DISABLED_FEATURES = (
+    "AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose", "HttpsUpgrades",
+    "HttpsFirstBalancedModeAutoEnable", "LensOverlay", "MediaRouter", "PaintHolding", "ThirdPartyStoragePartitioning",
+    "AvoidCorsURLLoaderRestartOnRedirect", "TcpPortRandomizationWin", "OptimizationHints", "NetworkTimeServiceQuerying",
+    "AimEnabled", "PreconnectToSearch", "msForceBrowserSignIn", "msEdgeUpdateLaunchServicesPreferredVersion",
+)
+UNUSED_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "SpareRendererForSitePerProcess")
 # A fresh profile per run and no background traffic (the network here is closed,
 # and a default profile floods refused connections); WebGPU needs the unsafe flag.
 CHROMIUM_FLAGS = [
     "--headless=new", "--no-sandbox", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run", "--no-default-browser-check", "--enable-unsafe-webgpu",
+    "--disable-features=" + ",".join((*PLAYWRIGHT_DISABLED_FEATURES, *UNUSED_FEATURES)),
 ]
 
 

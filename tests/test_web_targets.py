@@ -6,6 +6,7 @@ onnxruntime-web from web_harness/node_modules, and node. `make setup` (`policy-m
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -301,6 +302,37 @@ def test_the_next_web_target_reuses_the_browser_in_a_context_of_its_own(monkeypa
         chromium.drop_page(webgl.bundle)
     browser.wait(timeout=30)
     assert not _own_browsers(marker)
+
+
+def test_a_page_is_its_browsers_only_renderer_and_playwrights_disabled_features_still_apply(monkeypatch):
+    """No renderer beside the page's: the address bar's popup Chromium pre-renders for every window and a spare
+    renderer held more than the page itself (targets/chromium.py). Chromium obeys only the last --disable-features,
+    so ours must hold Playwright's own (an upgraded Playwright with a longer list fails here)."""
+    marker = "--window-size=805,605"  # tells this test's browser from the others open in this process
+    monkeypatch.setattr(chromium, "CHROMIUM_FLAGS", [*chromium.CHROMIUM_FLAGS, marker])
+    wasm = REGISTRY["ort-web-wasm"]
+    try:
+        wasm.start_runtime(1)
+        (browser,) = _own_browsers(marker)
+        disabled = [a.split("=", 1)[1].split(",") for a in browser.cmdline() if a.startswith("--disable-features=")]
+        assert set(disabled[0]) <= set(disabled[-1]) and set(chromium.UNUSED_FEATURES) <= set(disabled[-1])
+        deadline = time.monotonic() + 30  # the about:blank page's renderer goes once the harness page commits
+        while len(renderers := _renderers(browser)) != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(renderers) == 1, [r.cmdline()[-3:] for r in renderers]
+    finally:
+        chromium.drop_page(wasm.bundle)
+
+
+def _renderers(browser: psutil.Process) -> list[psutil.Process]:
+    found = []
+    for process in browser.children(recursive=True):
+        try:
+            if "--type=renderer" in process.cmdline():
+                found.append(process)
+        except psutil.Error:  # ended between the listing and the read
+            continue
+    return found
 
 
 def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path, policy_matrix):

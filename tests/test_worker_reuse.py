@@ -10,11 +10,13 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from matrix.run import cells, variants
+from matrix.run.protocol import TIMED
 from matrix.inputs import observations
 from matrix.inputs.examples import path as example
 from matrix.inputs.model import load
@@ -72,6 +74,30 @@ def test_one_worker_serves_every_variant_and_a_crash_costs_only_its_cell(tmp_pat
         assert _pid(tmp_path / "fp32-after") != first  # the remaining variants run in a fresh worker
         assert "worker_started" in after.measurement.timeline
     finally:
+        worker.stop()
+
+
+def test_a_worker_starts_only_when_no_timed_stage_runs(tmp_path, template):
+    """A worker's start (its fork and imports) is untimed work: while another target's latency is timed it
+    waits, holding no process, instead of running beside it."""
+    gate = cells.StageGate()
+    gate.acquire(TIMED)  # another target's latency
+    worker = cells.WorkerProcess(memory_limit=None, lifetime_s=600, gate=gate)
+    served: list[cells.CellOutcome] = []
+    serving = threading.Thread(target=lambda: served.append(_serve(worker, tmp_path / "fp32", template)))
+    try:
+        serving.start()
+        serving.join(2.0)  # a worker that did not wait has been forked well within this
+        assert worker.process is None
+        released = time.time()
+        gate.release(TIMED)
+        serving.join(STATE_TIMEOUT_S)
+        (outcome,) = served
+        assert outcome.measurement.stage == "done"
+        assert outcome.measurement.timeline["worker_started"] >= released
+    finally:
+        gate.close()  # a thread still waiting for the grant gives up
+        serving.join(STATE_TIMEOUT_S)
         worker.stop()
 
 

@@ -76,8 +76,8 @@ class StageGate:
     """Untimed work side by side, timed work alone.
 
     Serving workers of several targets run at once; each asks before a stage (protocol.gate_message).
-    Untimed stages (prepare, opening a session or a page, contract, parity, rollouts, placement) and
-    the runner's judging share the machine; a timed one (latency, cold start) waits until nothing
+    Untimed stages (prepare, opening a session or a page, contract, parity, rollouts, placement), a
+    worker's start and the runner's judging share the machine; a timed one (latency, cold start) waits until nothing
     else runs and holds everything else off until it is done, so p50/p99 mean what they meant when
     cells ran one after another. A waiting timed stage goes first: untimed work cannot starve it."""
 
@@ -153,7 +153,7 @@ class WorkerProcess:
         started = time.perf_counter()
         log = cell_dir / LOG_FILE
         if self.process is None or self.process.poll() is not None or env != self.env:
-            self._start(env, log)
+            self._start_untimed(env, log)
         last_stage = [START]
         try:
             self.process.stdin.write(f"{cell_dir.resolve()}\n")
@@ -187,6 +187,18 @@ class WorkerProcess:
         returncode, self.process = self.process.returncode, None
         return returncode
 
+    def _start_untimed(self, env: dict, log: Path) -> None:
+        """A worker's start (its fork, the imports of its entry module) is untimed work like its stages: it waits
+        while another target's latency or cold start is timed instead of running beside it, and holds no
+        process meanwhile. The grant is held until the worker asks for its first stage."""
+        self._hold(UNTIMED)
+        try:
+            self._start(env, log)
+        except BaseException:
+            self.gate.release(self.holding)
+            self.holding = None
+            raise
+
     def _start(self, env: dict, log: Path) -> None:
         self.stop()
         self.env, self.messages = env, queue.Queue()
@@ -214,13 +226,18 @@ class WorkerProcess:
 
     def _grant(self, kind: str) -> float:
         """Let the worker go on with `kind` of work once the gate allows it; the seconds it waited."""
-        self.gate.release(self.holding)
-        self.holding = None
-        waited = self.gate.acquire(TIMED if kind == TIMED else UNTIMED)
-        self.holding = TIMED if kind == TIMED else UNTIMED
+        waited = self._hold(TIMED if kind == TIMED else UNTIMED)
         with contextlib.suppress(OSError):  # a worker that died meanwhile: its exit is read next
             self.process.stdin.write(f"{GO}\n")
             self.process.stdin.flush()
+        return waited
+
+    def _hold(self, kind: str) -> float:
+        """The gate's grant for `kind` instead of the one held; the seconds it waited."""
+        self.gate.release(self.holding)
+        self.holding = None
+        waited = self.gate.acquire(kind)
+        self.holding = kind
         return waited
 
     def stop(self) -> None:
