@@ -44,11 +44,24 @@ SYSTEM_CHROMIUM = (
     "/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",  # Debian, Ubuntu, CI runners
     "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome", "/Applications/Chromium.app/Contents/MacOS/Chromium",
 )
+# Chromium keeps the last --disable-features it is given, so ours repeats the list Playwright passes
+# (1.65's; tests/test_web_targets.py checks that the launched browser still disables every one of them).
+PLAYWRIGHT_DISABLED_FEATURES = (
+    "AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose", "HttpsUpgrades",
+    "HttpsFirstBalancedModeAutoEnable", "LensOverlay", "MediaRouter", "PaintHolding", "ThirdPartyStoragePartitioning",
+    "AvoidCorsURLLoaderRestartOnRedirect", "TcpPortRandomizationWin", "OptimizationHints", "NetworkTimeServiceQuerying",
+    "AimEnabled", "PreconnectToSearch", "msForceBrowserSignIn", "msEdgeUpdateLaunchServicesPreferredVersion",
+)
+# Headless Chromium (--headless=new) builds each context's window with its address bar, whose omnibox popup
+# pages (chrome://omnibox-popup.top-chrome) load in a renderer of their own: ~1.3 CPU s per web target,
+# renderer and browser process together, for a popup nobody opens (bench/matrix_wall.py, CPU by kind).
+UNUSED_BROWSER_UI = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup")
 # A fresh profile per run and no background traffic (the network here is closed,
 # and a default profile floods refused connections); WebGPU needs the unsafe flag.
 CHROMIUM_FLAGS = [
     "--headless=new", "--no-sandbox", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run", "--no-default-browser-check", "--enable-unsafe-webgpu",
+    "--disable-features=" + ",".join(PLAYWRIGHT_DISABLED_FEATURES + UNUSED_BROWSER_UI),
 ]
 
 

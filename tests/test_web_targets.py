@@ -303,6 +303,24 @@ def test_the_next_web_target_reuses_the_browser_in_a_context_of_its_own(monkeypa
     assert not _own_browsers(marker)
 
 
+def test_the_browser_keeps_playwrights_disabled_features_and_renders_no_browser_ui(monkeypatch):
+    """Chromium keeps the last --disable-features: ours must still hold every feature Playwright's own switch
+    disables, and the window's omnibox popup pages (a renderer of their own per context) must not load."""
+    marker = "--window-size=805,605"  # tells this test's browser from the others open in this process
+    monkeypatch.setattr(chromium, "CHROMIUM_FLAGS", [*chromium.CHROMIUM_FLAGS, marker])
+    bundle = REGISTRY["ort-web-wasm"].bundle
+    try:
+        page = chromium.shared_page(bundle)
+        (browser,) = _own_browsers(marker)
+        switches = [a.removeprefix("--disable-features=").split(",") for a in browser.cmdline() if a.startswith("--disable-features=")]
+        assert len(switches) > 1, "Playwright passed no --disable-features of its own: read its list again"
+        assert set(switches[0]) <= set(switches[-1]), set(switches[0]) - set(switches[-1])
+        targets = page.browser.new_browser_cdp_session().send("Target.getTargets")["targetInfos"]
+        assert [t["type"] for t in targets] == ["page"], targets
+    finally:
+        chromium.drop_page(bundle)
+
+
 def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path, policy_matrix):
     """End to end through the CLI: the node falls back, the cell is a WARN, and the report shows it."""
     from conftest import load_results
