@@ -56,7 +56,8 @@ PLAYWRIGHT_DISABLED_FEATURES = (
     "AvoidCorsURLLoaderRestartOnRedirect", "TcpPortRandomizationWin", "OptimizationHints", "NetworkTimeServiceQuerying",
     "AimEnabled", "PreconnectToSearch", "msForceBrowserSignIn", "msEdgeUpdateLaunchServicesPreferredVersion",
 )
-UNUSED_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "SpareRendererForSitePerProcess")
+UNUSED_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup",
+                   "SpareRendererForSitePerProcess")
 # A fresh profile per run and no background traffic (the network here is closed,
 # and a default profile floods refused connections); WebGPU needs the unsafe flag.
 CHROMIUM_FLAGS = [

@@ -315,7 +315,10 @@ def test_a_page_is_its_browsers_only_renderer_and_playwrights_disabled_features_
         wasm.start_runtime(1)
         (browser,) = _own_browsers(marker)
         disabled = [a.split("=", 1)[1].split(",") for a in browser.cmdline() if a.startswith("--disable-features=")]
+        assert len(disabled) > 1, "Playwright passed no --disable-features of its own: read its list again"
         assert set(disabled[0]) <= set(disabled[-1]) and set(chromium.UNUSED_FEATURES) <= set(disabled[-1])
+        targets = chromium.shared_page(wasm.bundle).browser.new_browser_cdp_session().send("Target.getTargets")
+        assert [t["type"] for t in targets["targetInfos"]] == ["page"], targets  # no omnibox popup pages
         deadline = time.monotonic() + 30  # the about:blank page's renderer goes once the harness page commits
         while len(renderers := _renderers(browser)) != 1 and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -6,12 +6,13 @@ import { bytesFromBase64, decodeFeeds, encodeOutputs, tensorRunner } from './ten
 
 // ORT prints its placement decisions as log lines; keep every console line
 // (installed before ORT is imported, so ORT's own logger goes through it).
+// The lines are kept here only, not passed on to the browser's console: each console
+// call is serialized over the DevTools pipe to the browser and Playwright's driver,
+// which was most of a small session's creation with the verbose log on.
 const logLines = [];
 for (const level of ['log', 'info', 'warn', 'error', 'debug']) {
-  const original = console[level].bind(console);
   console[level] = (...args) => {
     logLines.push(args.map(String).join(' '));
-    original(...args);
   };
 }
 
