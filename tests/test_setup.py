@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -76,9 +77,26 @@ def test_coreml_environment_has_cpu_torch_on_linux():
     assert done.stdout.split() == [f"{coreml.pinned_versions()['torch']}+cpu", "None"], done.stderr
 
 
+def _build_backend_wheels() -> Path:
+    """The wheels of pyproject.toml's build requirements (setuptools), downloaded once per requirement list and Python
+    into the cache: pip's isolated build environment installs them from there instead of asking the index again."""
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    key = hashlib.sha256("\n".join([*requires, sys.version]).encode()).hexdigest()[:16]
+    folder = cache_dir() / "test-wheels" / f"build-{key}"
+
+    def download(staging: Path) -> None:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", staging, *requires],
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    build_once(folder, download)
+    return folder
+
+
 def _wheel(tmp_path: Path) -> Path:
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(_build_backend_wheels())}
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", tmp_path / "wheels", REPO],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env={**os.environ, **offline})
     assert done.returncode == 0, done.stderr
     return next((tmp_path / "wheels").glob("policy_matrix-*.whl"))
 
