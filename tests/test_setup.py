@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -23,6 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.coreml_env]
 REPO = Path(__file__).resolve().parent.parent
 # A `make` started inside `make test` would otherwise announce its directories.
 PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+# The pip the wheel's venv gets: the dev venv's own release, so both pips resolve alike.
+VENV_PIP = f"pip=={importlib.metadata.version('pip')}"
 
 
 def test_make_setup_twice_the_second_is_quiet():
@@ -73,9 +77,26 @@ def test_coreml_environment_has_cpu_torch_on_linux():
     assert done.stdout.split() == [f"{coreml.pinned_versions()['torch']}+cpu", "None"], done.stderr
 
 
+def _build_backend_wheels() -> Path:
+    """The wheels of pyproject.toml's build requirements (setuptools), downloaded once per requirement list and Python
+    into the cache: pip's isolated build environment installs them from there instead of asking the index again."""
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    key = hashlib.sha256("\n".join([*requires, sys.version]).encode()).hexdigest()[:16]
+    folder = cache_dir() / "test-wheels" / f"build-{key}"
+
+    def download(staging: Path) -> None:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", staging, *requires],
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    build_once(folder, download)
+    return folder
+
+
 def _wheel(tmp_path: Path) -> Path:
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(_build_backend_wheels())}
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", tmp_path / "wheels", REPO],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env={**os.environ, **offline})
     assert done.returncode == 0, done.stderr
     return next((tmp_path / "wheels").glob("policy_matrix-*.whl"))
 
@@ -89,11 +110,12 @@ def _dependency_wheels(wheel: Path) -> Path:
         metadata = archive.read(next(name for name in archive.namelist() if name.endswith(".dist-info/METADATA"))).decode()
     web = REPO / "web_harness" / "requirements.txt"
     needs = [line for line in metadata.splitlines() if line.startswith(("Requires-Dist:", "Requires-Python:"))]
-    key = hashlib.sha256("\n".join([*needs, web.read_text(), sys.version, platform.platform()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join([*needs, web.read_text(), VENV_PIP, sys.version, platform.platform()]).encode()).hexdigest()[:16]
     folder = cache_dir() / "test-wheels" / key
 
     def download(staging: Path) -> None:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", staging, wheel, "-r", web],
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", staging, wheel, "-r", web,
+                               VENV_PIP],
                               capture_output=True, text=True, timeout=1800)
         assert done.returncode == 0, done.stderr[-3000:]
         for own in staging.glob("policy_matrix-*.whl"):  # the wheel under test is always this session's
@@ -113,18 +135,26 @@ def test_the_wheel_sets_up_and_runs_a_web_cell_outside_the_source_tree(tmp_path)
         assert shipped in names
     assert not [name for name in names if "node_modules" in name]
 
-    subprocess.run([sys.executable, "-m", "venv", tmp_path / "venv"], check=True, timeout=300)
+    # A venv without ensurepip: ensurepip installs and byte-compiles its bundled pip, ~9 CPU-s (25 s of wall on a
+    # loaded machine). The dev venv's pip installs into it instead (--python): the wheel with its dependencies, and
+    # pip itself, which `setup web` runs to install Playwright. No PYTHONPATH: pip inspects the venv's interpreter,
+    # and a checkout's policy_matrix.egg-info on its path would pass for the wheel already installed.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp_path / "venv"], check=True, timeout=300)
     bin_dir = tmp_path / "venv" / "bin"
     # --no-compile: byte-compiling every module of every dependency (sympy, pandas, matplotlib, ...) cost this test
     # ~30 s; the commands below compile only what they import, once (PYTHONDONTWRITEBYTECODE is left out for them).
     # pip resolves the wheel's dependencies (and `setup web` its Playwright) from those wheels alone: --no-index.
     offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
-    install = subprocess.run([bin_dir / "python", "-m", "pip", "install", "--quiet", "--no-compile", wheel],
-                             capture_output=True, text=True, timeout=1800, env={**os.environ, **offline})
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--quiet",
+                              "--no-compile", "--disable-pip-version-check", wheel, VENV_PIP],
+                             capture_output=True, text=True, timeout=1800, env={**os.environ, **offline, "PYTHONPATH": ""})
     assert install.returncode == 0, install.stderr[-3000:]
     home = tmp_path / "elsewhere"  # not the checkout: nothing may come from the source tree
     home.mkdir()
-    env = {**PLAIN_ENV, **offline, "POLICY_MATRIX_CACHE": str(tmp_path / "cache"), "PYTHONPATH": ""}
+    # npm_config_prefer_offline: `setup web`'s npm ci takes what npm's cache holds without asking the registry
+    # whether it changed (make setup filled it; anything missing is still fetched), ~4 of its ~13 CPU-s.
+    env = {**PLAIN_ENV, **offline, "npm_config_prefer_offline": "true", "POLICY_MATRIX_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": ""}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     def cli(*args, timeout=1800):
