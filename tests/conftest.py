@@ -98,16 +98,16 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 @dataclass
 class CliRun:
-    """A CLI run in this process, read as a subprocess.CompletedProcess is (returncode, stdout, stderr);
-    it unpacks as (exit code, stderr's non-blank lines)."""
+    """A CLI run, read as a subprocess.CompletedProcess is (returncode, stdout, stderr), and by stderr's lines."""
 
     returncode: int
     stdout: str
     stderr: str
 
-    def __iter__(self):
-        yield self.returncode
-        yield [line for line in self.stderr.splitlines() if line.strip()]
+    @property
+    def lines(self) -> list[str]:
+        """stderr's non-blank lines."""
+        return [line for line in self.stderr.splitlines() if line.strip()]
 
 
 @pytest.fixture

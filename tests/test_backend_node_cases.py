@@ -69,9 +69,9 @@ def _case(folder: Path, tmp_path: Path) -> tuple[Path, Path, dict[str, np.ndarra
 def test_backend_node_case_runs_and_the_reference_is_right(data, tmp_path, name, policy_matrix):
     model_path, inputs, expected = _case(data / name, tmp_path)
     out = tmp_path / "out"
-    _, lines = policy_matrix(["run", model_path, "--obs", inputs, "--targets", "ort-cpu,tract", "--precisions", "fp32",
-                              "--iters", "3", "--warmup", "1", "--out", out])
-    assert "Traceback" not in "\n".join(lines), lines
+    done = policy_matrix(["run", model_path, "--obs", inputs, "--targets", "ort-cpu,tract", "--precisions", "fp32",
+                          "--iters", "3", "--warmup", "1", "--out", out])
+    assert "Traceback" not in "\n".join(done.lines), done.lines
     reference = np.load(out / "reference.npz")
     for output, value in expected.items():
         got = reference[output]
@@ -94,9 +94,9 @@ def test_pow_passes_on_webgl_and_webgpu_on_its_relative_error(data, tmp_path, po
     """test_pow's largest output is about 1357: the software WebGL/WebGPU adapters drift ~6e-4 there, a relative
     error below 1e-6 that atol + rtol·|ref| passes (an absolute 1e-4 alone FAILed both)."""
     model_path, inputs, _ = _case(data / "test_pow", tmp_path)
-    _, lines = policy_matrix(["run", model_path, "--obs", inputs, "--targets", "ort-web-webgl,ort-web-webgpu", "--precisions",
-                              "fp32", "--iters", "3", "--warmup", "1", "--out", tmp_path / "out"])
-    assert "Traceback" not in "\n".join(lines), lines
+    done = policy_matrix(["run", model_path, "--obs", inputs, "--targets", "ort-web-webgl,ort-web-webgpu", "--precisions",
+                          "fp32", "--iters", "3", "--warmup", "1", "--out", tmp_path / "out"])
+    assert "Traceback" not in "\n".join(done.lines), done.lines
     for cell in load_results(tmp_path / "out")["cells"]:
         (parity,) = cell["parity"]
         assert cell["verdict"] in ("PASS", "WARN") and parity["tolerance_used"] <= 1, (cell["target"], cell["reasons"])

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import run_cli
+from conftest import CliRun, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from matrix.inputs.examples import path as example
@@ -73,15 +73,14 @@ BAD_MODELS = {
 }
 
 
-def _assert_one_line(result: tuple[int, list[str]], expected: str) -> None:
-    code, lines = result
-    assert code == 2, (code, lines[-5:])
-    assert len(lines) == 1 and expected in lines[0], lines[-5:]
+def _assert_one_line(done: CliRun, expected: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.lines[-5:])
+    assert len(done.lines) == 1 and expected in done.lines[0], done.lines[-5:]
 
 
 def _assert_clean_exit_2(done, expected: str) -> None:
     assert "Traceback" not in done.stderr
-    _assert_one_line((done.returncode, [line for line in done.stderr.splitlines() if line.strip()]), expected)
+    _assert_one_line(CliRun(done.returncode, done.stdout, done.stderr), expected)
 
 
 def _bad_model_args(case, command, tmp_path) -> tuple[list, str]:

@@ -80,8 +80,8 @@ def test_no_change_in_the_range_exits_1_and_a_second_bisect_keeps_the_runs(polic
     (["ort-cpu", "1.21.0..1.23.0", "--measure", "return"], "needs --env"),
 ])
 def test_bad_input_is_one_line_and_exit_2(policy, tmp_path, args, words, policy_matrix):
-    code, lines = policy_matrix(["bisect", *args[:2], policy, *args[2:], "--out", tmp_path])
-    assert code == 2 and len(lines) == 1 and words in lines[0], lines[-5:]
+    done = policy_matrix(["bisect", *args[:2], policy, *args[2:], "--out", tmp_path])
+    assert done.returncode == 2 and len(done.lines) == 1 and words in done.lines[0], done.lines[-5:]
 
 
 def test_the_release_list_marks_the_default_and_the_releases_the_bisect_installed(bisected):

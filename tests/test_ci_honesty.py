@@ -32,30 +32,30 @@ def _save(results: schema.RunResults, folder) -> str:
 def test_compare_refuses_results_of_another_model(shard, tmp_path, policy_matrix):
     other = shard.model_copy(deep=True)
     other.model = {**other.model, "sha256": "0" * 64, "name": "other_policy.onnx"}
-    code, lines = policy_matrix(["compare", "--baseline", _save(shard, tmp_path / "a"), "--current", _save(other, tmp_path / "b")])
-    assert code == 2 and "compare runs of the same model" in "\n".join(lines), lines
-    assert "no regressions" not in "\n".join(lines)
+    done = policy_matrix(["compare", "--baseline", _save(shard, tmp_path / "a"), "--current", _save(other, tmp_path / "b")])
+    assert done.returncode == 2 and "compare runs of the same model" in "\n".join(done.lines), done.lines
+    assert "no regressions" not in "\n".join(done.lines)
 
 
 def test_one_hosts_disjoint_shards_merge_and_overlapping_ones_do_not(shard, tmp_path, policy_matrix):
     fp32, fp16 = shard.model_copy(deep=True), shard.model_copy(deep=True)
     fp32.cells, fp16.cells = shard.cells[:1], shard.cells[1:]
-    code, lines = policy_matrix(["merge", _save(fp32, tmp_path / "a"), _save(fp16, tmp_path / "b"), "--out", tmp_path / "merged"])
-    assert code == 0, lines
+    done = policy_matrix(["merge", _save(fp32, tmp_path / "a"), _save(fp16, tmp_path / "b"), "--out", tmp_path / "merged"])
+    assert done.returncode == 0, done.lines
     merged = load_results(tmp_path / "merged")
     assert [h["label"] for h in merged["hosts"]] == ["ci-linux"]
     assert [(c["host"], c["variant"]) for c in merged["cells"]] == [("ci-linux", "fp32"), ("ci-linux", "fp16")]
 
-    code, lines = policy_matrix(["merge", tmp_path / "a", _save(shard, tmp_path / "all"), "--out", tmp_path / "overlap"])
-    assert code == 2 and "cell ort-cpu fp32 of host 'ci-linux' is in both" in "\n".join(lines), lines
+    done = policy_matrix(["merge", tmp_path / "a", _save(shard, tmp_path / "all"), "--out", tmp_path / "overlap"])
+    assert done.returncode == 2 and "cell ort-cpu fp32 of host 'ci-linux' is in both" in "\n".join(done.lines), done.lines
 
 
 def test_junit_names_cells_and_fails_regressions(shard, tmp_path, policy_matrix):
     worse = shard.model_copy(deep=True)
     worse.cells[1].verdict, worse.cells[1].reasons = "FAIL", ["injected failure"]
-    code, lines = policy_matrix(["merge", _save(worse, tmp_path / "worse"), "--baseline", _save(shard, tmp_path / "base"),
-                                 "--out", tmp_path / "report", "--fail-on", "never"])
-    assert code == 1, lines
+    done = policy_matrix(["merge", _save(worse, tmp_path / "worse"), "--baseline", _save(shard, tmp_path / "base"),
+                          "--out", tmp_path / "report", "--fail-on", "never"])
+    assert done.returncode == 1, done.lines
     suite = ET.parse(tmp_path / "report" / "junit.xml").getroot().find("testsuite")
     cases = {case.get("name"): case for case in suite.iter("testcase")}
     assert {"ort-cpu fp32", "ort-cpu fp16", "ort-cpu fp16 regression: verdict"} <= set(cases)

@@ -101,8 +101,8 @@ def test_targets_by_glob_and_skip(tmp_path, policy_matrix):
 
 @pytest.mark.parametrize("args", [("--targets", "nope-*"), ("--skip", "nope"), ("--targets", "ort-cpu", "--skip", "ort-*")])
 def test_bad_target_selection_is_one_line(args, tmp_path, policy_matrix):
-    code, lines = policy_matrix([MLP, *args, "--out", tmp_path])
-    assert code == 2 and len(lines) == 1, lines[-5:]
+    done = policy_matrix([MLP, *args, "--out", tmp_path])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-5:]
 
 
 SETTINGS = """targets = ["ort-cpu"]
@@ -137,8 +137,8 @@ def test_pyproject_tool_table_is_read(tmp_path):
 @pytest.mark.parametrize("content", ["itres = 7\n", "iters = 'many'\n", "[tolerance]\nfp16 = 'x'\n", "iters = \n"])
 def test_bad_config_is_one_line(content, tmp_path, policy_matrix):
     (tmp_path / "matrix.toml").write_text(content)  # found in the folder the CLI runs from (policy_matrix's tmp_path)
-    code, lines = policy_matrix([MLP, "--out", tmp_path / "out"])
-    assert code == 2 and len(lines) == 1, lines[-5:]
+    done = policy_matrix([MLP, "--out", tmp_path / "out"])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-5:]
 
 
 def test_help_documents_the_cache_variable():

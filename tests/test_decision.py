@@ -101,9 +101,9 @@ def test_the_teacher_is_shipped_when_the_student_misses_quality_and_nothing_meet
 def test_a_candidate_with_another_interface_is_one_clear_line_and_exit_2(models, tmp_path, change, words, policy_matrix):
     other = tmp_path / "other.onnx"
     onnx.save(student(**change), str(other))
-    code, lines = policy_matrix([models["teacher"], "--candidate", other, "--targets", "ort-cpu", "--out", tmp_path / "out"])
-    assert code == 2
-    assert lines == [f"policy-matrix: error: --candidate {other}: its interface differs from teacher.onnx's: {words}"]
+    done = policy_matrix([models["teacher"], "--candidate", other, "--targets", "ort-cpu", "--out", tmp_path / "out"])
+    assert done.returncode == 2
+    assert done.lines == [f"policy-matrix: error: --candidate {other}: its interface differs from teacher.onnx's: {words}"]
 
 
 def test_ort_settings_grid_reaches_the_runtime_and_shows_in_results_csv_and_report(tmp_path, policy_matrix):
@@ -137,8 +137,8 @@ def test_settings_are_pruned_where_they_cannot_apply_and_typos_exit_2(tmp_path, 
     for bad, words in [("ort-cpu:turbo=1", "has a knob 'turbo'; known: opt, threads"),
                        ("ort-cpu:opt=fast", "ort-cpu opt takes one of disable, basic, extended, all, not 'fast'"),
                        ("ort-cpu:threads=0", "takes a whole number >= 1"), ("threads=2", "expected TARGET:KNOB=VALUE")]:
-        code, lines = policy_matrix([example("continuous_mlp"), "--targets", "ort-cpu", "--settings", bad, "--out", tmp_path / "x"])
-        assert code == 2 and words in "\n".join(lines), lines
+        done = policy_matrix([example("continuous_mlp"), "--targets", "ort-cpu", "--settings", bad, "--out", tmp_path / "x"])
+        assert done.returncode == 2 and words in "\n".join(done.lines), done.lines
 
 
 @pytest.mark.tflite_env
@@ -162,8 +162,8 @@ def test_tflite_threads_are_a_settings_axis(tmp_path, policy_matrix):
     ("ort-cpu=size:1ms", "is not an amount with a unit"), ("tflite=p50:1ms", "matches none of the selected targets"),
 ])
 def test_a_bad_budget_is_one_line_and_exit_2(spec, words, tmp_path, policy_matrix):
-    code, lines = policy_matrix([example("continuous_mlp"), "--targets", "ort-cpu", "--budget", spec, "--out", tmp_path])
-    assert code == 2 and len(lines) == 1 and words in lines[0], lines[-5:]
+    done = policy_matrix([example("continuous_mlp"), "--targets", "ort-cpu", "--budget", spec, "--out", tmp_path])
+    assert done.returncode == 2 and len(done.lines) == 1 and words in done.lines[0], done.lines[-5:]
 
 
 def test_budgets_settings_and_candidates_come_from_matrix_toml(models, tmp_path, policy_matrix):
@@ -204,8 +204,8 @@ def test_with_env_a_candidate_is_judged_by_its_return_not_by_its_step_by_step_ag
 
 def test_merge_decides_again_with_the_shards_budgets(distilled_run, tmp_path, policy_matrix):
     out, _ = distilled_run
-    code, lines = policy_matrix(["merge", out, "--out", tmp_path])
-    assert code == 0, lines
+    done = policy_matrix(["merge", out, "--out", tmp_path])
+    assert done.returncode == 0, done.lines
     (decision,) = schema.load(tmp_path / "results.json").decision
     assert decision.budgets == ["p50 ≤ 100 ms"] and decision.chosen.candidate == "student.onnx"
-    assert "decision ort-cpu: ship student.onnx fp32" in "\n".join(lines)
+    assert "decision ort-cpu: ship student.onnx fp32" in "\n".join(done.lines)

@@ -76,8 +76,8 @@ def test_batch_axis_given_by_the_user_wins_and_bad_ones_exit_2(exported, policy_
         model.load(exported["lstm_actor"], {"hidden": 1})
     with pytest.raises(InputError, match="has rank 3"):
         model.load(exported["lstm_actor"], {"h_in": 3})
-    code, lines = policy_matrix(["lint", exported["lstm_actor"], "--batch-axis", "h_in:1"])
-    assert code == 2 and "expected NAME=AXIS" in "\n".join(lines), lines
+    done = policy_matrix(["lint", exported["lstm_actor"], "--batch-axis", "h_in:1"])
+    assert done.returncode == 2 and "expected NAME=AXIS" in "\n".join(done.lines), done.lines
 
 
 def test_recorded_observations_keep_the_models_layout(exported, tmp_path):
@@ -204,8 +204,8 @@ def test_a_model_whose_only_output_is_not_a_tensor_is_bad_input(tmp_path, policy
     del proto.graph.output[0]  # output_label
     proto.graph.node.remove(next(node for node in proto.graph.node if node.op_type == "Identity"))
     path = policies.save(proto, tmp_path, "only_zipmap")
-    code, lines = policy_matrix(["lint", path])
-    assert code == 2 and "no output of the model is a tensor" in "\n".join(lines), lines
+    done = policy_matrix(["lint", path])
+    assert done.returncode == 2 and "no output of the model is a tensor" in "\n".join(done.lines), done.lines
 
 
 @pytest.mark.slow

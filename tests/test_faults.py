@@ -135,11 +135,11 @@ def test_runner_kill_9_takes_its_worker_along_and_resume_finishes_the_matrix(tmp
 def test_resume_refuses_other_settings(tmp_path, policy_matrix):
     first = policy_matrix(["run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--out", tmp_path])
     assert first.returncode == 0, first.stderr
-    code, lines = policy_matrix([MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path])
-    assert code == 2 and "options differ" in "\n".join(lines) and "iters" in "\n".join(lines), lines
-    code, lines = policy_matrix([example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
-                                 "--resume", tmp_path])
-    assert code == 2 and "another model" in "\n".join(lines), lines
+    done = policy_matrix([MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "6", "--resume", tmp_path])
+    assert done.returncode == 2 and "options differ" in "\n".join(done.lines) and "iters" in "\n".join(done.lines), done.lines
+    done = policy_matrix([example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
+                          "--resume", tmp_path])
+    assert done.returncode == 2 and "another model" in "\n".join(done.lines), done.lines
 
 
 def test_a_rerun_keeps_the_previous_runs_lines(tmp_path, policy_matrix):
@@ -174,8 +174,8 @@ def test_a_second_run_on_the_same_folder_is_refused(tmp_path, policy_matrix):
     first = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", *SLOW, "--out", tmp_path)
     try:
         _worker_of(first, tmp_path / "cells" / "ort-cpu-fp32")
-        code, lines = policy_matrix([MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--out", tmp_path])
-        assert code == 2 and "another policy-matrix run is writing to" in "\n".join(lines), lines
+        done = policy_matrix([MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--out", tmp_path])
+        assert done.returncode == 2 and "another policy-matrix run is writing to" in "\n".join(done.lines), done.lines
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=STATE_TIMEOUT_S)
@@ -519,8 +519,8 @@ def test_merge_into_a_folder_a_run_is_writing_is_refused(tmp_path, policy_matrix
     run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", *SLOW, "--out", out)
     try:
         _worker_of(run, out / "cells" / "ort-cpu-fp32")
-        code, lines = policy_matrix(["merge", shard, "--out", out])
-        assert code == 2 and "another policy-matrix run is writing to" in "\n".join(lines), lines
+        done = policy_matrix(["merge", shard, "--out", out])
+        assert done.returncode == 2 and "another policy-matrix run is writing to" in "\n".join(done.lines), done.lines
         assert not (out / "results.json").exists()  # the run's report was not replaced by the merge
     finally:
         run.send_signal(signal.SIGTERM)

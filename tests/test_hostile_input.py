@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import run_cli
+from conftest import CliRun, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from matrix.inputs.examples import path as example
@@ -331,11 +331,10 @@ CONFIGS = {
 }
 
 
-def assert_one_line(result: tuple[int, list[str]], expected: str) -> None:
-    code, lines = result
-    assert code == 2, (code, lines[-5:])
-    assert len(lines) == 1 and expected in lines[0], lines[-5:]
-    assert len(lines[0]) < 1000, "one readable line, not a dump"
+def assert_one_line(done: CliRun, expected: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.lines[-5:])
+    assert len(done.lines) == 1 and expected in done.lines[0], done.lines[-5:]
+    assert len(done.lines[0]) < 1000, "one readable line, not a dump"
 
 
 def test_the_table_has_at_least_40_cases():
@@ -420,8 +419,7 @@ def test_the_real_process_exits_2_with_one_line(table, case, tmp_path):
     args, expected = table(case, tmp_path)
     done = run_cli("run", *args)
     assert "Traceback" not in done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert_one_line((done.returncode, lines), expected)
+    assert_one_line(CliRun(done.returncode, done.stdout, done.stderr), expected)
 
 
 # --- the runner's own memory (tests/unit/test_hostile_parsing.py holds the in-process table) -----------

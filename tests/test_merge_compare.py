@@ -30,8 +30,8 @@ def shards(tmp_path_factory):
 
 
 def test_merge_keeps_every_host_and_cell(shards, tmp_path, policy_matrix):
-    code, lines = policy_matrix(["merge", shards / "linux-a", shards / "linux-b" / "results.json", "--out", tmp_path])
-    assert code == 0, lines
+    done = policy_matrix(["merge", shards / "linux-a", shards / "linux-b" / "results.json", "--out", tmp_path])
+    assert done.returncode == 0, done.lines
     merged = load_results(tmp_path)
     assert [h["label"] for h in merged["hosts"]] == ["linux-a", "linux-b"]
     assert [(c["host"], c["variant"]) for c in merged["cells"]] == [
@@ -56,18 +56,18 @@ def test_merge_refuses_other_models_and_schemas(shards, tmp_path, policy_matrix)
     other = tmp_path / "other"
     assert policy_matrix(["run", example("discrete_mlp"), "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5",
                           "--host-label", "linux-c", "--out", other]).returncode == 0
-    code, lines = policy_matrix(["merge", shards / "linux-a", other, "--out", tmp_path / "m1"])
-    assert code == 2 and "shards must share one model" in "\n".join(lines), lines
+    done = policy_matrix(["merge", shards / "linux-a", other, "--out", tmp_path / "m1"])
+    assert done.returncode == 2 and "shards must share one model" in "\n".join(done.lines), done.lines
 
     old = tmp_path / "old.json"
     data = json.loads((shards / "linux-b" / "results.json").read_text())
     data["schema_version"] = 0
     old.write_text(json.dumps(data))
-    code, lines = policy_matrix(["merge", shards / "linux-a", old, "--out", tmp_path / "m2"])
-    assert code == 2 and "schema version" in "\n".join(lines), lines
+    done = policy_matrix(["merge", shards / "linux-a", old, "--out", tmp_path / "m2"])
+    assert done.returncode == 2 and "schema version" in "\n".join(done.lines), done.lines
 
-    code, lines = policy_matrix(["merge", shards / "linux-a", shards / "linux-a", "--out", tmp_path / "m3"])
-    assert code == 2 and "--host-label" in "\n".join(lines), lines
+    done = policy_matrix(["merge", shards / "linux-a", shards / "linux-a", "--out", tmp_path / "m3"])
+    assert done.returncode == 2 and "--host-label" in "\n".join(done.lines), done.lines
 
 
 def test_identical_rerun_has_no_regressions(shards, tmp_path, policy_matrix):
@@ -104,12 +104,12 @@ def test_compare_flags_each_injected_regression(shards, tmp_path, policy_matrix)
     current = tmp_path / "current"
     current.mkdir()
     _inject_regressions(baseline).save(current / "results.json")
-    code, lines = policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", current])
-    assert code == 1 and "\n".join(lines).count("regression") == 5, lines  # two batch sizes slowed
+    done = policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", current])
+    assert done.returncode == 1 and "\n".join(done.lines).count("regression") == 5, done.lines  # two batch sizes slowed
 
-    code, lines = policy_matrix(["merge", current, "--baseline", shards / "linux-a", "--out", tmp_path / "report",
-                                 "--fail-on", "never"])
-    assert code == 1, lines
+    done = policy_matrix(["merge", current, "--baseline", shards / "linux-a", "--out", tmp_path / "report",
+                          "--fail-on", "never"])
+    assert done.returncode == 1, done.lines
     assert len(load_results(tmp_path / "report")["regressions"]) == 5
     html = (tmp_path / "report" / "index.html").read_text()
     assert html.index('id="regressions"') < html.index('id="verdicts"')  # regressions come first

@@ -159,9 +159,9 @@ def test_an_initial_state_is_refused_where_it_cannot_apply(policy_dir, tmp_path,
     np.savez(tmp_path / "start.npz", h_in=np.ones(1))
     with pytest.raises(InputError, match="has no recurrent state pair"):
         rollouts.set_initial_state(plan(policy_dir / "cartpole.onnx", "CartPole-v1"), tmp_path / "start.npz")
-    code, lines = policy_matrix([policy_dir / "recurrent.onnx", "--targets", "ort-cpu", "--initial-state", tmp_path / "start.npz",
-                                 "--out", tmp_path / "out"])
-    assert code == 2 and "--initial-state needs --env" in "\n".join(lines), lines
+    done = policy_matrix([policy_dir / "recurrent.onnx", "--targets", "ort-cpu", "--initial-state", tmp_path / "start.npz",
+                          "--out", tmp_path / "out"])
+    assert done.returncode == 2 and "--initial-state needs --env" in "\n".join(done.lines), done.lines
 
 
 def test_clipping_is_applied_only_when_asked_and_counted():
@@ -282,8 +282,8 @@ def test_cli_carries_recurrent_state_through_the_worker(policy_dir, tmp_path, gi
     (("--episodes", "3"), "--episodes needs --env"),
 ])
 def test_bad_rollout_input_is_one_line_and_exit_2(policy_dir, args, words, policy_matrix):
-    code, lines = policy_matrix([policy_dir / "cartpole.onnx", "--targets", "ort-cpu", *args])
-    assert code == 2 and len(lines) == 1 and words in lines[0], lines[-5:]
+    done = policy_matrix([policy_dir / "cartpole.onnx", "--targets", "ort-cpu", *args])
+    assert done.returncode == 2 and len(done.lines) == 1 and words in done.lines[0], done.lines[-5:]
 
 
 def test_a_users_own_env_class_with_kwargs(policy_dir, tmp_path, monkeypatch, policy_matrix):
@@ -320,8 +320,8 @@ def test_a_policy_whose_actions_do_not_fit_the_env_is_bad_input(tmp_path, policy
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "two_floats.onnx")
-    code, lines = policy_matrix([tmp_path / "two_floats.onnx", "--targets", "ort-cpu", "--env", "CartPole-v1", "--out", tmp_path / "out"])
-    assert code == 2 and "one integer per step" in "\n".join(lines), lines
+    done = policy_matrix([tmp_path / "two_floats.onnx", "--targets", "ort-cpu", "--env", "CartPole-v1", "--out", tmp_path / "out"])
+    assert done.returncode == 2 and "one integer per step" in "\n".join(done.lines), done.lines
 
 
 def test_the_reference_rollout_runs_under_the_timeout(policy_dir, tmp_path):

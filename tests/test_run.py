@@ -166,9 +166,9 @@ def test_matrix_toml_sets_tolerances_and_a_broken_one_exits_2(tmp_path, policy_m
     assert done.returncode == 1 and load_results(tmp_path / "out")["cells"][0]["tolerance"] == 1e-7
 
     (tmp_path / "broken.toml").write_text("[tolerance\n")
-    code, lines = policy_matrix([example("continuous_mlp"), "--config", tmp_path / "broken.toml",
-                                 "--out", tmp_path / "out2"])
-    assert code == 2 and "cannot read the config" in "\n".join(lines), lines
+    done = policy_matrix([example("continuous_mlp"), "--config", tmp_path / "broken.toml",
+                          "--out", tmp_path / "out2"])
+    assert done.returncode == 2 and "cannot read the config" in "\n".join(done.lines), done.lines
 
 
 def test_recommendation_ships_the_simplest_of_equally_fast_passing_variants(ort_cpu_runs):

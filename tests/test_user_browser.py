@@ -124,6 +124,6 @@ def test_browser_path_launches_the_given_executable(tmp_path):
     ("--browser-path", "/nonexistent/chrome", "not an executable file"),
 ])
 def test_a_bad_browser_option_is_one_line_and_exit_2(option, value, words, tmp_path, policy_matrix):
-    code, lines = policy_matrix([example("continuous_mlp"), "--targets", "ort-web-wasm", option, value, "--out", tmp_path])
-    assert code == 2 and len(lines) == 1 and words in lines[0], lines[-5:]
+    done = policy_matrix([example("continuous_mlp"), "--targets", "ort-web-wasm", option, value, "--out", tmp_path])
+    assert done.returncode == 2 and len(done.lines) == 1 and words in done.lines[0], done.lines[-5:]
     assert not (tmp_path / "results.json").exists()

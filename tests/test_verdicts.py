@@ -146,8 +146,8 @@ def test_int8_flips_above_the_tie_margin_fail_below_min_agreement_and_warn_above
 
 @pytest.mark.parametrize("option", ["--tie-margin=-1", "--min-agreement=1.5"])
 def test_bad_tie_margin_or_agreement_exits_2(built, tmp_path, option, policy_matrix):
-    code, lines = policy_matrix([built("close_call_discrete"), option, "--out", tmp_path])
-    assert code == 2 and len(lines) == 1 and option.split("=")[0] in lines[0], lines[-5:]
+    done = policy_matrix([built("close_call_discrete"), option, "--out", tmp_path])
+    assert done.returncode == 2 and len(done.lines) == 1 and option.split("=")[0] in done.lines[0], done.lines[-5:]
 
 
 # --- inputs, the reference and its audit trail -----------------------------------------------

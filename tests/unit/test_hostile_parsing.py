@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import CliRun
 from onnx import TensorProto, helper, numpy_helper
 from saved import FIXTURES
 
@@ -29,11 +30,10 @@ SHARD = FIXTURES / "shard_continuous_mlp.json"
 QUICK = ["--targets", "ort-cpu", "--variants", "fp32", "--iters", "1", "--warmup", "0", "--batch-sizes", "1", "--n-obs", "4"]
 
 
-def assert_one_line(result: tuple[int, list[str]], expected: str) -> None:
-    code, lines = result
-    assert code == 2, lines[-5:]
-    assert len(lines) == 1 and expected in lines[0], lines[-5:]
-    assert len(lines[0]) < 1000, "one readable line, not a dump"
+def assert_one_line(done: CliRun, expected: str) -> None:
+    assert done.returncode == 2, done.lines[-5:]
+    assert len(done.lines) == 1 and expected in done.lines[0], done.lines[-5:]
+    assert len(done.lines[0]) < 1000, "one readable line, not a dump"
 
 
 # --- models ---------------------------------------------------------------------------------------------
@@ -558,6 +558,6 @@ def test_an_interrupted_shard_does_not_decide_the_exit_code_of_a_merge(tmp_path,
     """Only the run that was interrupted exits 130/143; a merge shows the shard's interruption and exits by
     the verdicts (--fail-on), as CI expects of a merge job."""
     interrupted = _shard(lambda data: data.update(schema_version=2, interrupted={"after_cells": 2, "signal": "SIGINT"}))
-    code, lines = policy_matrix(["merge", _results_file(tmp_path, interrupted), "--out", tmp_path / "merged"])
-    assert code == 0, lines[-5:]
+    done = policy_matrix(["merge", _results_file(tmp_path, interrupted), "--out", tmp_path / "merged"])
+    assert done.returncode == 0, done.lines[-5:]
     assert "interrupted (SIGINT) after 2 cells" in (tmp_path / "merged" / "summary.md").read_text()
