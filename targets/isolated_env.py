@@ -86,22 +86,26 @@ def ensure_env(name: str, requirements: Path, timeout_s: float = 1800, first: tu
 
 def _build(directory: Path, requirements: Path, timeout_s: float, first: tuple[PinnedWheel, ...]) -> None:
     shutil.rmtree(directory, ignore_errors=True)
-    # No pip inside: ensurepip installs and byte-compiles its bundled pip, ~9 CPU-s per environment, and nothing runs
-    # it afterwards. The project's own pip installs into the environment's interpreter (--python).
     venv.EnvBuilder(with_pip=False).create(directory)
-    pip = [sys.executable, "-m", "pip", "--python", str(directory / "bin" / "python"), "install", "--quiet",
-           "--disable-pip-version-check"]
+    pip = pip_install(directory / "bin" / "python")
     for wheel in first:
         local = subprocess.run([*pip, "--no-deps", "--no-index", wheel.requirement], capture_output=True, text=True,
-                               timeout=timeout_s, env=_own_environment())
+                               timeout=timeout_s, env=own_environment())
         if local.returncode != 0:
             _pip(directory, [*pip, "--no-deps", "--index-url", wheel.index_url, wheel.requirement], timeout_s)
     _pip(directory, [*pip, "-r", str(requirements)], timeout_s)
     (directory / ".complete").write_text(sys.version)
 
 
+def pip_install(python: Path) -> list[str]:
+    """`pip install` into `python`'s environment, made without pip of its own: ensurepip installs and byte-compiles
+    its bundled pip, ~9 CPU s per environment, for a pip nothing runs afterwards. The project's own pip installs
+    there (--python); run it with `own_environment()`."""
+    return [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--disable-pip-version-check"]
+
+
 def _pip(directory: Path, command: list[str], timeout_s: float) -> None:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=_own_environment())
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=own_environment())
     if done.returncode != 0:
         raise EnvError(f"building the {directory.name} environment failed: {_last_line(done.stderr)}")
 
@@ -112,7 +116,7 @@ def run_json(python: Path, script: Path, request: dict, timeout_s: float) -> dic
     request_file.write_text(json.dumps(request))
     done = subprocess.run(
         [str(python), str(script), str(request_file)], capture_output=True, text=True, timeout=timeout_s,
-        env=_own_environment()
+        env=own_environment()
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode < 0:  # killed: its last words show only where it was (e.g. a half-done import)
@@ -122,7 +126,7 @@ def run_json(python: Path, script: Path, request: dict, timeout_s: float) -> dic
     return json.loads(lines[-1])
 
 
-def _own_environment() -> dict[str, str]:
+def own_environment() -> dict[str, str]:
     """This process's environment without what would show the environment's interpreter the core's packages: pip
     would count them as installed (and leave them out), a script would import them."""
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}

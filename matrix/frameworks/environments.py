@@ -18,8 +18,9 @@ import sys
 import venv
 from pathlib import Path
 
-from targets.paths import cache_dir
+from targets import isolated_env
 from targets.build_once import exclusive
+from targets.paths import cache_dir
 
 from . import Framework
 
@@ -33,7 +34,7 @@ class BuildFailed(RuntimeError):
 
 def base_python(base: str | None, build: bool) -> Path | None:
     """The base environment's interpreter: built first when `build`, else None when it is not there."""
-    from targets import coreml_conversion, isolated_env, tflite_conversion
+    from targets import coreml_conversion, tflite_conversion
 
     if base is None:
         return Path(sys.executable)
@@ -81,15 +82,16 @@ def ensure(framework: Framework) -> Path:
 def _build(place: Path, base: Path, framework: Framework) -> None:
     shutil.rmtree(place, ignore_errors=True)
     if framework.base is None:
-        venv.EnvBuilder(with_pip=True).create(place)
+        venv.EnvBuilder(with_pip=False).create(place)
     else:  # the base's own interpreter makes the layer, so the .pth names site-packages of the same Python
-        subprocess.run([str(base), "-m", "venv", str(place)], check=True, capture_output=True, timeout=300)
+        subprocess.run([str(base), "-m", "venv", "--without-pip", str(place)], check=True, capture_output=True,
+                       timeout=300)
         base_site = _site_packages(base.parent.parent)
         _site_packages(place).joinpath("base-env.pth").write_text(f"{base_site}\n")
     pins = framework.pins()
     if pins:
-        done = subprocess.run([str(place / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-                               "--quiet", *pins], capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        done = subprocess.run([*isolated_env.pip_install(place / "bin" / "python"), *pins], capture_output=True,
+                              text=True, timeout=INSTALL_TIMEOUT_S, env=isolated_env.own_environment())
         if done.returncode != 0:
             words = _pip_words(done.stderr)
             (place / FAILED).write_text(words)
