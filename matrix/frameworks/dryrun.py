@@ -170,8 +170,6 @@ def _policy(plan: Plan, framework: Framework, python: Path, policy: str, on_prog
     """One policy, under its folder's lock: two dry-runs sharing an --out build and run it once."""
     folder = policy_folder(plan, framework, policy)
     with exclusive(folder):
-        if plan.rebuild:
-            shutil.rmtree(folder, ignore_errors=True)
         on_progress(f"{framework.label} {policy}: train and export")
         failed = build(python, framework, policy, folder, plan.seed, plan.rebuild)
         if failed:

@@ -166,8 +166,7 @@ class WorkerProcess:
             self._kill()
             raise
         finally:
-            self.gate.release(self.holding)
-            self.holding = None
+            self._release()
         returncode = 0
         if ended != "done":  # hung or dead: its group goes, the target's next cell starts afresh
             returncode = self._kill()
@@ -195,8 +194,7 @@ class WorkerProcess:
         try:
             self._start(env, log)
         except BaseException:
-            self.gate.release(self.holding)
-            self.holding = None
+            self._release()
             raise
 
     def _start(self, env: dict, log: Path) -> None:
@@ -234,11 +232,14 @@ class WorkerProcess:
 
     def _hold(self, kind: str) -> float:
         """The gate's grant for `kind` instead of the one held; the seconds it waited."""
-        self.gate.release(self.holding)
-        self.holding = None
+        self._release()
         waited = self.gate.acquire(kind)
         self.holding = kind
         return waited
+
+    def _release(self) -> None:
+        self.gate.release(self.holding)
+        self.holding = None
 
     def stop(self) -> None:
         if self.process is not None:
