@@ -21,6 +21,7 @@ cap may convert it. A build killed or timed out raises, leaving none.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import uuid
@@ -28,6 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from filelock import FileLock
+
+from .out_of_memory import looks_out_of_memory
 
 REFUSAL = "refusal.json"  # {"error": the converter's words}
 
@@ -71,3 +74,27 @@ def _remove(path: Path) -> None:
     else:
         path.unlink(missing_ok=True)
 
+
+def keep_refusal(staging: Path, words: str) -> None:
+    """A converter's refusal becomes the entry (`staging`): the next run reads its words instead of converting
+    again. Words that say it ran out of memory raise instead, leaving no entry: a larger cap may convert it."""
+    if looks_out_of_memory(words):
+        raise RuntimeError(words)
+    staging.mkdir(exist_ok=True)
+    (staging / REFUSAL).write_text(json.dumps({"error": words}))
+
+
+def converted_or_refused(marker: str) -> Callable[[Path], bool]:
+    """`build_once`'s `ready` for a conversion entry: its `marker` file, or a refusal, is there."""
+    return lambda entry: (entry / marker).exists() or (entry / REFUSAL).exists()
+
+
+def cached_words(converter: str) -> str:
+    """What follows a converter's words read from the cache instead of said by this run."""
+    return f" ({converter}'s words when it converted this model, cached)"
+
+
+def raise_if_refused(entry: Path, made: bool, converter: str) -> None:
+    """The converter's words when it refused the model, now (`made`) or in the run that cached them."""
+    if (entry / REFUSAL).exists():
+        raise RuntimeError(json.loads((entry / REFUSAL).read_text())["error"] + ("" if made else cached_words(converter)))

@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import Artifact, PrepareContext
-from .build_once import REFUSAL, build_once
-from .out_of_memory import looks_out_of_memory
+from .build_once import build_once, converted_or_refused, keep_refusal, raise_if_refused
 from .isolated_env import PinnedWheel, ensure_env, env_python, run_json
 
 HERE = Path(__file__).parent
@@ -32,7 +31,6 @@ ENV_NAME = "coreml"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 MAX_BATCH = 1024  # upper bound of the flexible batch dimension (RangeDim)
 CONVERT_TIMEOUT_S = 600
-CACHED_REFUSAL = " (the converter's words when it converted this model, cached)"
 
 PRECISION_NOTES = {
     "fp32": "fp32: compute_precision=FLOAT32 (coremltools' default would be FLOAT16)",
@@ -88,15 +86,11 @@ def convert(ctx: PrepareContext, variant: str) -> tuple[Path, dict, bool]:
         result = run_json(build_environment(), CONVERT_SCRIPT, request, CONVERT_TIMEOUT_S)
         if "error" not in result:
             (staging / "conversion.json").write_text(json.dumps(result))
-        elif looks_out_of_memory(result["error"]):
-            raise RuntimeError(result["error"])
         else:
-            words = result["error"].replace(str(staging), str(entry))  # where its files are once cached
-            (staging / REFUSAL).write_text(json.dumps({"error": words}))
+            keep_refusal(staging, result["error"].replace(str(staging), str(entry)))  # where its files are once cached
 
-    made = build_once(entry, write, ready=lambda path: (path / "conversion.json").exists() or (path / REFUSAL).exists())
-    if (entry / REFUSAL).exists():
-        raise RuntimeError(json.loads((entry / REFUSAL).read_text())["error"] + ("" if made else CACHED_REFUSAL))
+    made = build_once(entry, write, ready=converted_or_refused("conversion.json"))
+    raise_if_refused(entry, made, "the converter")
     return entry / "model.mlpackage", json.loads((entry / "conversion.json").read_text()), not made
 
 

@@ -30,7 +30,6 @@ from typing import ClassVar
 
 from . import isolated_env
 from .base import NO_SETTINGS, Artifact, Knob, PrepareContext, Session, Settings, Target
-from .build_once import REFUSAL
 # build_environment: `policy-matrix setup tflite` builds the onnx2tf environment through this module.
 from .tflite_conversion import (  # noqa: F401
     CACHED_WORDS, ENV_NAME, REQUIREMENTS, build_environment, converted, converter_pin, onnx_interface,
@@ -84,8 +83,6 @@ class TfliteTarget(Target):
     def prepare(self, ctx: PrepareContext, variant: str) -> Artifact:
         model = ctx.onnx_variant("fp32")  # onnx2tf makes its own fp16/int8 files from fp32
         entry, fresh = converted(ctx, model, self.recipe)
-        if (entry / REFUSAL).exists():  # onnx2tf refused the model: every cell of this recipe fails with its words
-            raise RuntimeError(json.loads((entry / REFUSAL).read_text())["error"] + ("" if fresh else CACHED_WORDS))
         meta = json.loads((entry / "meta.json").read_text())
         file_variant = variant if self.recipe == "dynamic" else "int8-full"
         if file_variant in meta.get("missing", {}):  # this cell only: its siblings have their files

@@ -20,8 +20,7 @@ import onnx
 
 from . import isolated_env
 from .base import Feeds, PrepareContext
-from .build_once import REFUSAL, build_once
-from .out_of_memory import looks_out_of_memory
+from .build_once import build_once, cached_words, converted_or_refused, keep_refusal, raise_if_refused
 from .tflite_provenance import OnnxInterface
 
 REQUIREMENTS = Path(__file__).parent / "requirements" / "onnx2tf.txt"
@@ -34,7 +33,7 @@ CONVERT_TIMEOUT_S = 900
 MAX_CALIBRATION_SAMPLES = 128
 RECIPE_FILES = {"dynamic": ("fp32", "fp16", "int8"), "full": ("int8-full",)}
 WORK_FOLDER = "<onnx2tf's work folder>"  # stands for the converting cell's folder in cached reasons
-CACHED_WORDS = " (onnx2tf's words when it converted this model, cached)"
+CACHED_WORDS = cached_words("onnx2tf")
 
 
 def converter_pin() -> str:
@@ -52,7 +51,8 @@ def build_environment() -> Path:
 
 def converted(ctx: PrepareContext, model: Path, recipe: str) -> tuple[Path, bool]:
     """The cache entry (a folder of .tflite files + meta.json) for this model and recipe,
-    and whether this call made it (cells of one run convert the same model at once: one converts)."""
+    and whether this call made it (cells of one run convert the same model at once: one converts).
+    Raises RuntimeError with onnx2tf's words when it refused the model, now or in the run that cached it."""
     calibration = calibration_set(ctx) if recipe == "full" else {}
     entry = ctx.cache_dir / "tflite" / cache_key(model, recipe, calibration)
 
@@ -60,13 +60,11 @@ def converted(ctx: PrepareContext, model: Path, recipe: str) -> tuple[Path, bool
         answer = run_converter(ctx, model, recipe, calibration)
         if answer["ok"]:
             store(staging, answer, RECIPE_FILES[recipe])
-        elif looks_out_of_memory(answer["error"]):
-            raise RuntimeError(answer["error"])  # not cached: a larger cap may convert it
-        else:  # onnx2tf's refusal of this model: the next run reads it instead of converting again
-            staging.mkdir()
-            (staging / REFUSAL).write_text(json.dumps({"error": answer["error"]}))
+        else:
+            keep_refusal(staging, answer["error"])
 
-    made = build_once(entry, convert, ready=lambda path: (path / "meta.json").exists() or (path / REFUSAL).exists())
+    made = build_once(entry, convert, ready=converted_or_refused("meta.json"))
+    raise_if_refused(entry, made, "onnx2tf")  # every cell of this recipe fails with its words
     return entry, made
 
 
