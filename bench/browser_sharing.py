@@ -2,7 +2,7 @@
 
 Opens the three web targets' harness pages (targets/chromium.HarnessPage: a private local server, one
 ORT bundle imported) both ways and prints the wall time until all three pages are ready and the peak
-resident memory of this process's tree (summed over its processes, as bench/matrix_wall.py does):
+resident memory of this process's tree (bench/matrix_wall.py's sampler, summed over its processes):
 
 - separate, one at a time: three worker-like processes, each launching its own Chromium, one after
   another (what a run did before the web targets shared one worker: Target.worker_group);
@@ -16,7 +16,6 @@ resident memory of this process's tree (summed over its processes, as bench/matr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import subprocess
 import sys
@@ -39,29 +38,19 @@ def _open_pages(bundles: list[str]) -> None:
 
 def measure(groups: list[list[str]], at_once: bool) -> tuple[float, int]:
     """Wall time until every group's process has its pages open, and the peak RSS of the tree."""
-    started, peak = time.perf_counter(), [0]
+    from matrix_wall import TreeUsage, sample_while  # here, not at the top: the children (--open) need none of it
+
+    started, usage = time.perf_counter(), TreeUsage()
     batches = [groups] if at_once else [[group] for group in groups]
     for batch in batches:
         processes = [subprocess.Popen([sys.executable, __file__, "--open", ",".join(group)]) for group in batch]
-        sampler = threading.Thread(target=_sample, args=(processes, peak), daemon=True)
+        sampler = threading.Thread(target=sample_while, daemon=True, args=(  # this process's tree: the batch's
+            usage, psutil.Process(), lambda: any(process.poll() is None for process in processes)))
         sampler.start()
         for process in processes:
             process.wait()
         sampler.join()
-    return time.perf_counter() - started, peak[0]
-
-
-def _sample(processes: list[subprocess.Popen], peak: list[int]) -> None:
-    while any(p.poll() is None for p in processes):
-        total = 0
-        for process in processes:
-            with contextlib.suppress(psutil.Error):
-                root = psutil.Process(process.pid)
-                for member in [root, *root.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        total += member.memory_info().rss
-        peak[0] = max(peak[0], total)
-        time.sleep(0.05)
+    return time.perf_counter() - started, usage.peak_rss
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil  # the dev extra's; it reads the run's process tree
@@ -101,7 +102,9 @@ def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out:
     usage = TreeUsage()
     started = time.time()
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as process:
-        sampler = threading.Thread(target=_sample, args=(process.pid, usage), daemon=True)
+        root = psutil.Process(process.pid)
+        sampler = threading.Thread(target=sample_while, daemon=True, args=(
+            usage, root, lambda: root.is_running() and root.status() != psutil.STATUS_ZOMBIE))
         sampler.start()
         stderr = process.stderr.read()
         process.wait()
@@ -111,14 +114,12 @@ def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out:
     return started, usage
 
 
-def _sample(pid: int, usage: TreeUsage) -> None:
-    try:
-        root = psutil.Process(pid)
-        while root.is_running() and root.status() != psutil.STATUS_ZOMBIE:
+def sample_while(usage: TreeUsage, root: psutil.Process, running: Callable[[], bool]) -> None:
+    """`usage.sample(root)` every 0.1 s while `running()` (bench/browser_sharing.py samples its own tree too)."""
+    with contextlib.suppress(psutil.Error):  # the root ended between two samples
+        while running():
             usage.sample(root)
             time.sleep(0.1)
-    except psutil.Error:  # the run ended between two samples
-        pass
 
 
 def mtime(path: Path) -> float | None:

@@ -21,8 +21,10 @@ the tool's problem, reported as a SKIP, never a silent run of the default).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -31,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +51,7 @@ NODE_MODULES_ENV = "POLICY_MATRIX_NODE_MODULES"  # the pinned npm release's node
 # shorter one (1.22) is a range to npm, not one release.
 _VERSION = re.compile(r"^\d+\.\d+\.\d+([-+.]?[0-9A-Za-z]+)*$")
 INSTALL_TIMEOUT_S = 900
+REGISTRY_ANSWER_S = 600  # how long pip's list of a package's releases is reused: new releases are rare
 
 
 class BadRelease(ValueError):
@@ -127,12 +131,39 @@ class PipRelease(Release):
             return loaded == wanted
 
     def registry_versions(self) -> list[str]:
+        """pip's answer, reused for REGISTRY_ANSWER_S under the same pip configuration: a bisect, the next bisect
+        and `targets --versions` ask once (each `pip index versions` takes seconds). No answer is not kept."""
+        answer = cache_dir() / "runtimes" / "pip-index" / f"{self.package}-{_pip_configuration()}.json"
+        with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: ask pip
+            if time.time() - answer.stat().st_mtime < REGISTRY_ANSWER_S:
+                return json.loads(answer.read_text())
         done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", self.package, "--disable-pip-version-check"],
                               capture_output=True, text=True, timeout=120)
         found = re.search(r"Available versions: (.*)", done.stdout)
         if not found:
             raise RuntimeError(f"pip index versions {self.package}: {_meaningful_line(done.stderr) or 'no answer'}")
-        return [v.strip() for v in found.group(1).split(",")]
+        offered = [v.strip() for v in found.group(1).split(",")]
+        answer.parent.mkdir(parents=True, exist_ok=True)
+        staging = answer.with_name(f"{answer.name}.{os.getpid()}.tmp")
+        staging.write_text(json.dumps(offered))
+        os.replace(staging, answer)  # whole: a concurrent reader sees this answer or none
+        return offered
+
+
+def _pip_configuration() -> str:
+    """What decides pip's index (its PIP_* variables and configuration files, pip itself): another configuration
+    asks again. The files are those pip reads on Linux and macOS (`pip config debug`)."""
+    home = Path.home()
+    config_home = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    config_dirs = (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep)
+    files = [*(Path(folder) / "pip" / "pip.conf" for folder in config_dirs), Path("/etc/pip.conf"),
+             home / ".pip" / "pip.conf", config_home / "pip" / "pip.conf", Path(sys.prefix) / "pip.conf",
+             Path(os.environ.get("PIP_CONFIG_FILE") or os.devnull)]
+    words = [sys.executable, *sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("PIP_"))]
+    digest = hashlib.sha256("\0".join(words).encode())
+    for file in files:
+        digest.update(str(file).encode() + (file.read_bytes() if file.is_file() else b"(none)"))
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from conftest import run_cli
@@ -96,3 +97,20 @@ def test_the_release_list_marks_the_default_and_the_releases_the_bisect_installe
         assert rows[release]["installed"] and not rows[release]["default"]
     text = run_cli("targets", "--versions", "ort-cpu").stdout
     assert f"{onnxruntime.__version__} (default)" in text and "1.23.0 (installed)" in text
+
+
+def test_pips_release_list_is_asked_once_per_pip_configuration_and_no_answer_keeps_its_words(tmp_path, monkeypatch):
+    import targets as registry
+    from targets import versions
+
+    monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path))
+    release = versions.release_of(registry.get("ort-cpu"))
+    assert set(RANGE) <= set(release.registry_versions())  # pip's answer, kept
+    [kept] = (tmp_path / "runtimes" / "pip-index").iterdir()
+    kept.write_text(json.dumps(["9.9.9"]))
+    assert release.registry_versions() == ["9.9.9"]  # read back, pip not asked again
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)  # another configuration, an index that cannot answer
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "no-index").as_uri())
+    with pytest.raises(RuntimeError, match="^pip index versions onnxruntime: ERROR: No matching distribution"):
+        release.registry_versions()

@@ -93,15 +93,22 @@ def test_untrusted_words_in_the_markdown_table_are_escaped():
     assert "<script>" not in table and "\\|" in row and row.count(" | ") == 8  # the pipe stays inside its cell
 
 
-@pytest.mark.slow  # six builds, each a process importing onnx
-def test_a_policy_is_built_once_per_recipe_and_a_cached_build_says_so(tmp_path, monkeypatch):
+def _probe(tmp_path: Path, monkeypatch) -> tuple[Framework, Path, Path]:
+    """The probe framework (PROBE_MODULE) with a cache of its own: the framework, its module and its RUNS file."""
     monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path / "cache"))
     runs = tmp_path / "runs.txt"
     (tmp_path / "recipe").mkdir()
     module = tmp_path / "recipe" / "probe_export.py"
     module.write_text(PROBE_MODULE.format(runs=str(runs)))
     probe = Framework(name="probe", module="probe_export", package="onnx", version="", requirements=(), base=None,
-                      policies={"identity": "Pendulum-v1"}, export="onnx.helper", folder=tmp_path / "recipe")
+                      policies={"identity": "Pendulum-v1", "other": "Pendulum-v1"}, export="onnx.helper",
+                      folder=tmp_path / "recipe")
+    return probe, module, runs
+
+
+@pytest.mark.slow  # six builds, each a process importing onnx
+def test_a_policy_is_built_once_per_recipe_and_a_cached_build_says_so(tmp_path, monkeypatch):
+    probe, module, runs = _probe(tmp_path, monkeypatch)
 
     def build(out: str, seed: int = 0, rebuild: bool = False) -> dict:
         folder = tmp_path / out / "identity"
@@ -123,6 +130,23 @@ def test_a_policy_is_built_once_per_recipe_and_a_cached_build_says_so(tmp_path, 
     for _ in range(2):  # a failed build is not cached: the next run tries again
         assert dryrun.build(Path(sys.executable), probe, "identity", tmp_path / "broken" / "identity", 7) == "the training script broke"
     assert runs.read_text().split() == ["0", "1", "0", "0", "7", "7"]
+
+
+@pytest.mark.slow  # three builds, each a process importing onnx
+def test_the_cache_keeps_one_build_per_policy_the_latest(tmp_path, monkeypatch):
+    probe, module, _ = _probe(tmp_path, monkeypatch)
+    builds = tmp_path / "cache" / "framework-builds"
+
+    def build(policy: str, seed: int = 0) -> None:
+        assert dryrun.build(Path(sys.executable), probe, policy, tmp_path / f"{policy}-{seed}" / policy, seed) == ""
+
+    build("other")
+    build("identity")
+    module.write_text(module.read_text() + "\n# the recipe changed\n")
+    build("identity", seed=1)  # another recipe of the same policy: the older build goes, the other policy's stays
+    entries = sorted(path.name for path in builds.iterdir() if not path.name.endswith(".lock"))
+    assert [entry.rsplit("-", 1)[0] for entry in entries] == ["probe-base-identity", "probe-base-other"]
+    assert entries[0].endswith(dryrun.build_key(Path(sys.executable), probe, "identity", 1))  # the one just built
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from targets import coreml_conversion
-from targets.build_once import build_once
+from targets.build_once import build_once, exclusive
 from targets.isolated_env import env_python
 from targets.paths import cache_dir
 from tests.source_policies import SB3_TRAIN_EXPORT, TORCH_EXPORT, TORCH_MODULE, sb3_with_sources, torch_with_source
@@ -40,16 +40,20 @@ def torch_python() -> Path:
 
 @pytest.fixture(scope="module")
 def sb3_python(torch_python: Path) -> Path:
-    """A venv over the Core ML environment's packages (a .pth file: torch is not installed twice) with SB3."""
+    """A venv over the Core ML environment's packages (a .pth file: torch is not installed twice) with SB3, made once
+    under the cache's lock (xdist's workers share it). Made where it lives, `.complete` last, as
+    isolated_env.ensure_env makes environments: a venv's scripts name the folder it was made in, so unlike
+    `cached_policies` it cannot be made aside and renamed into place (build_once)."""
     folder = cache_dir() / "envs" / f"sb3-test-{SB3_PIN.split('==')[1]}-{torch_python.parent.parent.name}"
     python = folder / "bin" / "python"
-    if not (folder / ".complete").exists():
-        subprocess.run([str(torch_python), "-m", "venv", "--clear", str(folder)], check=True, timeout=300)
-        site = next((torch_python.parent.parent / "lib").glob("python3*/site-packages"))
-        next((folder / "lib").glob("python3*/site-packages")).joinpath("torch-env.pth").write_text(f"{site}\n")
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", SB3_PIN],
-                       check=True, timeout=900)
-        (folder / ".complete").touch()
+    with exclusive(folder):
+        if not (folder / ".complete").exists():
+            subprocess.run([str(torch_python), "-m", "venv", "--clear", str(folder)], check=True, timeout=300)
+            site = next((torch_python.parent.parent / "lib").glob("python3*/site-packages"))
+            next((folder / "lib").glob("python3*/site-packages")).joinpath("torch-env.pth").write_text(f"{site}\n")
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", SB3_PIN],
+                           check=True, timeout=900)
+            (folder / ".complete").touch()
     return python
 
 

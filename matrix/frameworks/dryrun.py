@@ -2,18 +2,21 @@
 then run the matrix on the export through the CLI (`policy-matrix run` with `--env`, `--source`
 and `--assist`, one subprocess per policy, its own report folder), and read one row of the table
 from what that run wrote. A finished build is cached by its recipe (`build_key`) and copied, saying so, into
-a later table's folder. Nothing is assumed: a framework that did not install, a policy that did
+a later table's folder; the cache keeps one build per framework release and policy (the latest built). Nothing is assumed: a framework that did not install, a policy that did
 not build and a run that did not finish are rows that say so in the tool's or pip's own words.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,7 +32,7 @@ BUILD_TIMEOUT_S = 900
 RUN_TIMEOUT_S = 3600
 DEFAULT_TARGETS = "ort-cpu,ort-node,ort-web-wasm,ort-web-webgl,ort-web-webgpu,tract,tflite,coreml"
 MANIFEST = "manifest.json"  # what a build leaves (_kit.py writes it last)
-BUILDS = "framework-builds"  # finished builds in the cache, one folder per build_key
+BUILDS = "framework-builds"  # finished builds in the cache: `<framework>-<release>-<policy>-<build_key>` folders
 
 
 class PolicyBuildFailed(RuntimeError):
@@ -75,15 +78,35 @@ def build(python: Path, framework: Framework, policy: str, folder: Path, seed: i
     build's last words (a failed build is not cached: the next run tries again)."""
     if not rebuild and finished(folder):
         return ""
-    entry = cache_dir() / BUILDS / f"{framework.name}-{policy}-{build_key(python, framework, policy, seed)}"
+    entry = cache_dir() / BUILDS / f"{_builds_of(framework, policy)}-{build_key(python, framework, policy, seed)}"
     try:
-        made = build_once(entry, lambda staging: _train_and_export(python, framework, policy, folder, seed, staging),
-                          ready=lambda place: not rebuild and finished(place))
+        while not build_once(entry, lambda staging: _train_and_export(python, framework, policy, folder, seed, staging),
+                             ready=lambda place: not rebuild and finished(place)):
+            if _restore(entry, folder):
+                return ""
+            # else another recipe's run evicted the entry after this one found it: build it here after all
     except PolicyBuildFailed as failed:
         return str(failed)
-    if not made:
-        _restore(entry, folder)
+    _evict_older_builds(entry, framework, policy)
     return ""
+
+
+def _builds_of(framework: Framework, policy: str) -> str:
+    """What the cache's entries of one framework release's policy start with: one kept, the latest built
+    (the release is in it so that two releases compared in one table do not evict each other's build)."""
+    return f"{framework.name}-{framework.version or 'base'}-{policy}"
+
+
+def _evict_older_builds(entry: Path, framework: Framework, policy: str) -> None:
+    """Remove the policy's other builds (an older recipe: an edited module, other pins or seed), each under its
+    lock and renamed away first, so a run copying one (`_restore`, under that lock) finishes its copy first."""
+    older = re.compile(re.escape(_builds_of(framework, policy)) + r"-[0-9a-f]{16}")
+    for other in entry.parent.iterdir():
+        if other != entry and older.fullmatch(other.name):
+            gone = other.with_name(f"{other.name}.{uuid.uuid4().hex[:8]}.evicted")
+            with exclusive(other), contextlib.suppress(FileNotFoundError):  # another run evicted it meanwhile
+                os.replace(other, gone)
+            shutil.rmtree(gone, ignore_errors=True)
 
 
 def build_key(python: Path, framework: Framework, policy: str, seed: int) -> str:
@@ -119,14 +142,19 @@ def _train_and_export(python: Path, framework: Framework, policy: str, folder: P
     shutil.copytree(folder, staging)
 
 
-def _restore(entry: Path, folder: Path) -> None:
-    """The cached build into the policy's folder, its manifest naming where it came from and when it was built."""
-    shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(entry, folder)
+def _restore(entry: Path, folder: Path) -> bool:
+    """The cached build into the policy's folder, its manifest naming where it came from and when it was built;
+    False when the entry is gone (evicted by a run of another recipe). Under the entry's lock: not evicted mid-copy."""
+    with exclusive(entry):
+        if not finished(entry):
+            return False
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(entry, folder)
+        built = datetime.fromtimestamp(entry.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     manifest = json.loads((folder / MANIFEST).read_text())
-    built = datetime.fromtimestamp(entry.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     manifest["cached_build"] = f"cached build of {built} (same recipe, pins, interpreter and seed; --rebuild trains again)"
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return True
 
 
 def run_matrix(python: Path, plan: Plan, manifest: dict, folder: Path) -> str:
