@@ -31,7 +31,6 @@ from filelock import FileLock, Timeout
 from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import targets as registry
 from targets import versions
@@ -55,7 +54,9 @@ from ..configuration import Configuration, settings_label
 from ..results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, upgrade_v1_cell
 from ..judge.rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, ReturnTolerance, Tolerances
 
-if TYPE_CHECKING:  # --source's column is imported where it runs (_source_cell)
+if TYPE_CHECKING:  # imported where they are used, after the reference job was asked for (or with --source only)
+    from rich.progress import Progress
+
     from ..reference import source
 
 
@@ -172,11 +173,11 @@ def run(config: RunConfig, console: Console) -> RunResults:
     _announce_reference_rollout(config, console)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
         made = pool.submit(_all_variants, config)
-        # What the runner needs after the cells loads while it only waits for the reference job, instead of after
-        # the last cell or before the reference job: the report's modules (Jinja2, the charts; ~0.1 s), the assist
-        # step's (after_cells) and numpy.ma, which np.percentile (the judge's parity) imports on its first call
-        # (np.unique asks whether its input is masked; 15-50 ms).
-        for module in ("matrix.report.report", "matrix.assist.assist", "numpy.ma"):
+        # What the runner needs after the reference job loads while it only waits for it, instead of before asking
+        # for it or after the last cell: the cells' progress bars (rich.progress), the report's modules (Jinja2, the
+        # charts; ~0.1 s), the assist step's (after_cells) and numpy.ma, which np.percentile (the judge's parity)
+        # imports on its first call (np.unique asks whether its input is masked; 15-50 ms).
+        for module in ("rich.progress", "matrix.report.report", "matrix.assist.assist", "numpy.ma"):
             pool.submit(importlib.import_module, module)
         ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, obs_source, console)
         (onnx_variants, variant_errors), candidate_variants = made.result()
@@ -703,6 +704,8 @@ class Services:
 def _progress(console: Console) -> Progress:
     """Live bars on a terminal. Elsewhere (a CI log) rich draws nothing until the run ends, so the
     bars are off there and `log_finished` prints one plain line per cell as it finishes instead."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # loaded while the reference job ran
+
     return Progress(
         TextColumn("{task.description}", style="bold"), BarColumn(), TimeElapsedColumn(), console=console, transient=False,
         disable=not console.is_terminal,
