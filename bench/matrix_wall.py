@@ -94,9 +94,10 @@ def process_kind(name: str, command: list[str]) -> str:
     return "python" if name.startswith("python") else name
 
 
-def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out: Path) -> tuple[float, TreeUsage]:
-    """When the run started, and what its process tree (runner, fork server, reference, tool steps,
-    workers, browser) used."""
+def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out: Path) -> tuple[float, float, TreeUsage]:
+    """When the run started and ended, and what its process tree (runner, fork server, reference, tool steps,
+    workers, browser) used. The end is read when the runner has exited, before the sampler's last pause
+    (up to 0.1 s) ends: that pause is no part of the run's "exit" step."""
     command = [sys.executable, "-m", "matrix", "-q", "run", str(policy), "--out", str(out), "--targets", targets,
                "--variants", variants, "--fail-on", "never", *extra]
     usage = TreeUsage()
@@ -108,10 +109,11 @@ def run_matrix(policy: Path, targets: str, variants: str, extra: list[str], out:
         sampler.start()
         stderr = process.stderr.read()
         process.wait()
+        ended = time.time()
         sampler.join()
     if process.returncode != 0:
         sys.exit(f"policy-matrix run failed ({process.returncode}): {stderr.strip()[-2000:]}")
-    return started, usage
+    return started, ended, usage
 
 
 def sample_while(usage: TreeUsage, root: psutil.Process, running: Callable[[], bool]) -> None:
@@ -221,8 +223,7 @@ def main() -> None:
         policy = Path(name) if name.endswith(".onnx") else POLICIES / f"{name}.onnx"
         with tempfile.TemporaryDirectory(prefix="matrix-wall-") as scratch:
             out = args.keep / policy.stem if args.keep else Path(scratch) / "report"
-            started, usage = run_matrix(policy, args.targets, args.variants, args.extra, out)
-            ended = time.time()
+            started, ended, usage = run_matrix(policy, args.targets, args.variants, args.extra, out)
             per_target, run_steps, timed = account(out, started, ended)
         print_tables(policy.stem, ended - started, usage, per_target, run_steps, timed)
         recorded[policy.stem] = {"wall_s": ended - started, "peak_rss_bytes": usage.peak_rss, "peak_pss_bytes": usage.peak_pss,

@@ -11,7 +11,6 @@ import math
 import os
 import re
 import tempfile
-import tomllib
 from pathlib import Path
 
 from .errors import InputError
@@ -102,6 +101,8 @@ def read_toml(path: Path) -> dict:
         raise InputError(f"{path}: cannot read the config ({error.strerror or error})") from None
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: cannot read the config (not UTF-8: byte {error.start})") from None
+    import tomllib  # here, like validated: the fork server, every worker and --version import this module, 10-20 ms of CPU each
+
     from . import validated  # here, not at the top: it imports numpy and pydantic, which --version/--help never pay for
 
     try:

@@ -28,8 +28,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from filelock import FileLock
-
 from .out_of_memory import looks_out_of_memory
 
 REFUSAL = "refusal.json"  # {"error": the converter's words}
@@ -38,6 +36,8 @@ REFUSAL = "refusal.json"  # {"error": the converter's words}
 @contextlib.contextmanager
 def exclusive(entry: Path, lock: Path | None = None) -> Iterator[None]:
     """Hold the entry's lock (`<entry>.lock` unless `lock` names another file): one builder at a time, across processes."""
+    from filelock import FileLock  # here: importing it costs each cell worker 10-30 ms of CPU, and most never build anything
+
     lock = lock or entry.with_name(f"{entry.name}.lock")
     entry.parent.mkdir(parents=True, exist_ok=True)
     lock.parent.mkdir(parents=True, exist_ok=True)

@@ -134,15 +134,13 @@ BROWSER_PATH_OPTION = click.option(
 @BROWSER_PATH_OPTION
 def run(model: Path, as_json: bool, **values) -> None:
     """Run the matrix on MODEL and write the report."""
-    from .. import results as schema
-    from ..decide.merge import shard_path as merge_shard_path
     from ..run.orchestrate import lock_out
     from ..run.orchestrate import run as run_matrix
 
     ending = args.ENDING.parse(values)
     config = args.run_config(model, values)
     options.writable_dir(config.out)
-    baseline = schema.load(merge_shard_path(ending["baseline"])) if ending["baseline"] else None  # a bad one fails first
+    baseline = _baseline(ending["baseline"])  # a bad one fails first
     with lock_out(config.out):
         try:
             results = run_matrix(config, console)
@@ -154,20 +152,28 @@ def run(model: Path, as_json: bool, **values) -> None:
                 ending["allow_different_inputs"], own_run=True)
 
 
+def _baseline(path: Path | None):
+    """--baseline's results (a results.json or its folder), or None; merge's modules only when one is given."""
+    if path is None:
+        return None
+    from .. import results as schema
+    from ..decide.merge import shard_path as merge_shard_path
+
+    return schema.load(merge_shard_path(path))
+
+
 @app.command()
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", type=args.REPORT_FOLDER, required=True, help="Folder of the merged report.")
 @args.ENDING
 def merge(shards, out, **values):
     """Merge SHARDS (results.json files or report folders, one per host) into one report."""
-    from .. import results as schema
     from ..decide.decide import Request
     from ..decide.merge import merge as merge_shards
-    from ..decide.merge import shard_path as merge_shard_path
     from ..run.orchestrate import lock_out
 
     ending = args.ENDING.parse(values)
-    baseline = schema.load(merge_shard_path(ending["baseline"])) if ending["baseline"] else None
+    baseline = _baseline(ending["baseline"])
     merged = merge_shards(list(shards), ending["allow_different_inputs"])
     merged.decision = Request.recorded(merged.run_options).decide(merged)  # the first shard's budgets, over every host's cells
     with lock_out(options.writable_dir(out)):  # never replace the report of a run still writing there
@@ -204,11 +210,12 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
     """Compare with the baseline, write the report, print the tally and exit with the verdict (130/143 when
     this run itself was interrupted; an interrupted shard in a merge is shown in the report, not the exit code)."""
     from .. import results as schema
-    from ..decide.compare import compare as compare_results
     from ..decide.decide import summary_lines
     from ..report.report import write_all
 
     if baseline is not None:
+        from ..decide.compare import compare as compare_results  # only with a baseline: a plain run never compares
+
         try:
             results.regressions = compare_results(baseline, results, thresholds, allow_different_inputs)
         except InputError:  # refused (different inputs): the run's own report is still written

@@ -385,19 +385,27 @@ def _min_agreement(value: float) -> float:
 def tolerances(specs: list[str]):
     """Every override (command line or the config's [tolerance] table) is a number >= 0 whose key matches some
     target or variant."""
-    import targets as registry
     from targets.base import VARIANTS
 
     from ..judge.rules import Tolerances
     from ..runtime_versions import release_key
-    from ..reference.source import TARGET as SOURCE_TARGET
 
     tolerances = Tolerances.parse(specs, click.get_current_context().meta.get("config_tolerances", {}))
     for key, value in [*tolerances.overrides.items(), *tolerances.rtol_overrides.items()]:
         where = f"tolerance {key!r}"
         options.tolerance_value(value, where)
-        options.tolerance_key(release_key(key, where), [*registry.REGISTRY, SOURCE_TARGET], VARIANTS, where)
+        options.tolerance_key(release_key(key, where), _tolerance_targets(), VARIANTS, where)
     return tolerances
+
+
+def _tolerance_targets() -> list[str]:
+    """What a tolerance key may name: every target and the --source column (whose module is imported here, for a
+    key only: a run without --source or tolerance keys never needs it)."""
+    import targets as registry
+
+    from ..reference.source import TARGET as SOURCE_TARGET
+
+    return [*registry.REGISTRY, SOURCE_TARGET]
 
 
 def load_model(path: Path, limit: int, given_batch_axes: dict[str, int]):

@@ -39,16 +39,22 @@ import subprocess
 import sys
 import threading
 
-# What the jobs import, in the order a run needs them: the reference job first (its evaluator's ~200
-# operator modules, `onnx.reference.ops`, cost each reference job ~0.2 s when not preloaded), then the cell
-# workers' (the results' schemas, which the reference job has no use for; numpy.ma, which np.percentile imports
-# on its first call, 15-50 ms of a worker's latency percentiles). One module per step, the large ones apart (the
-# results' schemas take 0.1-0.3 s to build): a request waits for the step under way only. The jobs' own modules
-# are imported too, then dropped from sys.modules, so each child runs its entry module fresh as __main__ (runpy
-# warns about a module already imported).
-PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.reference", "onnx.reference.ops", "onnxruntime", "pydantic",
-           "matrix.run.rollouts", "matrix.reference.reference", "matrix.results", "numpy.ma")
-ENTRY_MODULES = ("matrix.reference.reference_job", "matrix.run.guarded", "matrix.run.worker")
+# What the jobs import, in the order a run needs them: everything the reference job imports first (its
+# evaluator's ~200 operator modules, `onnx.reference.ops`, cost each reference job ~0.2 s when not preloaded; its
+# own modules, REFERENCE_ENTRIES), then what only the cell workers import (the results' schemas, which the
+# reference job has no use for; numpy.ma, which np.percentile imports on its first call, 15-50 ms of a worker's
+# latency percentiles; the worker's module). One module per step, the large ones apart (pydantic's model machinery
+# and the results' schemas take 0.1-0.3 s each): a request waits for the step under way only, and a run asks for
+# its reference job about when the server reaches the workers' steps. The jobs' own modules are imported too, then
+# dropped from sys.modules, so each child runs its entry module fresh as __main__ (runpy warns about a module
+# already imported).
+REFERENCE_PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.reference", "onnx.reference.ops", "onnxruntime", "pydantic",
+                     "matrix.run.rollouts", "matrix.reference.reference")
+REFERENCE_ENTRIES = ("matrix.reference.reference_job", "matrix.run.guarded")
+WORKER_PRELOAD = ("pydantic.main", "matrix.results", "numpy.ma")
+WORKER_ENTRIES = ("matrix.run.worker",)
+PRELOAD = REFERENCE_PRELOAD + WORKER_PRELOAD
+ENTRY_MODULES = REFERENCE_ENTRIES + WORKER_ENTRIES
 # An environment whose value of these differs from the server's changes what the child would import:
 # the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned
 # npm release's node_modules is read when targets.web_support is imported).
@@ -445,8 +451,10 @@ def preload_steps() -> list:
         for loaded in ENTRY_MODULES:
             sys.modules.pop(loaded, None)
 
-    return [*(functools.partial(importlib.import_module, name) for name in PRELOAD),
-            *(functools.partial(entry, name) for name in ENTRY_MODULES)]
+    return [*(functools.partial(importlib.import_module, name) for name in REFERENCE_PRELOAD),
+            *(functools.partial(entry, name) for name in REFERENCE_ENTRIES),
+            *(functools.partial(importlib.import_module, name) for name in WORKER_PRELOAD),
+            *(functools.partial(entry, name) for name in WORKER_ENTRIES)]
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import targets as registry
 from targets import versions
@@ -38,10 +38,9 @@ from targets.base import RunService, Target
 
 from .. import __version__, outdir, userfiles, validated
 from . import action_range, cells, forkserver, grid, guarded, isolation, rollouts, variants
-from ..assist import assist
 from ..inputs import batch_axes, observations, observation_sources
 from ..decide import decide
-from ..reference import reference, reference_job, source
+from ..reference import reference, reference_job
 from ..errors import InputError, Terminated
 from ..inputs.lint import lint
 from ..inputs.model import ModelInfo
@@ -54,6 +53,11 @@ from ..reference.reference import Reference
 from ..configuration import Configuration, settings_label
 from ..results import Cell, Host, Interruption, LintResult, RunResults, append_jsonl, renamed, upgrade_v1_cell
 from ..judge.rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, ReturnTolerance, Tolerances
+
+if TYPE_CHECKING:  # imported where they are used, after the reference job was asked for (or with --source only)
+    from rich.progress import Progress
+
+    from ..reference import source
 
 
 @dataclass
@@ -169,10 +173,11 @@ def run(config: RunConfig, console: Console) -> RunResults:
     _announce_reference_rollout(config, console)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
         made = pool.submit(_all_variants, config)
-        # What the runner needs after the cells loads while it only waits for the reference job, instead of after
-        # the last cell: the report's modules (Jinja2, the charts; ~0.1 s) and numpy.ma, which np.percentile (the
-        # judge's parity) imports on its first call (np.unique asks whether its input is masked; 15-50 ms).
-        for module in ("matrix.report.report", "numpy.ma"):
+        # What the runner needs after the reference job loads while it only waits for it, instead of before asking
+        # for it or after the last cell: the cells' progress bars (rich.progress), the report's modules (Jinja2, the
+        # charts; ~0.1 s), the assist step's (after_cells) and numpy.ma, which np.percentile (the judge's parity)
+        # imports on its first call (np.unique asks whether its input is masked; 15-50 ms).
+        for module in ("rich.progress", "matrix.report.report", "matrix.assist.assist", "numpy.ma"):
             pool.submit(importlib.import_module, module)
         ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, obs_source, console)
         (onnx_variants, variant_errors), candidate_variants = made.result()
@@ -218,6 +223,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
                 schedule.run()
             finally:
                 results.cells.extend(schedule.cells_in_grid_order())
+        from ..assist import assist  # loaded while the reference job ran (above), not on the way to it
+
         # Diagnosis and fix attempts are judged on parity: they carry no rollout plan (no episodes driven for nothing).
         context = assist.AssistContext(config.model, template, judge,
                                        Evidence(config.model, ref, dev_runtime), config.out, config.limits, services.env_for)
@@ -234,6 +241,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
 def _source_cell(config: RunConfig, host: str, obs_path: Path, chunk: int, judge: Judge, evidence: Evidence,
                  console: Console) -> Cell:
     """The source column (matrix/reference/source.py), judged by the run's Judge like every cell."""
+    from ..reference import source  # only with --source: a plain run does not import it on the way to its reference job
+
     inputs = source.ColumnInputs(config.model, obs_path, chunk, config.warmup, config.iters, config.timeout_s,
                                  config.memory_limit, config.rollout)
     judging = source.Judging(host, judge, evidence)
@@ -695,6 +704,8 @@ class Services:
 def _progress(console: Console) -> Progress:
     """Live bars on a terminal. Elsewhere (a CI log) rich draws nothing until the run ends, so the
     bars are off there and `log_finished` prints one plain line per cell as it finishes instead."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # loaded while the reference job ran
+
     return Progress(
         TextColumn("{task.description}", style="bold"), BarColumn(), TimeElapsedColumn(), console=console, transient=False,
         disable=not console.is_terminal,
