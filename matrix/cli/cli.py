@@ -22,6 +22,7 @@ from . import cli_args as args
 from . import is_the_program
 from . import config as run_config_file
 from ..errors import InputError, Terminated, raise_terminated
+from ..errors import console_text as escape
 from ..frameworks.command import frameworks as frameworks_command
 
 
@@ -73,12 +74,6 @@ console = _LazyConsole()
 
 def _verbosity() -> int:
     return click.get_current_context().meta.get("verbosity", 0)
-
-
-def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
 
 
 def _use_user_browser(context: click.Context, parameter: click.Parameter, value: str | None) -> None:

@@ -27,6 +27,7 @@ from xml.etree import ElementTree as ET
 from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, select_autoescape
 
 from . import charts
+from ..errors import printable
 from ..outdir import write_atomic
 from targets.paths import cache_dir
 from ..results import VERDICTS, Cell, LatencyStats, RunResults
@@ -71,7 +72,9 @@ def csv_text(rows: list[dict], columns: list[str] | None = None) -> str:
 def _spreadsheet_safe(value):
     """Text a spreadsheet would run as a formula (a host label `=HYPERLINK(...)`, a shard's field) gets a
     leading apostrophe, as spreadsheet-safe CSV writers do; numbers stay numbers."""
-    return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
+    if not isinstance(value, str):
+        return value
+    return f"'{printable(value)}" if value.startswith(FORMULA_STARTS) else printable(value)
 
 
 # Characters XML 1.0 cannot hold at all (control characters other than tab and newlines, lone surrogates).
@@ -401,7 +404,7 @@ def _md_code(text: str) -> str:
     (they show literally), so the fence is one backtick longer than the longest run of
     backticks in the text, padded with a space when the text starts or ends with one (CommonMark 6.1).
     A code span still ends a table cell at `|`, so this is for prose and headings only."""
-    text = " ".join(str(text).split())
+    text = printable(" ".join(str(text).split()))
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""

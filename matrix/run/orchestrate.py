@@ -29,7 +29,6 @@ import numpy as np
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, Field
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import targets as registry
@@ -43,6 +42,7 @@ from ..inputs import batch_axes, observations, observation_sources
 from ..decide import decide
 from ..reference import reference, reference_job, source
 from ..errors import InputError, Terminated
+from ..errors import console_text as escape
 from ..inputs.lint import lint
 from ..inputs.model import ModelInfo
 from .. import options
