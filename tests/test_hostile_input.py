@@ -476,3 +476,20 @@ def test_an_npz_of_unused_giants_runs_reading_only_the_models_input(tmp_path):
     # 1.1 GB of unused arrays were never read is half of them, not the cap itself (peaks seen: 156-344 MiB).
     assert peak < 550 << 20, f"peak {peak / 2**20:.0f} MiB"
 
+
+
+def test_a_node_name_that_reads_as_console_markup_is_shown_as_written(tmp_path, policy_matrix):
+    """onnxruntime has no Erf for doubles and names the node in its refusal; the float64 reference runs it, so
+    the run goes on after the line saying the development runtime failed. That line once fed the node's name to
+    rich as markup: `[/]` closed nothing and the run ended in a traceback before its first cell."""
+    name = "erf[/]\x1b[31m"
+    obs = helper.make_tensor_value_info("obs", TensorProto.DOUBLE, ["b", 4])
+    action = helper.make_tensor_value_info("action", TensorProto.DOUBLE, ["b", 4])
+    model = _save(tmp_path, _model([helper.make_node("Erf", ["obs"], ["action"], name=name)], [obs], [action]))
+    out = tmp_path / "a[" / "]out"  # the last line names the report: a folder's `[/]` is not markup either
+    done = policy_matrix([model, "--targets", "ort-cpu", "--variants", "fp32", "--iters", "5", "--out", out])
+    assert done.returncode == 1, done.stderr[-2000:]  # the ort-cpu cell FAILs with onnxruntime's words
+    assert done.lines[-1] == f"report: {out / 'index.html'}"
+    refusal = next(line for line in done.lines if "the development runtime) failed" in line)
+    assert "with name 'erf[/]\\x1b[31m'" in refusal, refusal
+    assert "\x1b" not in done.stdout + done.stderr

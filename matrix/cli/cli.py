@@ -223,7 +223,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
     for line in summary_lines(results):
         console.print(escape(line), highlight=False)
     _print_regressions(results.regressions)
-    console.print(f"report: [bold]{index}[/]")
+    console.print(f"report: [bold]{escape(str(index))}[/]")
     if as_json:
         _print_json({"report": str(index), "counts": counts, "observations": results.model.get("observation_source"),
                      "required_not_run": results.required_not_run,
