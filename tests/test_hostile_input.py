@@ -493,3 +493,14 @@ def test_a_node_name_that_reads_as_console_markup_is_shown_as_written(tmp_path, 
     refusal = next(line for line in done.lines if "the development runtime) failed" in line)
     assert "with name 'erf[/]\\x1b[31m'" in refusal, refusal
     assert "\x1b" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", ["..onnx", "...onnx"])
+def test_a_model_named_with_dots_reports_into_a_folder_of_its_own(name, tmp_path, policy_matrix):
+    """The report's default folder is reports/<the file's stem>: the stem of '...onnx' is '..', which put the
+    report into the current folder itself (and '..onnx' into reports/), beside the user's files."""
+    (tmp_path / name).write_bytes(MLP.read_bytes())
+    done = policy_matrix([tmp_path / name, "--targets", "ort-cpu", "--variants", "fp32", "--iters", "5"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "reports" / name / "index.html").is_file(), sorted(p.name for p in (tmp_path / "reports").iterdir())
+    assert not (tmp_path / "index.html").exists() and not (tmp_path / "reports" / "index.html").exists()

@@ -429,7 +429,8 @@ def _observations_file(path: Path | None) -> Path | None:
 def _out_dir(out: Path | None, resume: Path | None, model: Path) -> Path:
     """--resume DIR continues in DIR; --out, when also given, must name the same folder."""
     if resume is None:
-        return out or Path("reports") / model.stem
+        # reports/<model name>; a stem of '.' or '..' ('...onnx') would name the folder above, so it keeps its suffix
+        return out or Path("reports") / (model.name if model.stem in (".", "..") else model.stem)
     if out is not None and out.resolve() != resume.resolve():
         raise InputError(f"--resume {resume} and --out {out}: a resumed run writes to the folder it resumes")
     return resume
