@@ -307,6 +307,7 @@ def run_config(model_path: Path, values: dict):
              **JUDGING.parse(values), **ASSIST.parse(values)}
     config = RunConfig(model=load_model(model_path, parts["memory_limit"], parts["batch_axes_given"]), **parts)
     model_loader.check_declared_sizes(config.model, config.memory_limit, 1 if config.observations else config.n_obs)
+    model_loader.check_batch_sizes(config.model, config.memory_limit, config.batch_sizes)
     with isolation.capped_runner(config.memory_limit, "reading the candidates, trajectory and initial state"):
         read = {**CANDIDATES.parse(values, config.model), **BEHAVIOUR.parse(values, config.model, config.seed, config.limits)}
     return replace(config, **read, **SOURCE.parse(values, config.model, config.memory_limit, config.timeout_s))

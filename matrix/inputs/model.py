@@ -277,6 +277,17 @@ def check_declared_sizes(info: "ModelInfo", limit_bytes: int, n_obs: int) -> Non
                 raise InputError(f"tensor {value.name[:80]!r} is declared {_dims(tensor)}: {userfiles.size_text(size)}, above the limit {userfiles.size_text(limit_bytes)}")
 
 
+def check_batch_sizes(info: "ModelInfo", limit_bytes: int, batch_sizes: list[int]) -> None:
+    """Each timed batch is made by the tool (observations tiled by an int64 row index) before a runtime sees
+    it: a batch that cannot fit is the user's option to fix, not a cell's out-of-memory FAIL."""
+    per_sample = 8 + sum(_nbytes(batch_axes.without_batch(spec, info.batch_axes), spec.dtype)
+                         for spec in info.inputs if spec.name in info.batch_axes)
+    largest = max(batch_sizes)
+    if per_sample * largest > limit_bytes:
+        raise InputError(f"--batch-sizes {largest}: a batch needs {userfiles.size_text(per_sample * largest)}, "
+                         f"above the limit {userfiles.size_text(limit_bytes)} (use smaller batches, or --memory-limit)")
+
+
 def _check_whole_input(spec: TensorSpec, limit_bytes: int) -> None:
     size = _nbytes(spec.shape, spec.dtype)
     if size > limit_bytes:
