@@ -281,7 +281,9 @@ def _templates() -> Environment:
 def render_html(results: RunResults) -> str:
     template = _templates().get_template("report.html.j2")
     script = _report_script()
-    return template.render(
+    # Autoescaping stops markup, not the characters that act on a reader (a bidi override shows a runtime's
+    # words backwards); the page's own text and script hold none, so every one left came from a model or a shard.
+    return printable(template.render(
         results=results, grid=_verdict_grid(results), colours=COLOURS, verdicts=VERDICTS,
         counts={v: sum(c.verdict == v for c in results.cells) for v in VERDICTS},
         drift_svg=drift_chart(results), latency_svg=latency_chart(results),
@@ -297,7 +299,7 @@ def render_html(results: RunResults) -> str:
         assist=assist_report.context(results),
         versions=runtime_versions.comparisons(results), quality=runtime_versions.quality,
         return_delta=runtime_versions.return_delta, band_differs=noise.differs,
-    )
+    ))
 
 
 def _behaviour_context(results: RunResults) -> dict:

@@ -31,7 +31,8 @@ def test_csv_formulas_are_neutralised_and_junit_stays_well_formed(tmp_path):
 
 # What a model's node or output names carry into a runtime's words (tract names the node it cannot translate):
 # ESC starts a terminal escape sequence (here: clear the screen, set the window title), BEL rings, CR rewrites the
-# line, U+202E reverses what a reader sees. Seen reaching the terminal, summary.md and results.csv verbatim.
+# line, U+202E reverses what a reader sees. Seen reaching the terminal, summary.md and results.csv verbatim, and
+# index.html, where U+202E showed the runtime's words backwards.
 TERMINAL_CONTROLS = "\x1b[2J\x1b]0;title\x07\r\u202e\x9b"
 ACTING = set("\x1b\x07\r\u202e\x9b")
 
@@ -49,6 +50,6 @@ def test_terminal_controls_from_a_model_reach_no_reader(tmp_path, policy_matrix)
     assert done.returncode == 0, done.lines[-3:]
     assert '"gemm\\x1b[2J' in done.stdout + done.stderr, "the characters are shown, not dropped"
     readers = {"terminal": done.stdout + done.stderr, **{name: (tmp_path / "merged" / name).read_text()
-                                                   for name in ("summary.md", "results.csv")}}
+                                                   for name in ("summary.md", "results.csv", "index.html")}}
     for reader, text in readers.items():
         assert not ACTING & set(text), reader
