@@ -95,14 +95,20 @@ def tolerance_key(key: str, targets: list[str], variants: tuple[str, ...], where
         raise InputError(f"{where}: {key!r} matches nothing: no variant {variant!r}; known: {', '.join(variants)}")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a matrix.toml or pyproject.toml is a few kB
+
+
 def read_toml(path: Path) -> dict:
+    # here, not at the top: they import numpy and pydantic, which --version/--help never pay for
+    from . import userfiles, validated
+
     try:
-        text = path.read_bytes().decode("utf-8")
+        with userfiles.open_regular(path, "config", MAX_CONFIG_BYTES) as stream:  # no FIFO, device or giant
+            text = stream.read().decode("utf-8")
     except OSError as error:
         raise InputError(f"{path}: cannot read the config ({error.strerror or error})") from None
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: cannot read the config (not UTF-8: byte {error.start})") from None
-    from . import validated  # here, not at the top: it imports numpy and pydantic, which --version/--help never pay for
 
     try:
         return validated.check_nesting(tomllib.loads(text), f"{path}: cannot read the config")

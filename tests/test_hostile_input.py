@@ -409,7 +409,7 @@ def test_hostile_config(case, tmp_path, policy_matrix):
 
 
 def test_missing_config(tmp_path, policy_matrix):
-    assert_one_line(policy_matrix([MLP, "--config", tmp_path / "nope.toml", "--out", tmp_path / "out"]), "cannot read the config")
+    assert_one_line(policy_matrix([MLP, "--config", tmp_path / "nope.toml", "--out", tmp_path / "out"]), "no such config file")
 
 
 @pytest.mark.slow

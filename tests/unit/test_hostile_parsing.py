@@ -343,6 +343,10 @@ ENVIRONMENTS = {
 # --- matrix.toml ----------------------------------------------------------------------------------------------
 
 
+def config_file(kind):
+    return lambda tmp: [MLP, *QUICK, "--config", special_file(tmp, kind, "matrix.toml")]
+
+
 def config(text: str):
     def make(tmp):
         (tmp / "matrix.toml").write_text(text)
@@ -366,6 +370,9 @@ CONFIGS = {
     "diagnose = 'yes'": (config("diagnose = 'yes'\n"), "true or false"),
     "unknown key": (config("turbo = true\n"), "unknown setting"),
     "[tolerance] 1e400": (config('[tolerance]\n"ort-cpu:fp32" = nan\n'), ">= 0"),
+    # read like every other file of the user's: the FIFO hung the runner, /dev/zero filled its memory
+    "--config a FIFO": (config_file("fifo"), "a FIFO, not a regular file"),
+    "--config /dev/zero through a symlink": (config_file("device"), "character device"),
 }
 
 
