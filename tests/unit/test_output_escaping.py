@@ -50,6 +50,6 @@ def test_terminal_controls_from_a_model_reach_no_reader(tmp_path, policy_matrix)
     assert done.returncode == 0, done.lines[-3:]
     assert '"gemm\\x1b[2J' in done.stdout + done.stderr, "the characters are shown, not dropped"
     readers = {"terminal": done.stdout + done.stderr, **{name: (tmp_path / "merged" / name).read_text()
-                                                   for name in ("summary.md", "results.csv", "index.html")}}
+                                                   for name in ("summary.md", "results.csv", "index.html", "junit.xml")}}
     for reader, text in readers.items():
         assert not ACTING & set(text), reader
