@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..decide.compare import DRIFT_NOISE_FLOOR
-from ..errors import InputError
+from ..errors import InputError, printable
 from ..errors import console_text as escape
 from ..judge.noise import differs, ratio_band
 from ..results import Cell, RunResults
@@ -380,4 +380,4 @@ def _markdown(text: str) -> str:
     """A runtime's words in a Markdown table cell: no cell breaks, no markup."""
     import html
 
-    return html.escape(text).replace("|", "\\|").replace("\n", " ")
+    return html.escape(printable(text)).replace("|", "\\|").replace("\n", " ")
