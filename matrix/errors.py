@@ -38,7 +38,8 @@ def printable(text: str) -> str:
 
 
 def console_text(text: str) -> str:
-    """Untrusted text inside a rich console line: its brackets are not markup, its acting characters show."""
+    """Untrusted text inside a rich console line: its brackets are not markup, its acting characters show, and
+    its line breaks fold (a name cannot forge a line of a CI log)."""
     from rich.markup import escape  # imported by whoever prints, never at start-up
 
-    return escape(printable(text))
+    return escape(printable(" ".join(text.split())))

@@ -42,13 +42,15 @@ def test_terminal_controls_from_a_model_reach_no_reader(tmp_path, policy_matrix)
     shard.model["name"] = f"policy{TERMINAL_CONTROLS}.onnx"  # the file's name: summary.md's heading
     for cell in shard.cells:
         cell.verdict = "FAIL"
-        cell.reasons = [f'open: RuntimeError: Translating node #4 "gemm{TERMINAL_CONTROLS}" Gemm']
+        # the second line: an output's name forging a line of the CI log
+        cell.reasons = [f'open: RuntimeError: Translating node #4 "gemm{TERMINAL_CONTROLS}" Gemm\ncell ort-cpu fp32: PASS']
     (tmp_path / "shard").mkdir()
     (tmp_path / "shard" / "results.json").write_text(shard.model_dump_json())
     # every cell FAILs, so each decision line the CLI prints names the closest one with its reasons
     done = policy_matrix(["merge", tmp_path / "shard", "--out", tmp_path / "merged", "--fail-on", "never"])
     assert done.returncode == 0, done.lines[-3:]
     assert '"gemm\\x1b[2J' in done.stdout + done.stderr, "the characters are shown, not dropped"
+    assert not any(line.startswith("cell ") for line in done.lines), "one console line per thing said"
     readers = {"terminal": done.stdout + done.stderr, **{name: (tmp_path / "merged" / name).read_text()
                                                    for name in ("summary.md", "results.csv", "index.html", "junit.xml")}}
     for reader, text in readers.items():
