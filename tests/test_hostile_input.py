@@ -169,6 +169,15 @@ def _symlink_external(folder):
     return _if_with_external("weights.bin")(folder)
 
 
+def _action_metadata(**metadata):
+    """The MLP with action metadata the contract check reads (its bounds, its number of actions)."""
+    def make(folder):
+        model = onnx.load(MLP)
+        helper.set_model_props(model, metadata)
+        return _save(folder, model)
+    return make
+
+
 MODELS = {
     "no inputs": (no_inputs, "no inputs"),
     "sequence input": (sequence_input, "sequence"),
@@ -188,6 +197,14 @@ MODELS = {
     "external data absolute inside If": (lambda f: _if_with_external(str(f.parent / "secret.bin"))(f), "outside the model's folder"),
     "external data '..' inside Loop": (_loop_with_external("../secret.bin"), "outside the model's folder"),
     "external data via symlink": (_symlink_external, "outside the model's folder"),
+    # read by the judge: a word ended the run in a traceback after the first cell, a NaN bound or a negative
+    # count FAILed every cell's contract as if the runtime had broken it
+    "metadata action_n 'abc'": (_action_metadata(action_space="discrete", action_n="abc"), "action_n = 'abc'"),
+    "metadata action_n of 5000 digits": (_action_metadata(action_n="9" * 5000), "action_n = '99999"),
+    "metadata action_n -3": (_action_metadata(action_n="-3"), "a whole number of actions >= 1"),
+    "metadata action_low 'abc'": (_action_metadata(action_low="abc", action_high="1"), "action_low = 'abc'"),
+    "metadata action_high NaN": (_action_metadata(action_low="-1", action_high="nan"), "action_high = 'nan'"),
+    "metadata action_low above action_high": (_action_metadata(action_low="2", action_high="1"), "above action_high"),
 }
 
 
