@@ -67,6 +67,17 @@ def test_lints_name_what_they_found(load_policy):
     assert clip[0] == "warn" and "bounds [-2, 2] inferred from the final Min/Max clip" in clip[1]
 
 
+def test_an_action_space_of_another_word_is_named_not_called_missing(load_policy):
+    """The lint said 'no action_space in the model metadata' beside a declared one, so a user who added it saw
+    no change; it names the value, and the keys the contract reads."""
+    model = policies.minmax_clip_mlp()
+    helper.set_model_props(model, {"action_space": "Box(-2, 2)"})
+    level, message = _lints(load_policy(model))["action-space"]
+    assert level == "warn" and message.startswith("action_space 'Box(-2, 2)' in the model metadata is neither"), message
+    level, message = _lints(load_policy(policies.minmax_clip_mlp()))["action-space"]
+    assert "action_low/action_high or action_n" in message, message
+
+
 def test_random_ops_and_dropout_are_found(load_policy):
     nodes = [helper.make_node("RandomNormalLike", ["obs"], ["noise"], name="explore"),
              helper.make_node("Add", ["obs", "noise"], ["noisy"]),
