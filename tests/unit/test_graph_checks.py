@@ -134,6 +134,16 @@ def test_each_broken_promise_is_its_own_failed_check(load_policy):
     assert checks["output shapes"][0] is True
 
 
+def test_a_nan_is_judged_once_by_finite_outputs_not_again_as_leaving_the_bounds(load_policy):
+    """Seen: 'action bounds: [-0.5804, 0.3954] leaves [-1, 1]', since every comparison with NaN is false."""
+    model = load_policy(examples.continuous_mlp())
+    action = np.full((4, 6), 0.5, np.float32)
+    action[1, 2] = np.nan
+    checks = _checks(model, _arrays({"action": action}, batches=_good_batches(6)), {"action": action})
+    assert checks["finite outputs"][0] is False
+    assert checks["action bounds"] == (True, "[0.5, 0.5] within [-1, 1] (metadata; 1 non-finite value left to 'finite outputs')")
+
+
 def test_a_missing_output_fails_shapes_dtypes_and_bounds(load_policy):
     model = load_policy(examples.continuous_mlp())
     checks = _checks(model, _arrays({}), {"action": np.zeros((2, 6), np.float32)})
