@@ -253,6 +253,9 @@ OBSERVATIONS = {
     "dates": (_npy(np.zeros((4, 17), "datetime64[s]")), "dates"),
     "broken zip": (broken_zip, "not a readable"),
     "text file": (text_file, "not a readable"),
+    # every runtime FAILed 'finite outputs' on the file's NaN, as if it had made it; 1e39 becomes inf in float32
+    "a NaN": (_npy(np.where(np.arange(4 * 17).reshape(4, 17) == 20, np.nan, 0).astype(np.float32)), "non-finite value at row 1"),
+    "float64 beyond float32": (_npy(np.full((4, 17), 1e39)), "non-finite value at row 0"),
 }
 
 
