@@ -95,7 +95,7 @@ def tolerance_key(key: str, targets: list[str], variants: tuple[str, ...], where
         raise InputError(f"{where}: {key!r} matches nothing: no variant {variant!r}; known: {', '.join(variants)}")
 
 
-MAX_CONFIG_BYTES = 1 << 20  # a matrix.toml or pyproject.toml is a few kB
+MAX_CONFIG_BYTES = 16 << 20  # a matrix.toml or pyproject.toml is a few kB: far above any, far below harm
 
 
 def read_toml(path: Path) -> dict:
