@@ -526,3 +526,19 @@ def test_a_model_named_with_dots_reports_into_a_folder_of_its_own(name, tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "reports" / name / "index.html").is_file(), sorted(p.name for p in (tmp_path / "reports").iterdir())
     assert not (tmp_path / "index.html").exists() and not (tmp_path / "reports" / "index.html").exists()
+
+
+@pytest.mark.slow
+def test_a_shards_target_that_reads_as_console_markup_is_shown_under_v(tmp_path):
+    """`merge -v` prints each cell's target and variant, fields of a shard from another machine: a target '[/]'
+    ended the merge in rich's MarkupError traceback after the report was written."""
+    from matrix import results as schema
+
+    shard = schema.load(Path(__file__).parent / "fixtures" / "shard_continuous_mlp.json")
+    for cell in shard.cells:
+        cell.target = "ort-cpu[/]"
+    (tmp_path / "shard").mkdir()
+    shard.save(tmp_path / "shard" / "results.json")
+    done = run_cli("-v", "merge", tmp_path / "shard", "--out", tmp_path / "merged")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert any(line.startswith("PASS ort-cpu[/] fp32:") for line in done.stderr.splitlines()), done.stderr
