@@ -1,5 +1,7 @@
 """Errors a user caused and can fix: the CLI prints the message alone and exits 2."""
 
+import re
+
 
 class InputError(Exception):
     pass
@@ -22,3 +24,22 @@ def error_line(error: BaseException, limit: int = MAX_ERROR_LINE) -> str:
     if len(text) > limit:
         text = text[:limit] + " …"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+# Characters that act on a reader instead of showing: C0/C1 controls (ESC starts a terminal escape sequence, CR
+# rewrites the line) and the bidirectional overrides that reorder what is seen. A model's names carry them into
+# a runtime's words; tab and newline stay (each reader folds or escapes whitespace its own way).
+_ACTING = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Untrusted text for a terminal, Markdown or CSV: each acting character shown as its escape (`\\x1b`)."""
+    return _ACTING.sub(lambda match: ascii(match.group())[1:-1], text)
+
+
+def console_text(text: str) -> str:
+    """Untrusted text inside a rich console line: its brackets are not markup, its acting characters show, and
+    its line breaks fold (a name cannot forge a line of a CI log)."""
+    from rich.markup import escape  # imported by whoever prints, never at start-up
+
+    return escape(printable(" ".join(text.split())))

@@ -94,16 +94,23 @@ def tolerance_key(key: str, targets: list[str], variants: tuple[str, ...], where
         raise InputError(f"{where}: {key!r} matches nothing: no variant {variant!r}; known: {', '.join(variants)}")
 
 
+MAX_CONFIG_BYTES = 16 << 20  # a matrix.toml or pyproject.toml is a few kB: far above any, far below harm
+
+
 def read_toml(path: Path) -> dict:
+    # here, not at the top: userfiles and validated import numpy and pydantic, which --version/--help never pay for;
+    # tomllib costs the fork server, every worker and --version 10-20 ms of CPU each
+    import tomllib
+
+    from . import userfiles, validated
+
     try:
-        text = path.read_bytes().decode("utf-8")
+        with userfiles.open_regular(path, "config", MAX_CONFIG_BYTES) as stream:  # no FIFO, device or giant
+            text = stream.read().decode("utf-8")
     except OSError as error:
         raise InputError(f"{path}: cannot read the config ({error.strerror or error})") from None
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: cannot read the config (not UTF-8: byte {error.start})") from None
-    import tomllib  # here, like validated: the fork server, every worker and --version import this module, 10-20 ms of CPU each
-
-    from . import validated  # here, not at the top: it imports numpy and pydantic, which --version/--help never pay for
 
     try:
         return validated.check_nesting(tomllib.loads(text), f"{path}: cannot read the config")

@@ -55,6 +55,11 @@ def test_a_failing_cell_is_never_shipped_and_a_pass_beats_a_warn():
              _cell("int8", 10, 3000, 1e-3)]
     decision = decide.decide_target("h", "t", cells, [], "size")
     assert (decision.chosen.variant, decision.runner_up.variant) == ("int8", "fp16")
+    # on latency the WARN is 3x faster: the PASS wins for its verdict, and its reason does not call it tied
+    cells[1] = _cell("fp16", 3, 2000, 1e-3, verdict="WARN")
+    decision = decide.decide_target("h", "t", cells, [], "latency")
+    assert decision.chosen.variant == "int8" and decision.runner_up.lost == "WARN, and a PASS qualifies"
+    assert decision.chosen.why == "the best placed of 2 that qualify (1 more rank lower: a WARN or a graph preparation)"
 
 
 @pytest.mark.parametrize("spec", ["t", "t=p50:", "t=p50:fast", "t=p50:-1ms", "t=size:1ms", "t=latency:1ms"])
@@ -80,6 +85,8 @@ def test_a_noisy_tail_cannot_win_on_latency_and_the_loser_says_why():
     decision = decide.decide_target("h", "t", cells, [], "latency")
     assert decision.chosen.settings == {"threads": "1"} and decision.runner_up.settings == {"threads": "2"}
     assert decision.runner_up.lost == "p99 53.7 µs vs 6.55 µs: a tail more than 3x worse"
+    # not "fastest p50 of 2": threads=2's p50 was lower, and the winner's reason must not say otherwise
+    assert decision.chosen.why == "fastest p50 with a steady tail: 1 with a faster p50 had a p99 more than 3x the best"
 
 
 def test_equally_fast_configurations_go_to_the_simpler_one():

@@ -169,6 +169,15 @@ def _symlink_external(folder):
     return _if_with_external("weights.bin")(folder)
 
 
+def _action_metadata(**metadata):
+    """The MLP with action metadata the contract check reads (its bounds, its number of actions)."""
+    def make(folder):
+        model = onnx.load(MLP)
+        helper.set_model_props(model, metadata)
+        return _save(folder, model)
+    return make
+
+
 MODELS = {
     "no inputs": (no_inputs, "no inputs"),
     "sequence input": (sequence_input, "sequence"),
@@ -188,6 +197,14 @@ MODELS = {
     "external data absolute inside If": (lambda f: _if_with_external(str(f.parent / "secret.bin"))(f), "outside the model's folder"),
     "external data '..' inside Loop": (_loop_with_external("../secret.bin"), "outside the model's folder"),
     "external data via symlink": (_symlink_external, "outside the model's folder"),
+    # read by the judge: a word ended the run in a traceback after the first cell, a NaN bound or a negative
+    # count FAILed every cell's contract as if the runtime had broken it
+    "metadata action_n 'abc'": (_action_metadata(action_space="discrete", action_n="abc"), "action_n = 'abc'"),
+    "metadata action_n of 5000 digits": (_action_metadata(action_n="9" * 5000), "action_n = '99999"),
+    "metadata action_n -3": (_action_metadata(action_n="-3"), "a whole number of actions >= 1"),
+    "metadata action_low 'abc'": (_action_metadata(action_low="abc", action_high="1"), "action_low = 'abc'"),
+    "metadata action_high NaN": (_action_metadata(action_low="-1", action_high="nan"), "action_high = 'nan'"),
+    "metadata action_low above action_high": (_action_metadata(action_low="2", action_high="1"), "above action_high"),
 }
 
 
@@ -236,6 +253,9 @@ OBSERVATIONS = {
     "dates": (_npy(np.zeros((4, 17), "datetime64[s]")), "dates"),
     "broken zip": (broken_zip, "not a readable"),
     "text file": (text_file, "not a readable"),
+    # every runtime FAILed 'finite outputs' on the file's NaN, as if it had made it; 1e39 becomes inf in float32
+    "a NaN": (_npy(np.where(np.arange(4 * 17).reshape(4, 17) == 20, np.nan, 0).astype(np.float32)), "non-finite value at row 1"),
+    "float64 beyond float32": (_npy(np.full((4, 17), 1e39)), "non-finite value at row 0"),
 }
 
 
@@ -254,6 +274,8 @@ OPTIONS = {
     "--timeout -1": (["--timeout", "-1"], "--timeout"),
     "--timeout inf": (["--timeout", "inf"], "--timeout"),
     "--batch-sizes 0": (["--batch-sizes", "0"], "--batch-sizes"),
+    # the tool makes each timed batch (745 GiB of row indices alone): refused, not a cell's "out of memory"
+    "--batch-sizes 10^11": (["--batch-sizes", "1,100000000000"], "--batch-sizes 100000000000: a batch needs"),
     "NaN tolerance": (["--tolerance", "ort-cpu:fp32=nan"], ">= 0"),
     "negative tolerance": (["--tolerance", "ort-cpu:fp32=-1e-3"], ">= 0"),
     "non-numeric tolerance": (["--tolerance", "ort-cpu:fp32=abc"], "TARGET:VARIANT=VALUE"),
@@ -407,7 +429,7 @@ def test_hostile_config(case, tmp_path, policy_matrix):
 
 
 def test_missing_config(tmp_path, policy_matrix):
-    assert_one_line(policy_matrix([MLP, "--config", tmp_path / "nope.toml", "--out", tmp_path / "out"]), "cannot read the config")
+    assert_one_line(policy_matrix([MLP, "--config", tmp_path / "nope.toml", "--out", tmp_path / "out"]), "no such config file")
 
 
 @pytest.mark.slow
@@ -476,3 +498,47 @@ def test_an_npz_of_unused_giants_runs_reading_only_the_models_input(tmp_path):
     # 1.1 GB of unused arrays were never read is half of them, not the cap itself (peaks seen: 156-344 MiB).
     assert peak < 550 << 20, f"peak {peak / 2**20:.0f} MiB"
 
+
+
+def test_a_node_name_that_reads_as_console_markup_is_shown_as_written(tmp_path, policy_matrix):
+    """onnxruntime has no Erf for doubles and names the node in its refusal; the float64 reference runs it, so
+    the run goes on after the line saying the development runtime failed. That line once fed the node's name to
+    rich as markup: `[/]` closed nothing and the run ended in a traceback before its first cell."""
+    name = "erf[/]\x1b[31m"
+    obs = helper.make_tensor_value_info("obs", TensorProto.DOUBLE, ["b", 4])
+    action = helper.make_tensor_value_info("action", TensorProto.DOUBLE, ["b", 4])
+    model = _save(tmp_path, _model([helper.make_node("Erf", ["obs"], ["action"], name=name)], [obs], [action]))
+    out = tmp_path / "a[" / "]out"  # the last line names the report: a folder's `[/]` is not markup either
+    done = policy_matrix([model, "--targets", "ort-cpu", "--variants", "fp32", "--iters", "5", "--out", out])
+    assert done.returncode == 1, done.stderr[-2000:]  # the ort-cpu cell FAILs with onnxruntime's words
+    assert done.lines[-1] == f"report: {out / 'index.html'}"
+    refusal = next(line for line in done.lines if "the development runtime) failed" in line)
+    assert "with name 'erf[/]\\x1b[31m'" in refusal, refusal
+    assert "\x1b" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", ["..onnx", "...onnx"])
+def test_a_model_named_with_dots_reports_into_a_folder_of_its_own(name, tmp_path, policy_matrix):
+    """The report's default folder is reports/<the file's stem>: the stem of '...onnx' is '..', which put the
+    report into the current folder itself (and '..onnx' into reports/), beside the user's files."""
+    (tmp_path / name).write_bytes(MLP.read_bytes())
+    done = policy_matrix([tmp_path / name, "--targets", "ort-cpu", "--variants", "fp32", "--iters", "5"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "reports" / name / "index.html").is_file(), sorted(p.name for p in (tmp_path / "reports").iterdir())
+    assert not (tmp_path / "index.html").exists() and not (tmp_path / "reports" / "index.html").exists()
+
+
+@pytest.mark.slow
+def test_a_shards_target_that_reads_as_console_markup_is_shown_under_v(tmp_path):
+    """`merge -v` prints each cell's target and variant, fields of a shard from another machine: a target '[/]'
+    ended the merge in rich's MarkupError traceback after the report was written."""
+    from matrix import results as schema
+
+    shard = schema.load(Path(__file__).parent / "fixtures" / "shard_continuous_mlp.json")
+    for cell in shard.cells:
+        cell.target = "ort-cpu[/]"
+    (tmp_path / "shard").mkdir()
+    shard.save(tmp_path / "shard" / "results.json")
+    done = run_cli("-v", "merge", tmp_path / "shard", "--out", tmp_path / "merged")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert any(line.startswith("PASS ort-cpu[/] fp32:") for line in done.stderr.splitlines()), done.stderr

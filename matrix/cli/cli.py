@@ -22,6 +22,7 @@ from . import cli_args as args
 from . import is_the_program
 from . import config as run_config_file
 from ..errors import InputError, Terminated, raise_terminated
+from ..errors import console_text as escape
 from ..frameworks.command import frameworks as frameworks_command
 
 
@@ -73,12 +74,6 @@ console = _LazyConsole()
 
 def _verbosity() -> int:
     return click.get_current_context().meta.get("verbosity", 0)
-
-
-def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
 
 
 def _use_user_browser(context: click.Context, parameter: click.Parameter, value: str | None) -> None:
@@ -230,12 +225,12 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
     counts = {v: sum(c.verdict == v for c in results.cells) for v in schema.VERDICTS}
     if _verbosity() > 0:
         for cell in results.cells:
-            console.print(f"{cell.verdict:4} {cell.target} {cell.variant}: {escape('; '.join(cell.reasons))}", highlight=False)
+            console.print(escape(f"{cell.verdict:4} {cell.target} {cell.variant}: {'; '.join(cell.reasons)}"), highlight=False)
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
     for line in summary_lines(results):
         console.print(escape(line), highlight=False)
     _print_regressions(results.regressions)
-    console.print(f"report: [bold]{index}[/]")
+    console.print(f"report: [bold]{escape(str(index))}[/]")
     if as_json:
         _print_json({"report": str(index), "counts": counts, "observations": results.model.get("observation_source"),
                      "required_not_run": results.required_not_run,

@@ -307,6 +307,7 @@ def run_config(model_path: Path, values: dict):
              **JUDGING.parse(values), **ASSIST.parse(values)}
     config = RunConfig(model=load_model(model_path, parts["memory_limit"], parts["batch_axes_given"]), **parts)
     model_loader.check_declared_sizes(config.model, config.memory_limit, 1 if config.observations else config.n_obs)
+    model_loader.check_batch_sizes(config.model, config.memory_limit, config.batch_sizes)
     with isolation.capped_runner(config.memory_limit, "reading the candidates, trajectory and initial state"):
         read = {**CANDIDATES.parse(values, config.model), **BEHAVIOUR.parse(values, config.model, config.seed, config.limits)}
     return replace(config, **read, **SOURCE.parse(values, config.model, config.memory_limit, config.timeout_s))
@@ -437,7 +438,8 @@ def _observations_file(path: Path | None) -> Path | None:
 def _out_dir(out: Path | None, resume: Path | None, model: Path) -> Path:
     """--resume DIR continues in DIR; --out, when also given, must name the same folder."""
     if resume is None:
-        return out or Path("reports") / model.stem
+        # reports/<model name>; a stem of '.' or '..' ('...onnx') would name the folder above, so it keeps its suffix
+        return out or Path("reports") / (model.name if model.stem in (".", "..") else model.stem)
     if out is not None and out.resolve() != resume.resolve():
         raise InputError(f"--resume {resume} and --out {out}: a resumed run writes to the folder it resumes")
     return resume

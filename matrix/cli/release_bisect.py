@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..decide.compare import DRIFT_NOISE_FLOOR
-from ..errors import InputError
+from ..errors import InputError, printable
+from ..errors import console_text as escape
 from ..judge.noise import differs, ratio_band
 from ..results import Cell, RunResults
 from ..run.rollouts import RETURN_FLOOR
@@ -285,7 +286,6 @@ RELEASES_FOLDER = "releases"  # <out>/releases/<release>/: each visited release'
 def bisect(config: RunConfig, target: str, span: list[str], measure: Measure, threshold: float | None, console) -> bool:
     """Visit releases with a line each, then the one-line answer (stdout), the report; True when a change was found."""
     import click
-    from rich.markup import escape
 
     import targets as registry
     from targets import versions
@@ -317,7 +317,6 @@ def run_release(config: RunConfig, target: str, release: str, console) -> RunRes
     from dataclasses import replace
 
     from rich.console import Console
-    from rich.markup import escape
 
     from ..run.orchestrate import install_releases, run
 
@@ -381,4 +380,4 @@ def _markdown(text: str) -> str:
     """A runtime's words in a Markdown table cell: no cell breaks, no markup."""
     import html
 
-    return html.escape(text).replace("|", "\\|").replace("\n", " ")
+    return html.escape(printable(text)).replace("|", "\\|").replace("\n", " ")

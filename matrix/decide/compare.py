@@ -11,7 +11,8 @@ A regression is one of:
   baseline's own p90, so that ordinary run-to-run spread is not a regression
   (cells on emulated adapters are not compared);
 - fallback: nodes that now fall back and did not before.
-Cells only in one of the two files are not regressions (target subsets differ).
+Cells only in one of the two files are not regressions (target subsets differ); two files with no host in
+common are refused, since nothing would be compared.
 Two results measured on different inputs (observation set, environment, episodes and
 seeds) or judged with different options are refused, naming the difference; with
 --allow-different-inputs the difference is printed in every regression line.
@@ -39,6 +40,7 @@ class Thresholds:
 def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = Thresholds(),
             allow_different_inputs: bool = False) -> list[Regression]:
     _same_model(baseline, current)
+    _shared_host(baseline, current)
     differences = checked_inputs(baseline, current, allow_different_inputs, "the baseline", "the current run")
     caveat = f" (inputs differ: {'; '.join(differences)})" if differences else ""
     found = []
@@ -60,6 +62,15 @@ def _same_model(baseline: RunResults, current: RunResults) -> None:
             f"the baseline measured {baseline.model.get('name')!r} ({str(old)[:12]}), the current run "
             f"{current.model.get('name')!r} ({str(new)[:12]}): compare runs of the same model"
         )
+
+
+def _shared_host(baseline: RunResults, current: RunResults) -> None:
+    """Cells are paired per host: with no host in common (a runner's --host-label changed) nothing would be
+    compared, and 'no regressions' would be said whatever had regressed."""
+    old, new = sorted({c.host for c in baseline.cells}), sorted({c.host for c in current.cells})
+    if old and new and not set(old) & set(new):
+        raise InputError(f"no host in common: the baseline's {', '.join(old)}, the current run's {', '.join(new)}: "
+                         "no cell would be compared (give the runs the same --host-label)")
 
 
 # What two results must share for their cells to be compared: the inputs and how cells were judged.

@@ -222,13 +222,19 @@ def _ranked(meeting: list[DecisionChoice], prefer: str) -> list[DecisionChoice]:
 
 
 def _best(choices: list[DecisionChoice], prefer: str) -> DecisionChoice:
-    choices = [c for c in choices if not c.fix] or choices  # a fix ranks after anything that needs none
-    choices = [c for c in choices if c.verdict == "PASS"] or choices  # a clean PASS beats a WARN
+    choices = _weighed(choices)
     if prefer == "size":
         return min(choices, key=lambda c: (_or_inf(c.size_bytes), _simplicity(c)))
     if prefer == "accuracy":
         return min(choices, key=lambda c: (_quality_gap(c), _simplicity(c)))
     return min(_equally_fast(choices), key=_simplicity)
+
+
+def _weighed(choices: list[DecisionChoice]) -> list[DecisionChoice]:
+    """The choices weighed on the preferred measure: a fix ranks after anything that needs none, a clean PASS
+    beats a WARN."""
+    choices = [c for c in choices if not c.fix] or choices
+    return [c for c in choices if c.verdict == "PASS"] or choices
 
 
 def _equally_fast(choices: list[DecisionChoice]) -> list[DecisionChoice]:
@@ -279,10 +285,18 @@ def _why_best(best: DecisionChoice, rivals: list[DecisionChoice], prefer: str) -
         return f"closest to the reference of {len(rivals)} that qualify"
     if best.emulated:
         return "emulated latency does not rank: the simplest configuration of those that qualify"
-    tied = [c for c in _equally_fast(rivals) if c is not best]
+    weighed = _weighed(rivals)
+    below = f" ({len(rivals) - len(weighed)} more rank lower: a WARN or a graph preparation)" if len(weighed) < len(rivals) else ""
+    if len(weighed) == 1:
+        return f"the best placed of {len(rivals)} that qualify{below}"
+    tied = [c for c in _equally_fast(weighed) if c is not best]
     if tied:
-        return f"as fast as {len(tied)} other{'s' if len(tied) > 1 else ''} (p50s within their noise); the simplest"
-    return f"fastest p50 of {len(rivals)} that qualify"
+        return f"as fast as {len(tied)} other{'s' if len(tied) > 1 else ''} (p50s within their noise); the simplest{below}"
+    faster = [c for c in weighed if not c.emulated and _p50(c) < _p50(best)]  # set aside for their tail
+    if faster:
+        return (f"fastest p50 with a steady tail: {len(faster)} with a faster p50 had a p99 more than "
+                f"{TAIL_FACTOR:g}x the best{below}")
+    return f"fastest p50 of {len(weighed)} that qualify{below}"
 
 
 def _why_not(worse: DecisionChoice, better: DecisionChoice, prefer: str) -> str:

@@ -114,10 +114,13 @@ def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
         low, high, source = inferred
     else:
         return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata, none stated by the graph")
-    inside = bool(((action >= low) & (action <= high)).all())
-    found = f"[{np.nanmin(action):.4g}, {np.nanmax(action):.4g}]" if action.size else "[]"
+    finite = action[np.isfinite(action)]  # NaN compares false with any bound: 'finite outputs' judges it, once
+    inside = bool(((finite >= low) & (finite <= high)).all())
+    found = f"[{finite.min():.4g}, {finite.max():.4g}]" if finite.size else "[]"
     verdict = "within" if inside else "leaves"
-    return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}] ({source})")
+    left = action.size - finite.size
+    left_text = f"; {left} non-finite value{'s' if left > 1 else ''} left to 'finite outputs'" if left else ""
+    return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}] ({source}{left_text})")
 
 
 def _recurrent_state(model: ModelInfo, arrays: Feeds) -> list[ContractCheck]:

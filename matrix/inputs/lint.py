@@ -100,9 +100,11 @@ def _action_space_declared(model: ModelInfo) -> Lint:
         return Lint("action-space", "ok", f"declares a {space} action space")
     inferred = action_bounds(model, action_output(model))
     found = f"; bounds [{inferred[0]:g}, {inferred[1]:g}] inferred from the {inferred[2][7:]}" if inferred else ""
+    declared = (f"action_space {space[:40]!r} in the model metadata is neither 'continuous' nor 'discrete'"
+                if space is not None else "no action_space in the model metadata")
     return Lint(
         "action-space", "warn",
-        f"no action_space in the model metadata: discrete if the action is an integer{found}",
+        f"{declared} (the contract reads action_low/action_high or action_n): discrete if the action is an integer{found}",
     )
 
 

@@ -7,6 +7,8 @@ CLI turns that into exit code 2.
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,10 +103,33 @@ def load(path: Path, given_batch_axes: dict[str, int] | None = None, limit_bytes
         producer=f"{proto.producer_name} {proto.producer_version}".strip(),
         metadata={prop.key: prop.value for prop in proto.metadata_props},
     )
+    _check_action_metadata(path, info.metadata)
     batch_axes.check_given(info, given_batch_axes or {})
     info.state_pairs = graph_facts.state_pairs(info, given_batch_axes)
     info.batch_axes = batch_axes.infer(info, given_batch_axes)
     return info
+
+
+def _check_action_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """The action metadata the contract check reads (action_n; action_low/action_high, infinite for an unbounded
+    Box) are the model's words, not the runtime's: a value that is no count or bound is refused here."""
+    def shown(key: str) -> str:
+        return f"{path}: metadata {key} = {metadata[key][:40]!r}"
+
+    count = metadata.get("action_n")
+    if count is not None and not (re.fullmatch(r"[0-9]{1,9}", count.strip()) and int(count) >= 1):
+        raise InputError(f"{shown('action_n')}: expected a whole number of actions >= 1")
+    bounds = {}
+    for key in ("action_low", "action_high"):
+        if key in metadata:
+            try:
+                bounds[key] = float(metadata[key])
+            except ValueError:
+                bounds[key] = math.nan
+            if math.isnan(bounds[key]):
+                raise InputError(f"{shown(key)}: expected a number (-inf and inf for an unbounded side)")
+    if bounds.get("action_low", -math.inf) > bounds.get("action_high", math.inf):
+        raise InputError(f"{shown('action_low')} is above action_high = {metadata['action_high'][:40]!r}")
 
 
 PARSER_OUT_OF_MEMORY = "Arena alloc failed"  # protobuf's parser when its arena cannot grow
@@ -275,6 +300,17 @@ def check_declared_sizes(info: "ModelInfo", limit_bytes: int, n_obs: int) -> Non
             size = _nbytes([d.dim_value if d.HasField("dim_value") else 1 for d in tensor.shape.dim], _numpy_dtype(tensor.elem_type))
             if size > limit_bytes:
                 raise InputError(f"tensor {value.name[:80]!r} is declared {_dims(tensor)}: {userfiles.size_text(size)}, above the limit {userfiles.size_text(limit_bytes)}")
+
+
+def check_batch_sizes(info: "ModelInfo", limit_bytes: int, batch_sizes: list[int]) -> None:
+    """Each timed batch is made by the tool (observations tiled by an int64 row index) before a runtime sees
+    it: a batch that cannot fit is the user's option to fix, not a cell's out-of-memory FAIL."""
+    per_sample = 8 + sum(_nbytes(batch_axes.without_batch(spec, info.batch_axes), spec.dtype)
+                         for spec in info.inputs if spec.name in info.batch_axes)
+    largest = max(batch_sizes)
+    if per_sample * largest > limit_bytes:
+        raise InputError(f"--batch-sizes {largest}: a batch needs {userfiles.size_text(per_sample * largest)}, "
+                         f"above the limit {userfiles.size_text(limit_bytes)} (use smaller batches, or --memory-limit)")
 
 
 def _check_whole_input(spec: TensorSpec, limit_bytes: int) -> None:

@@ -94,7 +94,23 @@ def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path) -> np
     if not fits:
         words = ", ".join("?" if dim is None else str(dim) for dim in expected)
         raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects [{words}] (N observations)")
-    return array.astype(spec.dtype, copy=False)
+    _check_finite(array, spec, axis, path)  # before the cast too: a NaN cast to an integer input is a number
+    with np.errstate(over="ignore"):  # a value beyond the input's dtype becomes inf: refused below
+        array = array.astype(spec.dtype, copy=False)
+    _check_finite(array, spec, axis, path)
+    return array
+
+
+def _check_finite(array: np.ndarray, spec: TensorSpec, axis: int | None, path: Path) -> None:
+    """A NaN or an infinity in a recorded observation is no state: every cell would FAIL 'finite outputs' on it,
+    the runtime blamed for the file."""
+    if array.dtype.kind != "f":
+        return
+    bad = np.argwhere(~np.isfinite(array))
+    if bad.size:
+        where = f" at row {int(bad[0][axis])}" if axis is not None else ""
+        raise InputError(f"{path}: {spec.name!r} holds a non-finite value{where} (as {array.dtype}): observations "
+                         "must be finite")
 
 
 def _check_rows(rows: dict[str, int], path: Path, step: int) -> None:

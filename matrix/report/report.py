@@ -27,6 +27,7 @@ from xml.etree import ElementTree as ET
 from jinja2 import Environment, FileSystemBytecodeCache, PackageLoader, select_autoescape
 
 from . import charts
+from ..errors import printable
 from ..outdir import write_atomic
 from targets.paths import cache_dir
 from ..results import VERDICTS, Cell, LatencyStats, RunResults
@@ -71,7 +72,9 @@ def csv_text(rows: list[dict], columns: list[str] | None = None) -> str:
 def _spreadsheet_safe(value):
     """Text a spreadsheet would run as a formula (a host label `=HYPERLINK(...)`, a shard's field) gets a
     leading apostrophe, as spreadsheet-safe CSV writers do; numbers stay numbers."""
-    return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
+    if not isinstance(value, str):
+        return value
+    return f"'{printable(value)}" if value.startswith(FORMULA_STARTS) else printable(value)
 
 
 # Characters XML 1.0 cannot hold at all (control characters other than tab and newlines, lone surrogates).
@@ -79,7 +82,7 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _xml_text(text: str) -> str:
-    return _NOT_XML.sub("\ufffd", text)
+    return _NOT_XML.sub("\ufffd", printable(text))
 
 
 def table(results: RunResults) -> list[dict]:
@@ -278,7 +281,9 @@ def _templates() -> Environment:
 def render_html(results: RunResults) -> str:
     template = _templates().get_template("report.html.j2")
     script = _report_script()
-    return template.render(
+    # Autoescaping stops markup, not the characters that act on a reader (a bidi override shows a runtime's
+    # words backwards); the page's own text and script hold none, so every one left came from a model or a shard.
+    return printable(template.render(
         results=results, grid=_verdict_grid(results), colours=COLOURS, verdicts=VERDICTS,
         counts={v: sum(c.verdict == v for c in results.cells) for v in VERDICTS},
         drift_svg=drift_chart(results), latency_svg=latency_chart(results),
@@ -294,7 +299,7 @@ def render_html(results: RunResults) -> str:
         assist=assist_report.context(results),
         versions=runtime_versions.comparisons(results), quality=runtime_versions.quality,
         return_delta=runtime_versions.return_delta, band_differs=noise.differs,
-    )
+    ))
 
 
 def _behaviour_context(results: RunResults) -> dict:
@@ -401,7 +406,7 @@ def _md_code(text: str) -> str:
     (they show literally), so the fence is one backtick longer than the longest run of
     backticks in the text, padded with a space when the text starts or ends with one (CommonMark 6.1).
     A code span still ends a table cell at `|`, so this is for prose and headings only."""
-    text = " ".join(str(text).split())
+    text = printable(" ".join(str(text).split()))
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""

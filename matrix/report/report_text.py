@@ -3,6 +3,7 @@ and its sections (report_behaviour.py), which it imports."""
 
 from __future__ import annotations
 
+from ..errors import printable
 from ..results import Cell
 
 COLOURS = {"PASS": "#2e9e5b", "WARN": "#e0a100", "FAIL": "#d64545", "SKIP": "#9aa0a6", "CONVERTED": "#4a7bd0"}
@@ -16,7 +17,7 @@ def cell_label(cell: Cell, multi_host: bool) -> str:
 
 def md(text: str) -> str:
     """Untrusted text in Markdown prose: every markup character escaped, line breaks and HTML neutralised."""
-    text = " ".join(str(text).split())
+    text = printable(" ".join(str(text).split()))
     for char in "\\`*_[]<>|#~!&":
         text = text.replace(char, f"\\{char}")
     return text

@@ -30,7 +30,6 @@ import numpy as np
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, Field
 from rich.console import Console
-from rich.markup import escape
 
 import targets as registry
 from targets import versions
@@ -42,6 +41,7 @@ from ..inputs import batch_axes, observations, observation_sources
 from ..decide import decide
 from ..reference import reference, reference_job
 from ..errors import InputError, Terminated
+from ..errors import console_text as escape
 from ..inputs.lint import lint
 from ..inputs.model import ModelInfo
 from .. import options
@@ -480,7 +480,7 @@ class Journal:
             append_jsonl(self.path, cell, **self.stamp)
         except OSError as error:
             if not self.broken:
-                self.console.print(f"[yellow]cannot append to {self.path}[/]: {error}; the report will still hold every cell")
+                self.console.print(f"[yellow]cannot append to {escape(str(self.path))}[/]: {escape(str(error))}; the report will still hold every cell")
             self.broken = True
 
     @staticmethod
@@ -555,7 +555,7 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_sourc
     outputs, margins = reference_job.load(folder / "reference.npz")
     dev_runtime = reference_job.load(folder / "dev_runtime.npz")[0] if (folder / "dev_runtime.npz").exists() else None
     if dev_runtime is None:
-        console.print(f"[yellow]ORT CPU fp32 (the development runtime) failed[/]: {report.get('dev_runtime_error') or ending.describe()}")
+        console.print(f"[yellow]ORT CPU fp32 (the development runtime) failed[/]: {escape(report.get('dev_runtime_error') or ending.describe())}")
     return Reference(outputs, margins), dev_runtime, _reference_rollout(config, folder, report, ending)
 
 
@@ -609,7 +609,7 @@ def _announce_reference_rollout(config: RunConfig, console: Console) -> None:
     if plan is None:
         return
     what = f"replay of {Path(plan.trajectory).name}" if plan.open_loop else f"{plan.episodes} episodes of {plan.env}"
-    console.print(f"[bold]reference rollout[/]: float64 policy, {what}", highlight=False)
+    console.print(f"[bold]reference rollout[/]: float64 policy, {escape(what)}", highlight=False)
 
 
 class CellRunner:

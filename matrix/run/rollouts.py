@@ -339,7 +339,13 @@ def load_trajectory(path: Path, plan: RolloutPlan, limit_bytes: int | None = Non
     per_step = int(np.prod(recorded.shape[1:], dtype=np.int64))
     if per_step != int(np.prod(plan.obs_shape)):
         raise InputError(f"{path}: observations of shape {list(recorded.shape[1:])}, the model expects {plan.obs_shape}")
-    return recorded.reshape([len(recorded), *plan.obs_shape]).astype(plan.obs_dtype)
+    with np.errstate(over="ignore"):  # a value beyond the input's dtype becomes inf: refused below
+        steps = recorded.reshape([len(recorded), *plan.obs_shape]).astype(plan.obs_dtype)
+    for values in (recorded, steps):  # as --obs: no state, and every cell would FAIL on it
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            step = int(np.argwhere(~np.isfinite(values))[0][0])
+            raise InputError(f"{path}: holds a non-finite value at step {step} (as {values.dtype}): observations must be finite")
+    return steps
 
 
 def replay(step: Step, plan: RolloutPlan) -> np.ndarray:

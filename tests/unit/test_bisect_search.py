@@ -143,7 +143,7 @@ def test_the_report_lists_every_release_and_escapes_the_runtimes_words(tmp_path)
     fp32 = next(c for c in shard.cells if c.variant == "fp32")
     passed = fp32.model_copy(update={"target": "ort-cpu@1.14.0"})
     failed = fp32.model_copy(update={"target": "ort-cpu@1.15.0", "verdict": "FAIL",
-                                     "reasons": ["open: <script>alert(1)</script> | bad node"]})
+                                     "reasons": ["open: <script>alert(1)</script> | bad node \x1b[2J\u202e"]})
     runs = {"1.14.0": shard.model_copy(update={"cells": [passed]}), "1.15.0": shard.model_copy(update={"cells": [failed]})}
     probe, _ = _prober(5, passed, failed)
     outcome = bisect.search(RELEASES, probe, bisect.MEASURES["verdict"], None)
@@ -151,6 +151,7 @@ def test_the_report_lists_every_release_and_escapes_the_runtimes_words(tmp_path)
     index = bisect.write_report(outcome, runs, bisect.MEASURES["verdict"], "onnxruntime", tmp_path)
     table = (tmp_path / "bisect.md").read_text()
     assert "<script>" not in table and "&lt;script&gt;" in table and "\\| bad node" in table
+    assert "\x1b" not in table and "\u202e" not in table and "\\x1b[2J\\u202e" in table  # a node's name acts on no reader
     assert all(f"| {release} |" in table for release in RELEASES)
     html = index.read_text()
     assert "ort-cpu@1.14.0" in html and "ort-cpu@1.15.0" in html and "<script>alert(1)" not in html

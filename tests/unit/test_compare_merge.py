@@ -124,6 +124,16 @@ def test_cells_in_only_one_file_are_not_regressions(shard):
     assert compare(baseline, current) == []
 
 
+def test_a_baseline_of_no_host_the_current_run_has_is_refused(shard):
+    """Cells are matched per host: a nightly whose runner's --host-label changed paired no cell at all and said
+    'no regressions', whatever had regressed."""
+    current = shard.model_copy(deep=True)
+    for cell in current.cells:
+        cell.host, cell.verdict = "renamed-runner", "FAIL"
+    with pytest.raises(InputError, match=f"no host in common: the baseline's {shard.cells[0].host}, the current run's renamed-runner"):
+        compare(shard, current)
+
+
 def test_runs_of_another_model_are_refused(shard):
     other = shard.model_copy(deep=True)
     other.model = {**other.model, "name": "other.onnx", "sha256": "f" * 64}

@@ -67,6 +67,17 @@ def test_lints_name_what_they_found(load_policy):
     assert clip[0] == "warn" and "bounds [-2, 2] inferred from the final Min/Max clip" in clip[1]
 
 
+def test_an_action_space_of_another_word_is_named_not_called_missing(load_policy):
+    """The lint said 'no action_space in the model metadata' beside a declared one, so a user who added it saw
+    no change; it names the value, and the keys the contract reads."""
+    model = policies.minmax_clip_mlp()
+    helper.set_model_props(model, {"action_space": "Box(-2, 2)"})
+    level, message = _lints(load_policy(model))["action-space"]
+    assert level == "warn" and message.startswith("action_space 'Box(-2, 2)' in the model metadata is neither"), message
+    level, message = _lints(load_policy(policies.minmax_clip_mlp()))["action-space"]
+    assert "action_low/action_high or action_n" in message, message
+
+
 def test_random_ops_and_dropout_are_found(load_policy):
     nodes = [helper.make_node("RandomNormalLike", ["obs"], ["noise"], name="explore"),
              helper.make_node("Add", ["obs", "noise"], ["noisy"]),
@@ -121,6 +132,16 @@ def test_each_broken_promise_is_its_own_failed_check(load_policy):
     assert checks["deterministic"] == (False, "second run differs in ['action']")
     assert checks["batch 1/2/7"] == (False, "batch 7: action shape (1, 6)")
     assert checks["output shapes"][0] is True
+
+
+def test_a_nan_is_judged_once_by_finite_outputs_not_again_as_leaving_the_bounds(load_policy):
+    """Seen: 'action bounds: [-0.5804, 0.3954] leaves [-1, 1]', since every comparison with NaN is false."""
+    model = load_policy(examples.continuous_mlp())
+    action = np.full((4, 6), 0.5, np.float32)
+    action[1, 2] = np.nan
+    checks = _checks(model, _arrays({"action": action}, batches=_good_batches(6)), {"action": action})
+    assert checks["finite outputs"][0] is False
+    assert checks["action bounds"] == (True, "[0.5, 0.5] within [-1, 1] (metadata; 1 non-finite value left to 'finite outputs')")
 
 
 def test_a_missing_output_fails_shapes_dtypes_and_bounds(load_policy):

@@ -213,6 +213,10 @@ def special_file(tmp: Path, kind: str, name: str) -> Path:
         _npy_header(path, (10**11, 17), payload=np.zeros(17, np.float32).tobytes())
     elif kind == "empty":
         path.write_bytes(b"")
+    elif kind == "a NaN at row 2":
+        rows = np.zeros((4, 17), np.float32)
+        rows[2, 5] = np.nan
+        np.save(path, rows)
     return path
 
 
@@ -271,6 +275,7 @@ FILES = {
     "--trajectory header of 10^11 rows": (trajectory("10^11-row header"), "header declares"),
     "--trajectory empty": (trajectory("empty"), "not a readable"),
     "--trajectory missing": (trajectory("missing"), "no such trajectory file"),
+    "--trajectory with a NaN": (trajectory("a NaN at row 2"), "non-finite value at step 2"),
 }
 
 
@@ -343,6 +348,10 @@ ENVIRONMENTS = {
 # --- matrix.toml ----------------------------------------------------------------------------------------------
 
 
+def config_file(kind):
+    return lambda tmp: [MLP, *QUICK, "--config", special_file(tmp, kind, "matrix.toml")]
+
+
 def config(text: str):
     def make(tmp):
         (tmp / "matrix.toml").write_text(text)
@@ -366,6 +375,9 @@ CONFIGS = {
     "diagnose = 'yes'": (config("diagnose = 'yes'\n"), "true or false"),
     "unknown key": (config("turbo = true\n"), "unknown setting"),
     "[tolerance] 1e400": (config('[tolerance]\n"ort-cpu:fp32" = nan\n'), ">= 0"),
+    # read like every other file of the user's: the FIFO hung the runner, /dev/zero filled its memory
+    "--config a FIFO": (config_file("fifo"), "a FIFO, not a regular file"),
+    "--config /dev/zero through a symlink": (config_file("device"), "character device"),
 }
 
 

@@ -116,6 +116,17 @@ def test_bad_arrays_are_one_clear_input_error(mlp, tmp_path, array, words):
     assert words in str(raised.value)
 
 
+def test_a_nan_is_refused_before_it_is_cast_to_an_integer_input(load_policy, tmp_path):
+    """Cast to int64 a NaN became -9223372036854775808, silently: a discrete observation no one recorded."""
+    discrete_obs = load_policy(examples.discrete_mlp())
+    discrete_obs.inputs[0].dtype = "int64"  # as a Discrete observation space exports it
+    rows = np.zeros((4, *discrete_obs.inputs[0].shape[1:]))
+    rows[2, 0] = np.nan
+    np.save(tmp_path / "obs.npy", rows)
+    with pytest.raises(InputError, match="non-finite value at row 2 \\(as float64\\)"):
+        observations.load(tmp_path / "obs.npy", discrete_obs)
+
+
 def test_a_header_that_declares_more_rows_than_the_file_holds_is_refused(mlp, tmp_path):
     path = tmp_path / "obs.npy"
     np.save(path, np.ones((4, 17), np.float32))

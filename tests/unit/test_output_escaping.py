@@ -27,3 +27,31 @@ def test_csv_formulas_are_neutralised_and_junit_stays_well_formed(tmp_path):
     assert {row["host"] for row in csv.DictReader((tmp_path / "latency.csv").open())} == {rows[0]["host"]}
     suites = ET.parse(tmp_path / "junit.xml").getroot()  # ill-formed XML raises here
     assert any(FORMULA in (case.get("classname") or "") for case in suites.iter("testcase"))
+
+
+# What a model's node or output names carry into a runtime's words (tract names the node it cannot translate):
+# ESC starts a terminal escape sequence (here: clear the screen, set the window title), BEL rings, CR rewrites the
+# line, U+202E reverses what a reader sees. Seen reaching the terminal, summary.md and results.csv verbatim, and
+# index.html, where U+202E showed the runtime's words backwards.
+TERMINAL_CONTROLS = "\x1b[2J\x1b]0;title\x07\r\u202e\x9b"
+ACTING = set("\x1b\x07\r\u202e\x9b")
+
+
+def test_terminal_controls_from_a_model_reach_no_reader(tmp_path, policy_matrix):
+    shard = schema.load(FIXTURES / "shard_continuous_mlp.json")
+    shard.model["name"] = f"policy{TERMINAL_CONTROLS}.onnx"  # the file's name: summary.md's heading
+    for cell in shard.cells:
+        cell.verdict = "FAIL"
+        # the second line: an output's name forging a line of the CI log
+        cell.reasons = [f'open: RuntimeError: Translating node #4 "gemm{TERMINAL_CONTROLS}" Gemm\ncell ort-cpu fp32: PASS']
+    (tmp_path / "shard").mkdir()
+    (tmp_path / "shard" / "results.json").write_text(shard.model_dump_json())
+    # every cell FAILs, so each decision line the CLI prints names the closest one with its reasons
+    done = policy_matrix(["merge", tmp_path / "shard", "--out", tmp_path / "merged", "--fail-on", "never"])
+    assert done.returncode == 0, done.lines[-3:]
+    assert '"gemm\\x1b[2J' in done.stdout + done.stderr, "the characters are shown, not dropped"
+    assert not any(line.startswith("cell ") for line in done.lines), "one console line per thing said"
+    readers = {"terminal": done.stdout + done.stderr, **{name: (tmp_path / "merged" / name).read_text()
+                                                   for name in ("summary.md", "results.csv", "index.html", "junit.xml")}}
+    for reader, text in readers.items():
+        assert not ACTING & set(text), reader
