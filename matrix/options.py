@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 
 from .errors import InputError
@@ -126,19 +125,6 @@ def config_table(data: dict, name: str, path: Path) -> dict:
     if not isinstance(table, dict):
         raise InputError(f"{path}: {name!r} must be a table ([{name}] with KEY = VALUE lines), not {type(table).__name__}")
     return table
-
-
-def writable_dir(path: Path, option: str = "--out") -> Path:
-    """Create the folder if needed and prove it is writable before any measurement is made."""
-    try:
-        if path.exists() and not path.is_dir():
-            raise InputError(f"{option} {path}: exists and is not a folder")
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except (OSError, ValueError) as error:  # ValueError: a NUL in the name
-        raise InputError(f"{option} {str(path)[:200]!r}: cannot write there ({getattr(error, 'strerror', None) or error})") from None
-    return path
 
 
 # The run options' defaults, defined once: the CLI shows them, RunConfig and CellSpec start from them.

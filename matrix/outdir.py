@@ -1,4 +1,10 @@
-"""The report folder is the tool's: nothing planted in it redirects what the tool writes.
+"""The report folder is the tool's: the tool writes only into its own folders, and nothing planted in one
+redirects what it writes.
+
+`claim` takes a folder for a command's output (`run --out/--resume`, `merge --out`, `bisect --out`,
+`frameworks --out`): a new or empty folder, or one the tool wrote before (its mark, the lock file, is left in
+every folder it takes; reports written before the mark are known by their run record or results). Any other
+folder is the user's: its index.html or summary.md would be overwritten without a word, so it is refused.
 
 A symbolic link where the tool writes (run.json, results.jsonl, reference.npz, a cell's folder,
 a `.partial` staging name, the lock) would make a run overwrite or append to whatever the link
@@ -23,6 +29,31 @@ TOOL_FILES = ("run.json", "results.jsonl", "results.json", "results.csv", "laten
               "index.html", "observations.npz", "reference.npz")
 # Folders the tool fills; everything inside them is its own.
 TOOL_FOLDERS = ("cells", "variants", "reference", "diagnosis", "fixes")
+# What only the tool writes, by which it knows a folder it took before: its mark, a run's record and journal,
+# a merged report's results, the frameworks table's.
+OWN_MARKS = (LOCK_FILE, "run.json", "results.jsonl", "results.json", "frameworks.json")
+
+
+def claim(path: Path, option: str = "--out") -> Path:
+    """Take `path` for the tool's output: created if needed, proven writable and marked as the tool's before any
+    measurement is made; a folder holding anything the tool did not write there is refused."""
+    shown = str(path)[:200]
+    try:
+        if path.exists() and not path.is_dir():
+            raise InputError(f"{option} {shown!r}: exists and is not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+        held = sorted(entry.name for entry in path.iterdir())
+        if not held:
+            os.close(os.open(path / LOCK_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+        elif not any(os.path.lexists(path / mark) for mark in OWN_MARKS):
+            raise InputError(f"{option} {shown!r}: a folder that is not a policy-matrix report (it holds "
+                             f"{', '.join(map(repr, held[:3]))}{', ...' if len(held) > 3 else ''}): refused, its files "
+                             "would be overwritten (choose a new or empty folder)")
+        with tempfile.TemporaryFile(dir=path):  # writable, before any measurement is made
+            pass
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the name
+        raise InputError(f"{option} {shown!r}: cannot write there ({getattr(error, 'strerror', None) or error})") from None
+    return path
 
 
 def check_owned(out: Path) -> None:

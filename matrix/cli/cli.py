@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from .. import __version__, options
+from .. import __version__, options, outdir
 from . import cli_args as args
 from . import is_the_program
 from . import config as run_config_file
@@ -134,7 +134,7 @@ def run(model: Path, as_json: bool, **values) -> None:
 
     ending = args.ENDING.parse(values)
     config = args.run_config(model, values)
-    options.writable_dir(config.out)
+    outdir.claim(config.out, "--resume" if config.resume else "--out")
     baseline = _baseline(ending["baseline"])  # a bad one fails first
     with lock_out(config.out):
         try:
@@ -171,7 +171,7 @@ def merge(shards, out, **values):
     baseline = _baseline(ending["baseline"])
     merged = merge_shards(list(shards), ending["allow_different_inputs"])
     merged.decision = Request.recorded(merged.run_options).decide(merged)  # the first shard's budgets, over every host's cells
-    with lock_out(options.writable_dir(out)):  # never replace the report of a run still writing there
+    with lock_out(outdir.claim(out)):  # never replace the report of a run still writing there
         _finish(merged, out, ending["fail_on"], baseline, ending["thresholds"],
                 allow_different_inputs=ending["allow_different_inputs"])
 
@@ -424,7 +424,7 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
     config.rollout, config.return_tolerance = args.rollout_options(
         config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs}, config.limits)
     span = releases.releases_between(offered, old, new, floor)
-    options.writable_dir(config.out)
+    outdir.claim(config.out)
     with lock_out(config.out):
         found = releases.bisect(config, names[0], span, chosen, threshold, console)
     sys.exit(0 if found else 1)

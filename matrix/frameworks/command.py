@@ -29,7 +29,7 @@ def frameworks(chosen, out, targets, variants, episodes, seed, iters, jobs, rebu
     (export parity against the framework) and --assist: one measured table."""
     from rich.console import Console
 
-    from .. import options
+    from .. import options, outdir
     from . import parse
     from .dryrun import DEFAULT_TARGETS, Plan, dry_run
     from .table import write
@@ -38,7 +38,7 @@ def frameworks(chosen, out, targets, variants, episodes, seed, iters, jobs, rebu
     plan = Plan(out=out, targets=targets or DEFAULT_TARGETS, variants=variants, episodes=options.at_least(episodes, 1, "--episodes"),
                 seed=options.at_least(seed, 0, "--seed"), iters=options.at_least(iters, 1, "--iters"), jobs=options.at_least(jobs, 1, "--jobs"),
                 rebuild=rebuild)
-    options.writable_dir(out)
+    outdir.claim(out)
     rows = dry_run(plan, parse(chosen), lambda line: console.print(line, highlight=False, markup=False))
     run_options = {"targets": plan.targets, "variants": plan.variants, "episodes": plan.episodes, "seed": plan.seed,
                 "frameworks": chosen}

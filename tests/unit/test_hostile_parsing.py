@@ -508,6 +508,7 @@ def _run_json(tmp: Path, text: str) -> list:
 def planted_link(name: str):
     def make(tmp):
         (tmp / "out" / Path(name).parent).mkdir(parents=True)
+        (tmp / "out" / ".policy-matrix.lock").touch()  # a folder the tool took before: its mark
         (tmp / "victim.txt").write_text("keep me")
         os.symlink(tmp / "victim.txt", tmp / "out" / name)
         return [MLP, *QUICK, "--out", tmp / "out"]
@@ -520,6 +521,18 @@ def lock_is(kind: str):
         lock = tmp / "out" / ".policy-matrix.lock"
         lock.mkdir() if kind == "folder" else os.symlink(tmp / "elsewhere", lock)
         return [MLP, *QUICK, "--out", tmp / "out"]
+    return make
+
+
+def users_folder(command: str):
+    """A folder holding the user's own index.html, named where the tool writes a report or a table."""
+    def make(tmp):
+        (tmp / "mine").mkdir()
+        (tmp / "mine" / "index.html").write_text("my page")
+        option = command.split()[1]
+        return {"run": [MLP, *QUICK, option, tmp / "mine"],
+                "merge": ["merge", Path(__file__).parents[1] / "fixtures" / "shard_continuous_mlp.json", "--out", tmp / "mine"],
+                "frameworks": ["frameworks", "--out", tmp / "mine"]}[command.split()[0]]
     return make
 
 
@@ -538,6 +551,8 @@ FOLDERS = {
                     ".results.json.partial", "cells/ort-cpu-fp32/worker.log", "variants")},
     "lock: a folder": (lock_is("folder"), "not a regular file"),
     "lock: a symlink": (lock_is("symlink"), "symbolic link"),
+    **{f"a folder of the user's: {command}": (users_folder(command), "not a policy-matrix report")
+       for command in ("run --out", "run --resume", "merge --out", "frameworks --out")},
 }
 
 TABLE = {**MODELS, **FILES, **OPTIONS, **CONFIGS, **RESULTS, **FOLDERS}
@@ -564,6 +579,14 @@ def test_a_planted_link_is_left_untouched(tmp_path, policy_matrix):
     args = planted_link("results.jsonl")(tmp_path)
     policy_matrix(args)
     assert (tmp_path / "victim.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("command", ["run --out", "merge --out", "frameworks --out"])
+def test_a_folder_of_the_users_is_left_untouched(command, tmp_path, policy_matrix):
+    """`--out` naming a folder of the user's own files overwrote its index.html (or summary.md) without a word."""
+    policy_matrix(users_folder(command)(tmp_path))
+    assert sorted(path.name for path in (tmp_path / "mine").iterdir()) == ["index.html"]
+    assert (tmp_path / "mine" / "index.html").read_text() == "my page"
 
 
 def test_an_interrupted_shard_does_not_decide_the_exit_code_of_a_merge(tmp_path, policy_matrix):

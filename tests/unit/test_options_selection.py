@@ -93,12 +93,6 @@ def test_tolerance_keys_that_match_nothing(key, words):
         options.tolerance_key(key, KNOWN, ("fp32", "fp16", "int8"), "--tolerance")
 
 
-def test_writable_dir_creates_and_refuses_a_file(tmp_path):
-    assert options.writable_dir(tmp_path / "a" / "b").is_dir()
-    (tmp_path / "file").write_text("")
-    with pytest.raises(InputError, match="exists and is not a folder"):
-        options.writable_dir(tmp_path / "file")
-
 
 # --- matrix.toml -----------------------------------------------------------------------------------
 
