@@ -54,6 +54,15 @@ def memory_size(value: str, option: str = "--memory-limit") -> int:
     return size
 
 
+def memory_text(nbytes: int) -> str:
+    """Bytes said in --memory-limit's binary units, 3 significant digits: one way for a limit and what it is
+    weighed against ('23.5 GiB'), wherever a cell, a refusal or a file's size names it."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{float(f'{nbytes / scale:.3g}'):g} {unit}"  # via float: .3g alone writes 1000 as 1e+03
+    return f"{nbytes} bytes"
+
+
 def default_memory_limit() -> int:
     """Physical memory, at least 4 GiB: a runaway cell fails alone instead of dragging the host into swap."""
     try:

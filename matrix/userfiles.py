@@ -21,16 +21,10 @@ from typing import BinaryIO
 import numpy as np
 
 from .errors import InputError
+from .options import memory_text
 
 MAX_NPZ_MEMBERS = 1024  # named arrays in one .npz; a model has far fewer inputs
 MAX_NPY_HEADER = 10_000  # bytes of one .npy header (numpy's own default limit)
-
-
-def size_text(nbytes: int) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} bytes"
 
 
 @contextlib.contextmanager
@@ -50,8 +44,8 @@ def open_regular(path: Path, what: str, limit_bytes: int | None = None) -> Itera
         if not stat.S_ISREG(info.st_mode):
             raise InputError(f"{path}: the {what} file is {_kind(info.st_mode)}, not a regular file: refused")
         if limit_bytes is not None and info.st_size > limit_bytes:
-            raise InputError(f"{path}: the {what} file is {size_text(info.st_size)}, above the memory limit "
-                             f"{size_text(limit_bytes)}")
+            raise InputError(f"{path}: the {what} file is {memory_text(info.st_size)}, above the memory limit "
+                             f"{memory_text(limit_bytes)}")
         os.set_blocking(descriptor, True)
     except BaseException:
         os.close(descriptor)
@@ -105,8 +99,8 @@ def _read_npz(stream: BinaryIO, path: Path, limit_bytes: int | None, wanted: Col
                 declared = _check_header(entry, member.file_size, label, limit_bytes)
             total += declared if member in chosen else 0
         if limit_bytes is not None and total > limit_bytes:
-            raise InputError(f"{path}: the arrays needed take {size_text(total)}, above the memory limit "
-                             f"{size_text(limit_bytes)}")
+            raise InputError(f"{path}: the arrays needed take {memory_text(total)}, above the memory limit "
+                             f"{memory_text(limit_bytes)}")
         arrays = {}
         for member in chosen:
             with archive.open(member) as entry:
@@ -131,7 +125,7 @@ def _check_header(stream, stored_bytes: int, label: str, limit_bytes: int | None
     if declared > stored_bytes:
         raise InputError(f"{label}: its header declares shape {list(shape)} ({declared} bytes) but the file holds {stored_bytes}")
     if limit_bytes is not None and declared > limit_bytes:
-        raise InputError(f"{label} needs {size_text(declared)}, above the memory limit {size_text(limit_bytes)}")
+        raise InputError(f"{label} needs {memory_text(declared)}, above the memory limit {memory_text(limit_bytes)}")
     return declared
 
 

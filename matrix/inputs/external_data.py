@@ -17,10 +17,10 @@ from pathlib import Path
 import onnx
 from onnx.external_data_helper import uses_external_data
 
-from .. import userfiles
+from .. import options, userfiles
 from ..errors import InputError
 
-# A ModelProto serialized above 2 GB cannot be checked or shape-inferred in memory (protobuf's limit).
+# A ModelProto serialized above 2 GiB cannot be checked or shape-inferred in memory (protobuf's limit).
 PROTOBUF_LIMIT_BYTES = 2 << 30
 
 
@@ -38,11 +38,11 @@ def load_all(tensors: Iterable[onnx.TensorProto], folder: Path, limit_bytes: int
     sources = [_source(tensor, root) for tensor in tensors if uses_external_data(tensor)]
     total = sum(source.length for source in sources)
     if total > limit_bytes:
-        raise InputError(f"the model's external data takes {userfiles.size_text(total)}, above the memory limit "
-                         f"{userfiles.size_text(limit_bytes)}")
+        raise InputError(f"the model's external data takes {options.memory_text(total)}, above the memory limit "
+                         f"{options.memory_text(limit_bytes)}")
     if total + model_bytes > PROTOBUF_LIMIT_BYTES:
-        raise InputError(f"the model with its external data takes {userfiles.size_text(total + model_bytes)}: above the "
-                         "2 GB ONNX's checker and shape inference hold in memory")
+        raise InputError(f"the model with its external data takes {options.memory_text(total + model_bytes)}: above the "
+                         "2 GiB ONNX's checker and shape inference hold in memory")
     for source in sources:
         _read_into(source)
 

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 
 from . import batch_axes, external_data, graph_facts
-from .. import userfiles
+from .. import options, userfiles
 from ..errors import InputError
 
 # Operator domains some target implements; anything else is a custom op no runtime here has.
@@ -286,11 +286,11 @@ def check_declared_sizes(info: "ModelInfo", limit_bytes: int, n_obs: int) -> Non
             continue
         per_sample = _nbytes(batch_axes.without_batch(spec, info.batch_axes), spec.dtype)
         if per_sample > limit_bytes:
-            raise InputError(f"input {spec.name!r} needs {userfiles.size_text(per_sample)} per sample, above the limit {userfiles.size_text(limit_bytes)}")
+            raise InputError(f"input {spec.name!r} needs {options.memory_text(per_sample)} per sample, above the limit {options.memory_text(limit_bytes)}")
         if per_sample * n_obs > limit_bytes:
             raise InputError(
-                f"input {spec.name!r} needs {userfiles.size_text(per_sample)} per sample: {n_obs} observations need "
-                f"{userfiles.size_text(per_sample * n_obs)}, above the limit {userfiles.size_text(limit_bytes)} (use fewer with --n-obs, or --memory-limit)"
+                f"input {spec.name!r} needs {options.memory_text(per_sample)} per sample: {n_obs} observations need "
+                f"{options.memory_text(per_sample * n_obs)}, above the limit {options.memory_text(limit_bytes)} (use fewer with --n-obs, or --memory-limit)"
             )
     for graph in _all_graphs(info.proto):
         for value in [*graph.value_info, *graph.output]:
@@ -299,7 +299,7 @@ def check_declared_sizes(info: "ModelInfo", limit_bytes: int, n_obs: int) -> Non
                 continue
             size = _nbytes([d.dim_value if d.HasField("dim_value") else 1 for d in tensor.shape.dim], _numpy_dtype(tensor.elem_type))
             if size > limit_bytes:
-                raise InputError(f"tensor {value.name[:80]!r} is declared {_dims(tensor)}: {userfiles.size_text(size)}, above the limit {userfiles.size_text(limit_bytes)}")
+                raise InputError(f"tensor {value.name[:80]!r} is declared {_dims(tensor)}: {options.memory_text(size)}, above the limit {options.memory_text(limit_bytes)}")
 
 
 def check_batch_sizes(info: "ModelInfo", limit_bytes: int, batch_sizes: list[int]) -> None:
@@ -309,15 +309,15 @@ def check_batch_sizes(info: "ModelInfo", limit_bytes: int, batch_sizes: list[int
                          for spec in info.inputs if spec.name in info.batch_axes)
     largest = max(batch_sizes)
     if per_sample * largest > limit_bytes:
-        raise InputError(f"--batch-sizes {largest}: a batch needs {userfiles.size_text(per_sample * largest)}, "
-                         f"above the limit {userfiles.size_text(limit_bytes)} (use smaller batches, or --memory-limit)")
+        raise InputError(f"--batch-sizes {largest}: a batch needs {options.memory_text(per_sample * largest)}, "
+                         f"above the limit {options.memory_text(limit_bytes)} (use smaller batches, or --memory-limit)")
 
 
 def _check_whole_input(spec: TensorSpec, limit_bytes: int) -> None:
     size = _nbytes(spec.shape, spec.dtype)
     if size > limit_bytes:
         raise InputError(f"input {spec.name!r} is fed whole to every call at its declared shape {spec.shape}: "
-                         f"{userfiles.size_text(size)}, above the limit {userfiles.size_text(limit_bytes)}")
+                         f"{options.memory_text(size)}, above the limit {options.memory_text(limit_bytes)}")
 
 
 def _nbytes(dims: list, dtype) -> int:

@@ -33,6 +33,7 @@ from targets.base import signal_name
 from targets.out_of_memory import looks_out_of_memory
 
 from . import isolation
+from ..options import memory_text
 from ..outdir import write_atomic
 from .stage_lines import START, read_message, stage_message
 
@@ -76,7 +77,7 @@ class Ending:
             return f"timed out after {self.timeout_s:g} s (--timeout)"
         tail = self._log_tail()
         if self.memory_limit and looks_out_of_memory(tail):
-            return f"out of memory (limit {size_text(self.memory_limit)}): {tail}"
+            return f"out of memory (limit {memory_text(self.memory_limit)}): {tail}"
         if self.returncode < 0:
             number = -self.returncode
             return f"killed by signal {number} ({signal_name(number)}) after {self.duration_s:.1f} s" + (f": {tail}" if tail else "")
@@ -162,12 +163,8 @@ def _follow(process, last_stage: list, on_stage) -> None:
 def name_out_of_memory(message: str, memory_limit: int | None) -> str:
     """A runtime's allocation failure under the cap, said as what it is."""
     if memory_limit and looks_out_of_memory(message):
-        return f"out of memory (limit {size_text(memory_limit)}): {message}"
+        return f"out of memory (limit {memory_text(memory_limit)}): {message}"
     return message
-
-
-def size_text(nbytes: int) -> str:
-    return f"{nbytes / (1 << 30):g} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):g} MiB"
 
 
 def read_json(path: Path) -> dict:

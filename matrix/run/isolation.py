@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import forkserver
 from ..errors import InputError
+from ..options import memory_text
 
 PR_SET_PDEATHSIG = 1
 WATCHDOG_GRACE_S = 5.0
@@ -85,7 +86,7 @@ def capped_runner(memory_limit: int, doing: str):
     try:
         yield
     except MemoryError:
-        raise InputError(f"{doing} needs more memory than the limit {memory_limit / (1 << 30):.3g} GiB "
+        raise InputError(f"{doing} needs more memory than the limit {memory_text(memory_limit)} "
                          "(--memory-limit): refused") from None
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))

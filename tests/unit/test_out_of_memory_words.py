@@ -35,3 +35,16 @@ def test_a_parser_that_cannot_allocate_blames_memory_not_the_file(tmp_path, monk
     assert "out of memory while parsing" in str(refused.value) and "not an ONNX model" not in str(refused.value)
     assert guarded.name_out_of_memory(f"fp16 conversion failed: InputError: {refused.value}", 1 << 20).startswith(
         "out of memory (limit 1 MiB): ")
+
+
+def test_the_limit_is_said_in_one_unit_by_a_cell_and_by_a_refusal(policy_matrix):
+    """A cell said 'out of memory (limit 23.5401 GiB)' and the up-front refusal of the same limit 'above the
+    limit 25.3 GB': one unit (--memory-limit's binary ones) and 3 significant digits wherever a limit is named."""
+    from matrix import options
+    from matrix.inputs.examples import path as example
+
+    limit = options.memory_size("23.5401G")
+    assert guarded.name_out_of_memory("MemoryError: ", limit) == "out of memory (limit 23.5 GiB): MemoryError: "
+    done = policy_matrix([example("continuous_mlp"), "--memory-limit", "23.5401G", "--n-obs", "100000000000"])
+    assert done.returncode == 2 and "above the limit 23.5 GiB" in done.stderr, done.stderr
+    assert [options.memory_text(size) for size in (1000 << 20, 1 << 20, 1536, 100)] == ["1000 MiB", "1 MiB", "1.5 KiB", "100 bytes"]
