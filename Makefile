@@ -17,6 +17,9 @@ OUT    ?= reports/merged
 BASELINE ?=
 # `make matrix` shows the report whatever the verdicts; FAIL_ON=fail makes FAILed cells fail make.
 FAIL_ON ?= never
+# One path as one shell word, whatever it holds (a space, a quote): MODEL, OUT and BASELINE name one file each;
+# ARGS and SHARDS are lists, split on spaces by design.
+quote = '$(subst ','\'',$(1))'
 
 .PHONY: setup setup-core setup-web setup-tflite setup-coreml setup-frameworks matrix examples frameworks test test-fast merge clean
 
@@ -54,7 +57,7 @@ frameworks: setup-frameworks
 	$(BIN)/policy-matrix frameworks $(ARGS)
 
 matrix: setup
-	$(BIN)/policy-matrix run $(MODEL) --fail-on $(FAIL_ON) $(ARGS)
+	$(BIN)/policy-matrix run $(call quote,$(MODEL)) --fail-on $(FAIL_ON) $(ARGS)
 
 examples: setup
 	$(BIN)/python -m matrix.inputs.examples
@@ -70,7 +73,7 @@ test-fast: setup-core
 
 # Merge shards (one results.json per host) into one report; BASELINE=old/results.json flags regressions.
 merge: setup-core
-	$(BIN)/policy-matrix merge $(SHARDS) --out $(OUT) $(if $(BASELINE),--baseline $(BASELINE))
+	$(BIN)/policy-matrix merge $(SHARDS) --out $(call quote,$(OUT)) $(if $(BASELINE),--baseline $(call quote,$(BASELINE)))
 
 clean:
 	rm -rf reports .stamps build *.egg-info .pytest_cache
