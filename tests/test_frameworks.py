@@ -17,7 +17,7 @@ import pytest
 from matrix.errors import InputError
 from matrix.frameworks import DEFAULT, MODULES, Framework, dryrun, load, parse
 from matrix.frameworks.rows import Row, TargetVerdict, framework_row
-from matrix.frameworks.table import markdown
+from matrix.frameworks.table import markdown, write
 from tests.conftest import run_cli
 
 QUICK = ("--targets", "ort-cpu,tract", "--episodes", "2", "--iters", "5")
@@ -91,6 +91,18 @@ def test_untrusted_words_in_the_markdown_table_are_escaped():
                      {"targets": "ort-cpu", "variants": "fp32", "episodes": 1, "seed": 0})
     row = table.splitlines()[-1]
     assert "<script>" not in table and "\\|" in row and row.count(" | ") == 8  # the pipe stays inside its cell
+
+
+def test_acting_characters_in_the_html_table_are_shown_as_escapes(tmp_path):
+    """frameworks.md showed a bidi override or an escape sequence in a runtime's words as its escape; the
+    table's index.html passed them to the browser, which displayed the words backwards."""
+    words = "tract: node \u202eevil\x1b[31m cannot be translated"
+    write([Row(framework="sb3 2.9.2", title="", policy="ppo-cartpole", targets=[TargetVerdict("tract", "FAIL", words)])],
+          tmp_path, {"targets": "tract", "variants": "fp32", "episodes": 1, "seed": 0, "frameworks": "sb3"})
+    page = (tmp_path / "index.html").read_text()
+    assert "node \\u202eevil\\x1b[31m cannot" in page
+    for text in (page, (tmp_path / "frameworks.md").read_text()):
+        assert "\u202e" not in text and "\x1b" not in text
 
 
 def _probe(tmp_path: Path, monkeypatch) -> tuple[Framework, Path, Path]:

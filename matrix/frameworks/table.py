@@ -1,6 +1,7 @@
 """The framework table, written twice: `index.html` (self-contained, every string escaped by Jinja2's
 autoescaping) and `frameworks.md` (a CI job summary; every string escaped for Markdown), beside
-`frameworks.json` (the rows as data)."""
+`frameworks.json` (the rows as data). In both, acting characters (a bidi override, an escape sequence) in a
+runtime's or a framework's words are shown as escapes, as in a run's report."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..errors import printable
 from ..report.report import _templates
 from ..report.report_text import md
 from .rows import Row
@@ -23,7 +25,7 @@ def write(rows: list[Row], out: Path, run_options: dict) -> None:
         {"created": created, "settings": run_options, "rows": [row.as_dict() for row in rows]}, indent=1))
     (out / "frameworks.md").write_text(markdown(rows, run_options))
     html = _templates().get_template("frameworks.html.j2").render(rows=rows, run_options=run_options, created=created)
-    (out / "index.html").write_text(html)
+    (out / "index.html").write_text(printable(html))  # the page's own text holds none (as report.render_html)
 
 
 def markdown(rows: list[Row], run_options: dict) -> str:
