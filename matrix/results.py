@@ -234,7 +234,7 @@ class DecisionChoice(Record):
     emulated: bool = False  # software adapter: its latency never decides
     fix: str = ""  # the change it passes only after: a graph preparation (--assist), e.g. "simplify + minmax-clip",
     # or one the tool made so the runtime could load the file (WebGL's "a fixed batch of 1"); it ships as that, not as the export
-    prepared_onnx: str = ""  # that change's file, relative to the report folder
+    prepared_onnx: str = ""  # that change's file, or the cell's folder of its files (one per batch size), relative to the report folder
     misses: list[str] = Field(default_factory=list)  # budgets (or quality) it does not meet: why it cannot ship
     flags: list[str] = Field(default_factory=list)  # e.g. an int8 file larger than its fp32
     why: str = ""  # chosen: why it won

@@ -219,3 +219,10 @@ def test_a_cell_that_ran_a_fixed_batch_copy_ships_as_that_fix_not_as_the_export(
     assert (chosen.fix, chosen.prepared_onnx) == ("a fixed batch of 1", "cells/ort-web-webgl-fp32/fixed-batch-1.onnx")
     assert decide.shipped_as(chosen, "policy.onnx") == "policy.onnx fp32 after a fixed batch of 1 -> cells/ort-web-webgl-fp32/fixed-batch-1.onnx"
     assert rules.verdict(cell, rules.Context()) == ("PASS", [note])  # the reason the cell shows beside its PASS
+
+
+def test_a_fixed_batch_copy_per_batch_size_ships_as_the_folder_holding_them():
+    """'after a fixed batch of 1, 2 and 64 -> cells/…/fixed-batch-1.onnx' named the batch-1 copy as what ships."""
+    saved = [f"cells/ort-web-webgl-fp32/fixed-batch-{n}.onnx" for n in (1, 2, 64)]
+    note = rules.workaround_note("a fixed batch of 1, 2 and 64", "input tensor[0] check failed", saved)
+    assert rules.workaround(["converted by x", note]) == ("a fixed batch of 1, 2 and 64", "cells/ort-web-webgl-fp32/")

@@ -28,6 +28,7 @@ A cell whose drift or agreement was judged on synthetic observations says so in 
 from __future__ import annotations
 
 import math
+import posixpath
 from dataclasses import dataclass, field
 
 from ..errors import InputError
@@ -260,11 +261,13 @@ def workaround_note(change: str, exported_error: str, saved: list[str]) -> str:
 
 
 def workaround(notes: list[str]) -> tuple[str, str]:
-    """(the changes the tool made, the first file it saved) from a cell's notes; ("", "") when it made none."""
+    """(the changes the tool made, what it saved) from a cell's notes; ("", "") when it made none. What it saved
+    is its file, or the cell's folder where it saved one file per batch size (a fixed batch of 1, 2, 7 and 128):
+    the first of them alone would name the batch-1 copy as the change that ships."""
     found = [note[len(WORKAROUND):] for note in notes if note.startswith(WORKAROUND)]
     changes = "; ".join(text.split(" (")[0] for text in found)
-    saved = next((text.split(_SAVED, 1)[1].split(", ")[0] for text in found if _SAVED in text), "")
-    return changes, saved
+    saved = next((text.split(_SAVED, 1)[1].split(", ") for text in found if _SAVED in text), [""])
+    return changes, saved[0] if len(saved) == 1 else f"{posixpath.dirname(saved[0])}/"
 
 
 def workarounds(cell, context: Context) -> Findings:
