@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -123,13 +124,17 @@ def test_an_interpreter_without_numpy_is_exit_2_naming_numpy(tmp_path, policy_ma
 
 @pytest.mark.parametrize("text, normalize, words", [
     ("keras:model.h5", None, "--source 'keras:model.h5': expected one of sb3:PATH.zip"),
-    ("sb3:missing.zip", None, "no such file 'missing.zip'"),
+    ("sb3:missing.zip", None, "missing.zip: no such --source checkpoint file"),
+    ("sb3:fifo.zip", None, "fifo.zip: the --source checkpoint file is a FIFO, not a regular file: refused"),
     ("python:trained_policy", None, "expected python:MODULE:FUNC"),
     ("torch:../evil:make", None, "expected torch:MODULE:ATTR"),
-    ("python:trained_policy:act", Path("missing.npz"), "--source-normalize missing.npz: no such file"),
+    ("python:trained_policy:act", Path("missing.npz"), "missing.npz: no such --source-normalize statistics file"),
+    # a FIFO was called 'no such file', the words of a file that is not there
+    ("python:trained_policy:act", Path("fifo.zip"), "fifo.zip: the --source-normalize statistics file is a FIFO, not a regular file"),
 ])
 def test_a_malformed_source_is_refused_before_anything_runs(tmp_path, monkeypatch, text, normalize, words):
     monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "fifo.zip")
     with pytest.raises(InputError, match=re.escape(words)):
         source.parse(text, None, normalize)
 

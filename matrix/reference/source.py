@@ -27,6 +27,7 @@ import numpy as np
 from ..run import cells, guarded, isolation, rollouts
 from ..inputs import contract
 from ..judge import rules
+from .. import userfiles
 from ..errors import InputError
 from ..inputs.model import ModelInfo
 from ..run.protocol import STAGES_AFTER_PARITY
@@ -72,15 +73,14 @@ def parse(text: str, python: str | None, normalize: Path | None) -> SourceSpec:
     if not sep or kind not in FORMS or not rest:
         raise InputError(f"--source {text!r}: expected one of {forms}")
     if kind in FILE_KINDS:
-        if not Path(rest).is_file():
-            raise InputError(f"--source {text!r}: no such file {rest!r}")
+        userfiles.check_regular(Path(rest), "--source checkpoint")  # read as every file of the user's: a FIFO is refused, not waited on
         rest = str(Path(rest).resolve())
     else:
         module, _, attribute = rest.partition(":")
         if not attribute.isidentifier() or not all(part.isidentifier() for part in module.split(".")):
             raise InputError(f"--source {text!r}: expected {kind}:{FORMS[kind]}, e.g. {kind}:my_package.policy:make_policy")
-    if normalize is not None and not normalize.is_file():
-        raise InputError(f"--source-normalize {normalize}: no such file")
+    if normalize is not None:
+        userfiles.check_regular(normalize, "--source-normalize statistics")
     return SourceSpec(kind, rest, _interpreter(python), str(normalize.resolve()) if normalize else "")
 
 
