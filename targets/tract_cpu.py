@@ -33,18 +33,20 @@ class TractSession(Session):
         self.input_names = [value.name for value in inputs]
         self.output_names = [value.name for value in graph.output]
         self.path = artifact.path
-        # A dim without a name (skl2onnx's `?`, silero's state) leaves tract without an input fact
-        # ("provide explicit input facts"): such a model gets the shapes it is fed, one plan per shape.
-        self.fed_shapes = any(_unnamed_dims(value) for value in inputs)
+        # tract's loader is left without an input fact ("Source node without a determined fact. Help: provide
+        # explicit input facts") by a dim without a name (skl2onnx's `?`, silero's state), and by an input that is
+        # also a graph output (its declared shape is dropped: `..,?`). Explicit facts are how tract's own examples
+        # load every model, so such a model gets the shapes it is fed, one plan per shape.
+        self.why_fed_facts = _why_fed_shapes(inputs, set(self.output_names))
         self.plans: dict[tuple, object] = {}
-        self.runnable = None if self.fed_shapes else _plan(self.path, None)
+        self.runnable = None if self.why_fed_facts else _plan(self.path, None)
 
     def _inputs(self, feeds: Feeds) -> list[np.ndarray]:
         # asarray, not ascontiguousarray: that one makes a scalar input 1-d
         return [np.asarray(feeds[name], order="C") for name in self.input_names]
 
     def _runnable(self, inputs: list[np.ndarray]):
-        if not self.fed_shapes:
+        if not self.why_fed_facts:
             return self.runnable
         key = tuple((array.shape, array.dtype.str) for array in inputs)
         if key not in self.plans:
@@ -88,7 +90,7 @@ class TractSession(Session):
         ]
 
     def backend(self) -> BackendInfo:
-        detail = "input facts from the fed shapes (the model leaves dims unnamed)" if self.fed_shapes else ""
+        detail = f"input facts from the fed shapes ({self.why_fed_facts})" if self.why_fed_facts else ""
         return BackendInfo(requested=WHERE, actual=WHERE, detail=detail)
 
 
@@ -108,6 +110,15 @@ def _plan(path: Path, facts: list[str] | None):
 def tract_message(error: BaseException) -> str:
     """tract's own words: it appends a Rust stack trace to them."""
     return str(error).split("Stack backtrace:")[0].strip()
+
+
+def _why_fed_shapes(inputs: list[onnx.ValueInfoProto], outputs: set[str]) -> str:
+    """Why tract cannot take the inputs' facts from the model ("" when it can)."""
+    if any(_unnamed_dims(value) for value in inputs):
+        return "the model leaves dims unnamed"
+    if any(value.name in outputs for value in inputs):
+        return "an input is also an output, whose declared shape tract's loader drops"
+    return ""
 
 
 def _unnamed_dims(value: onnx.ValueInfoProto) -> bool:

@@ -330,3 +330,22 @@ def test_tracts_reasons_are_its_own_words_without_the_rust_backtrace(tmp_path):
     with pytest.raises(RuntimeError) as raised:
         session.run({"float_input": np.ones((2, 4), np.float32)})  # dims unnamed: the plan is made for these shapes
     assert "Unimplemented(ZipMap)" in str(raised.value) and "backtrace" not in str(raised.value).lower()
+
+
+def test_an_input_that_is_also_an_output_runs_on_tract(tmp_path, policy_matrix):
+    """An export that passes its observation through as an output: tract's loader drops that input's declared
+    shape ('Source node without a determined fact. Help: provide explicit input facts'), and the cell FAILed
+    on what tract's own examples always do: give it the input facts."""
+    import onnx
+    from onnx import TensorProto
+
+    obs = helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])
+    action = helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("Tanh", ["obs"], ["action"])], "passthrough", [obs], [action, obs])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "passthrough.onnx")
+    done = policy_matrix(["run", tmp_path / "passthrough.onnx", "--targets", "ort-cpu,tract", "--batch-sizes", "1,7", *FAST,
+                          "--out", tmp_path / "out"])
+    cells = _cells(tmp_path / "out")
+    assert done.returncode == 0 and cells["tract"]["verdict"] == "PASS", cells["tract"]["reasons"]
+    assert cells["tract"]["backend"]["detail"] == ("input facts from the fed shapes (an input is also an output, whose "
+                                                   "declared shape tract's loader drops)")
