@@ -131,4 +131,4 @@ def test_usage_errors_are_one_line_too():
 
 def test_observations_of_the_wrong_shape_exit_2(tmp_path, policy_matrix):
     np.save(tmp_path / "obs.npy", np.zeros((10, 5), np.float32))
-    _assert_one_line(policy_matrix([example("continuous_mlp"), "--obs", tmp_path / "obs.npy", "--out", tmp_path]), "expects")
+    _assert_one_line(policy_matrix([example("continuous_mlp"), "--obs", tmp_path / "obs.npy", "--out", tmp_path / "out"]), "expects")
