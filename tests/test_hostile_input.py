@@ -192,7 +192,7 @@ MODELS = {
     "input [b, 1e9]": (_declared(["b", 10**9]), "per sample"),
     "input [b, 2^40]": (_declared(["b", 1 << 40]), "per sample"),
     "input [b, 2^20, 2^20]": (_declared(["b", 1 << 20, 1 << 20]), "per sample"),
-    "ConstantOfShape of 4 TB": (constant_of_shape_4tb, "4.4 TB"),
+    "ConstantOfShape of 4 TB": (constant_of_shape_4tb, "4 TiB, above the limit"),
     "external data '..' inside If": (_if_with_external("../secret.bin"), "outside the model's folder"),
     "external data absolute inside If": (lambda f: _if_with_external(str(f.parent / "secret.bin"))(f), "outside the model's folder"),
     "external data '..' inside Loop": (_loop_with_external("../secret.bin"), "outside the model's folder"),
