@@ -138,7 +138,7 @@ class Output(Group):
     """Where the report goes (or which run to resume) and the host's name in it."""
 
     options = (
-        click.option("--out", type=REPORT_FOLDER, help="Report folder (default reports/<model name>)."),
+        click.option("--out", type=REPORT_FOLDER, help="Report folder (default reports/<model name>): new, empty or an earlier report; a folder of other files is refused."),
         click.option("--resume", type=REPORT_FOLDER,
                   help="Report folder of a killed or interrupted run: keep its finished cells, run only the missing ones."),
         click.option("--host-label", default="", help="Name of this host in merged reports (default os-arch)."),
