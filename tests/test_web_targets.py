@@ -304,19 +304,22 @@ def test_the_next_web_target_reuses_the_browser_in_a_context_of_its_own(monkeypa
     assert not _own_browsers(marker)
 
 
-def test_a_page_is_its_browsers_only_renderer_and_playwrights_disabled_features_still_apply(monkeypatch):
+def test_a_page_is_its_browsers_only_renderer_and_playwrights_features_still_apply(monkeypatch):
     """No renderer beside the page's: the address bar's popup Chromium pre-renders for every window and a spare
-    renderer held more than the page itself (targets/chromium.py). Chromium obeys only the last --disable-features,
-    so ours must hold Playwright's own (an upgraded Playwright with a longer list fails here)."""
+    renderer held more than the page itself, and no network service process (targets/chromium.py). Chromium obeys
+    only the last --disable-features and --enable-features, so ours must hold Playwright's own (an upgraded
+    Playwright with a longer list fails here)."""
     marker = "--window-size=805,605"  # tells this test's browser from the others open in this process
     monkeypatch.setattr(chromium, "CHROMIUM_FLAGS", [*chromium.CHROMIUM_FLAGS, marker])
     wasm = REGISTRY["ort-web-wasm"]
     try:
         wasm.start_runtime(1)
         (browser,) = _own_browsers(marker)
-        disabled = [a.split("=", 1)[1].split(",") for a in browser.cmdline() if a.startswith("--disable-features=")]
-        assert len(disabled) > 1, "Playwright passed no --disable-features of its own: read its list again"
-        assert set(disabled[0]) <= set(disabled[-1]) and set(chromium.UNUSED_FEATURES) <= set(disabled[-1])
+        for switch, ours in (("--disable-features=", chromium.UNUSED_FEATURES), ("--enable-features=", chromium.IN_PROCESS_FEATURES)):
+            lists = [a.split("=", 1)[1].split(",") for a in browser.cmdline() if a.startswith(switch)]
+            assert len(lists) > 1, f"Playwright passed no {switch} of its own: read its list again"
+            assert set(lists[0]) <= set(lists[-1]) and set(ours) <= set(lists[-1])
+        assert not [p for p in browser.children(recursive=True) if "--utility-sub-type=network.mojom.NetworkService" in p.cmdline()]
         targets = chromium.shared_page(wasm.bundle).browser.new_browser_cdp_session().send("Target.getTargets")
         assert [t["type"] for t in targets["targetInfos"]] == ["page"], targets  # no omnibox popup pages
         deadline = time.monotonic() + 30  # the about:blank page's renderer goes once the harness page commits
