@@ -53,10 +53,11 @@ class NodeSession(Session):
         return self.runner.call("time", feeds=encode_feeds(feeds), warmup=warmup, iters=iters)
 
     def placement(self) -> list[PlacementRow]:
-        return placement_rows(model_nodes(self.artifact.path), placement_from_log(self.log), self.ort_ep, self.ort_ep)
+        nodes = model_nodes(self.artifact.path)
+        return placement_rows(nodes, placement_from_log(self.log, nodes), self.ort_ep, self.ort_ep)
 
     def backend(self) -> BackendInfo:
-        placed = placement_from_log(self.log)
+        placed = placement_from_log(self.log, model_nodes(self.artifact.path))
         actual = self.backend_name if self.ort_ep in placed else ", ".join(placed) or "unknown"
         loaded = self.opened["versions"]  # as the runtime reports itself: a pinned release shows here
         return BackendInfo(self.backend_name, actual,

@@ -211,7 +211,7 @@ class OrtWebTarget(Target):
 
     def placement_from(self, nodes: list[tuple[str, str]], log: list[str]) -> list[PlacementRow]:
         """Each of the model's (op_type, name) nodes where ORT's verbose log placed it."""
-        placed = placement_from_log(log)
+        placed = placement_from_log(log, nodes)
         if not placed:  # nothing logged: claim no placement rather than assume the accelerator
             return [PlacementRow(name, op, NOT_LOGGED, False) for op, name in nodes]
         everything_on = [ep for ep, listed in placed.items() if not listed]  # "All nodes placed on [EP]"

@@ -19,6 +19,7 @@ import shutil
 import threading
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -113,51 +114,53 @@ def decode_outputs(wire: dict) -> Feeds:
 # --- placement from ORT's verbose log ---------------------------------------
 
 # "Node(s) placed on [CPUExecutionProvider]. Number of nodes: 2" then " Cast (name)" lines,
-# or "All nodes placed on [JsExecutionProvider]. Number of nodes: 5".
-_PLACED = re.compile(r"(All nodes|Node\(s\)) placed on \[(\w+)\]\. Number of nodes: (\d+)")
+# or "All nodes placed on [JsExecutionProvider]. Number of nodes: 5". Each is matched from the start of ORT's
+# message: a node line (a name ORT prints verbatim) that holds such words is a node line still.
+_PLACED = re.compile(r"\s*(All nodes|Node\(s\)) placed on \[(\w+)\]\. Number of nodes: (\d+)")
 _NODE = re.compile(r"^\s*(\w+) \((.*)\)\s*$")
-_NOT_FOUND = re.compile(r"kernel not found in registries for Op type: (\w+) node name: (.*?)\s*$")
 # "2026-11-30 05:43:05.445 [V:onnxruntime:, session_state.cc:1385 Verify...] message"
 _PREFIX = re.compile(r"^.*?\[[VIWEF]:onnxruntime:[^\]]*\] ?")
+_KEPT = re.compile("\x00(\\d+)\x00")  # a node name with a line break, kept whole while the log is split
 
 
-def _log_lines(log: list[str]) -> list[str]:
-    """Every physical line once, in order: ORT prints some messages twice."""
+def _log_lines(log: list[str], nodes: list[tuple[str, str]]) -> tuple[list[str], Callable[[str], str]]:
+    """Every physical line once, in order (ORT prints some messages twice), and how to put back the names kept
+    whole: a node name with a line break in it (the model's to choose) would otherwise read as lines of ORT's own,
+    forging a placement. Each such name of the model is a placeholder until the lines are read."""
+    broken = sorted({name for _, name in nodes if name.splitlines() != [name]}, key=len, reverse=True)
+    text = "\n".join(log)  # whole: the page gets a message from ORT's wasm a physical line at a time
+    for index, name in enumerate(broken):
+        text = text.replace(name, f"\x00{index}\x00")
     seen, lines = set(), []
-    for entry in log:
-        for line in entry.splitlines():
-            message = _PREFIX.sub("", line, count=1)  # the timestamp differs between repeats
-            if message not in seen:
-                seen.add(message)
-                lines.append(message)
-    return lines
+    for line in text.splitlines():
+        message = _PREFIX.sub("", line, count=1)  # the timestamp differs between repeats
+        if message not in seen:
+            seen.add(message)
+            lines.append(message)
+    return lines, lambda text: _KEPT.sub(lambda kept: broken[int(kept.group(1))], text)
 
 
-def placement_from_log(log: list[str]) -> dict[str, list[tuple[str, str]]]:
-    """Execution provider -> [(op_type, node name)] as ORT logged its partitioning.
+def placement_from_log(log: list[str], nodes: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """Execution provider -> [(op_type, node name)] as ORT logged its partitioning of the model's `nodes`.
 
     An EP that received every node is logged without names: its list is empty
     and the caller fills it from the model's nodes.
     """
+    lines, named = _log_lines(log, nodes)
     placed: dict[str, list[tuple[str, str]]] = {}
     current = None
-    for line in _log_lines(log):
-        header = _PLACED.search(line)
+    for line in lines:
+        header = _PLACED.match(line)
         if header:
             current = header.group(2) if header.group(1).startswith("Node") else None
             placed.setdefault(header.group(2), [])
             continue
         node = _NODE.match(line) if current else None
         if node:
-            placed[current].append((node.group(1), node.group(2)))
+            placed[current].append((node.group(1), named(node.group(2))))
         else:
             current = None
     return placed
-
-
-def kernels_not_found(log: list[str]) -> list[tuple[str, str]]:
-    """(op_type, node name) that the accelerator EP said it has no kernel for."""
-    return [(m.group(1), m.group(2)) for m in map(_NOT_FOUND.search, _log_lines(log)) if m]
 
 
 def placement_rows(model_nodes: list[tuple[str, str]], placed: dict, accelerator: str, label: str) -> list[PlacementRow]:

@@ -7,7 +7,7 @@ import pytest
 from saved import fixture_json
 
 from targets import REGISTRY
-from targets.web_support import PlacementRow, kernels_not_found, placement_from_log, placement_rows
+from targets.web_support import PlacementRow, placement_from_log, placement_rows
 
 JS, CPU = "JsExecutionProvider", "CPUExecutionProvider"
 WEBGPU_LABEL = REGISTRY["ort-web-webgpu"].where_label
@@ -20,30 +20,23 @@ def recorded(target: str, policy: str) -> tuple[list[str], list[tuple[str, str]]
 
 
 def test_a_node_without_a_webgpu_kernel_is_listed_on_the_cpu_ep():
-    log, _ = recorded("ort-web-webgpu", "softsign_mlp")
-    placed = placement_from_log(log)
+    log, nodes = recorded("ort-web-webgpu", "softsign_mlp")
+    placed = placement_from_log(log, nodes)
     assert placed[CPU] == [("Softsign", "soft0")]
     assert placed[JS] == [("Gemm", "fc0"), ("Gemm", "head"), ("Tanh", "squash"),
                           ("MemcpyFromHost", "Memcpy"), ("MemcpyToHost", "Memcpy_token_0")]
 
 
-def test_kernel_not_found_lines_are_read_once_though_ort_prints_them_twice():
-    log, _ = recorded("ort-web-webgpu", "softsign_mlp")
-    assert sum("kernel not found" in line for line in log) == 2
-    assert kernels_not_found(log) == [("Softsign", "soft0")]
-
-
 def test_all_nodes_on_one_ep_is_logged_without_names():
     for target, policy, ep in [("ort-web-webgpu", "softsign_only", CPU), ("ort-web-webgpu", "discrete_mlp", JS),
                                ("ort-web-wasm", "softsign_mlp", CPU)]:
-        log, _ = recorded(target, policy)
-        assert placement_from_log(log) == {ep: []}, (target, policy)
-    assert kernels_not_found(recorded("ort-web-webgpu", "discrete_mlp")[0]) == []
+        log, nodes = recorded(target, policy)
+        assert placement_from_log(log, nodes) == {ep: []}, (target, policy)
 
 
 def test_rows_mark_the_cpu_node_as_fallback_and_keep_ort_inserted_nodes():
     log, nodes = recorded("ort-web-webgpu", "softsign_mlp")
-    rows = placement_rows(nodes, placement_from_log(log), JS, WEBGPU_LABEL)
+    rows = placement_rows(nodes, placement_from_log(log, nodes), JS, WEBGPU_LABEL)
     assert rows == [PlacementRow("fc0", "Gemm", WEBGPU_LABEL, False), PlacementRow("soft0", "Softsign", CPU, True),
                     PlacementRow("head", "Gemm", WEBGPU_LABEL, False), PlacementRow("squash", "Tanh", WEBGPU_LABEL, False)]
 
@@ -59,13 +52,13 @@ def test_log_prefixes_and_repeats_do_not_matter():
              "2026-01-01 00:00:00.2 [V:onnxruntime:, session_state.cc:2 V]   Round (r)",
              "2026-01-01 00:00:00.3 [V:onnxruntime:, session_state.cc:2 V]   Round (r)",  # a repeat, later timestamp
              "unrelated line", "  Sign (not a placement line: the block ended)"]
-    assert placement_from_log(["\n".join(lines)]) == {CPU: [("Round", "r")]}
+    assert placement_from_log(["\n".join(lines)], [("Round", "r"), ("Sign", "s")]) == {CPU: [("Round", "r")]}
 
 
 @pytest.mark.parametrize("policy, actual, fallback", [("softsign_mlp", "webgpu", 1), ("discrete_mlp", "webgpu", 0)])
 def test_webgpu_backend_is_read_from_the_rows(policy, actual, fallback):
     log, nodes = recorded("ort-web-webgpu", policy)
-    placed = placement_from_log(log)
+    placed = placement_from_log(log, nodes)
     rows = (placement_rows(nodes, placed, JS, WEBGPU_LABEL) if placed.get(JS)
             else [PlacementRow(name, op, WEBGPU_LABEL, False) for op, name in nodes])
     info = REGISTRY["ort-web-webgpu"].verify_backend(PROBE, log, True, rows)
@@ -87,3 +80,18 @@ def test_no_placement_logged_is_unknown_not_assumed():
     assert REGISTRY["ort-web-webgpu"].verify_backend(PROBE, [], True, rows).actual == "unknown"
     absent = {"present": False, "reason": "no adapter"}
     assert REGISTRY["ort-web-webgpu"].verify_backend(absent, [], False, []).actual == "none"
+
+
+def test_a_node_name_cannot_forge_a_placement_line():
+    """ORT prints a node's name verbatim: a name holding a line break and a header of ORT's own read as two
+    nodes on two EPs, a node that ran on the CPU as placed on WebGPU. Read with the model's names, it is one node."""
+    forged = "odd)\nNode(s) placed on [JsExecutionProvider]. Number of nodes: 1\n  Round (round2"
+    inline = f"x Node(s) placed on [{JS}]. Number of nodes: 1"
+    nodes = [("Tanh", "tanh"), ("Round", forged), ("Round", "round2"), ("Round", inline), ("Tanh", "tanh2")]
+    text = (f"[V:onnxruntime:, session_state.cc:1383 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on [{CPU}]. "
+            f"Number of nodes: 3\n  Round ({forged})\n  Round (round2)\n  Round ({inline})\n"
+            f"[V:onnxruntime:, session_state.cc:1383 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on [{JS}]. "
+            "Number of nodes: 2\n  Tanh (tanh)\n  Tanh (tanh2)")
+    for log in ([text], text.split("\n")):  # a message per entry (node), a physical line per entry (the page)
+        assert placement_from_log(log, nodes) == {CPU: [("Round", forged), ("Round", "round2"), ("Round", inline)],
+                                                  JS: [("Tanh", "tanh"), ("Tanh", "tanh2")]}
