@@ -27,6 +27,7 @@ import pytest
 from conftest import load_results, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
+from matrix import outdir
 from matrix.inputs.examples import path as example
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -183,6 +184,7 @@ def test_a_second_run_on_the_same_folder_is_refused(tmp_path, policy_matrix):
 
 
 def test_a_cell_whose_files_cannot_be_written_fails_alone(tmp_path, policy_matrix):
+    (tmp_path / outdir.LOCK_FILE).touch()  # a report folder of the tool's (outdir.claim), a file planted in it
     (tmp_path / "cells").mkdir()
     (tmp_path / "cells" / "ort-cpu-fp16").write_text("a file where the cell's folder should go")
     done = policy_matrix(["run", MLP, "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--iters", "5",
@@ -217,9 +219,10 @@ def test_a_write_error_leaves_the_previous_report_whole(tmp_path):
 
 
 def test_memory_cap_makes_an_oversized_cell_fail_with_out_of_memory(tmp_path):
-    # batch 40M x 17 floats = 2.7 GB of observations for one timing batch: above a 1.5 GB cap.
+    # batch 15M: its observations (17 floats) and row index, 1.06 GiB, fit a 1.5 GiB cap (a larger batch is refused
+    # up front, model.check_batch_sizes); the first hidden layer's 64 floats a row (3.6 GiB) do not.
     done = run_cli("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "1", "--warmup", "0",
-                   "--batch-sizes", "1,40000000", "--memory-limit", "1.5G", "--out", tmp_path)
+                   "--batch-sizes", "1,15000000", "--memory-limit", "1.5G", "--out", tmp_path)
     assert done.returncode == 1, done.stderr
     (cell,) = load_results(tmp_path)["cells"]
     assert cell["verdict"] == "FAIL" and cell["error"]["message"].startswith("out of memory (limit 1.5 GiB)"), cell["error"]

@@ -51,9 +51,9 @@ def test_fp16_of_a_recurrent_cell_keeps_its_interface_and_passes(built, tmp_path
     variants.validate(info.proto, fp16, "fp16")  # raises if names, shapes or dtypes moved
     assert {o.name: o.type.tensor_type.elem_type for o in fp16.graph.output} == {"action": 1, "h_next": 1}
 
-    done = policy_matrix(["run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path])
+    done = policy_matrix(["run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path / "report"])
     assert done.returncode == 0, done.stderr
-    for cell in _cells(tmp_path).values():
+    for cell in _cells(tmp_path / "report").values():
         assert cell["verdict"] == "PASS", cell["reasons"]
         state = next(c for c in cell["contract"] if c["name"] == "recurrent state h -> h_next")
         assert state["ok"] is True, state
@@ -78,9 +78,9 @@ def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path
     paths, errors = variants.produce_all(info, ["fp16"], tmp_path / "variants")
     assert not errors
     assert onnx.load(str(paths["fp16"])).graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
-    done = policy_matrix(["run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path])
+    done = policy_matrix(["run", info.path, "--targets", "ort-cpu", "--precisions", "fp32,fp16", *FAST, "--out", tmp_path / "report"])
     assert done.returncode == 0, done.stderr
-    cells = _cells(tmp_path)
+    cells = _cells(tmp_path / "report")
     assert cells["fp16"]["verdict"] == "PASS", cells["fp16"]["reasons"]
     bounds = next(c for c in cells["fp32"]["contract"] if c["name"] == "action bounds")
     assert bounds["ok"] is True and "[-2, 2] (graph: final Min/Max clip)" in bounds["detail"]

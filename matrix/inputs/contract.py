@@ -65,14 +65,10 @@ def _batches(model: ModelInfo, arrays: Feeds) -> ContractCheck:
     return ContractCheck(name="batch 1/2/7", ok=not wrong, detail="; ".join(wrong) or "outputs follow the batch size")
 
 
-def is_policy(model: ModelInfo) -> bool:
-    return "action_space" in model.metadata or any(spec.name == "action" for spec in model.outputs)
-
-
 def _finite(model: ModelInfo, outputs: Feeds, reference: Feeds) -> ContractCheck:
     """A policy's action must be finite, whatever the reference says; any other output may hold
     the non-finite values the reference holds too (an fp16 Cast overflowing to inf), no others."""
-    action = action_output(model) if is_policy(model) else None
+    action = action_output(model) if model.is_policy else None
     bad = []
     for name, value in outputs.items():
         if value.dtype.kind != "f":

@@ -57,6 +57,12 @@ class ModelInfo:
     def nodes(self) -> list[onnx.NodeProto]:
         return list(self.proto.graph.node)
 
+    @property
+    def is_policy(self) -> bool:
+        """Whether the model declares an action (its metadata's action_space, or an output named action): the
+        action contract applies, and only finite observations are states."""
+        return "action_space" in self.metadata or any(spec.name == "action" for spec in self.outputs)
+
     def summary(self) -> dict:
         return {
             "name": self.path.name,

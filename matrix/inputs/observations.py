@@ -78,14 +78,14 @@ def load(path: Path, model: ModelInfo, limit_bytes: int | None = None) -> Feeds:
             raise InputError(f"{path}: a .npy holds one array but the model has {len(model.inputs)} inputs; use .npz")
         arrays = {model.inputs[0].name: arrays}
     axes = model.batch_axes
-    feeds = {spec.name: _conform(spec, axes.get(spec.name), arrays, path) for spec in model.inputs}
+    feeds = {spec.name: _conform(spec, axes.get(spec.name), arrays, path, model.is_policy) for spec in model.inputs}
     rows = {name: array.shape[axes[name]] for name, array in feeds.items() if name in axes}
     _check_rows(rows, path, batch_multiple(model))
     return feeds
 
 
-def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path) -> np.ndarray:
-    """The array as declared, with any number of observations N along the batch axis."""
+def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path, finite: bool) -> np.ndarray:
+    """The array as declared, with any number of observations N along the batch axis; `finite` for a policy's."""
     if spec.name not in arrays:
         raise InputError(f"{path}: no array for model input {spec.name!r} (has {sorted(arrays)})")
     array = np.asarray(arrays[spec.name])
@@ -94,6 +94,8 @@ def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path) -> np
     if not fits:
         words = ", ".join("?" if dim is None else str(dim) for dim in expected)
         raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects [{words}] (N observations)")
+    if not finite:  # a model that is no policy (an ONNX node test's Cast) may be fed NaN and inf: the reference too
+        return array.astype(spec.dtype, copy=False)
     _check_finite(array, spec, axis, path)  # before the cast too: a NaN cast to an integer input is a number
     with np.errstate(over="ignore"):  # a value beyond the input's dtype becomes inf: refused below
         array = array.astype(spec.dtype, copy=False)
@@ -102,8 +104,8 @@ def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path) -> np
 
 
 def _check_finite(array: np.ndarray, spec: TensorSpec, axis: int | None, path: Path) -> None:
-    """A NaN or an infinity in a recorded observation is no state: every cell would FAIL 'finite outputs' on it,
-    the runtime blamed for the file."""
+    """A NaN or an infinity in a policy's recorded observation is no state: every cell would FAIL 'finite outputs'
+    on the action it makes (which must be finite), the runtime blamed for the file."""
     if array.dtype.kind != "f":
         return
     bad = np.argwhere(~np.isfinite(array))
