@@ -298,9 +298,11 @@ class Interruption(Record):
 
     after_cells: int = Field(ge=0)
     signal: Literal["SIGINT", "SIGTERM"]
+    host: str = ""  # in a merge: the host whose shard was interrupted
 
     def describe(self) -> str:
-        return f"interrupted ({self.signal}) after {self.after_cells} cells: this report holds the finished cells only"
+        where = f"{self.host}: " if self.host else ""
+        return f"{where}interrupted ({self.signal}) after {self.after_cells} cells: this report holds the finished cells only"
 
 
 class RunResults(Record):

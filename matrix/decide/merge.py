@@ -52,4 +52,14 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
                 merged.hosts.append(host)
         merged.cells += shard.cells
     merged.regressions = []
+    merged.interrupted = _first_interruption(shards)
     return merged
+
+
+def _first_interruption(shards) -> schema.Interruption | None:
+    """The merged report holds the finished cells of every shard: an interrupted one is named with its host
+    (the first, when several were)."""
+    for _, shard in shards:
+        if shard.interrupted is not None:
+            return shard.interrupted.model_copy(update={"host": shard.interrupted.host or ", ".join(h.label for h in shard.hosts)})
+    return None

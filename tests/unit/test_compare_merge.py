@@ -174,6 +174,24 @@ def test_shards_of_other_hosts_add_their_host(shard, tmp_path):
     assert len(merged.cells) == 2 * len(shard.cells)
 
 
+def _on_host(shard: schema.RunResults, label: str) -> schema.RunResults:
+    other = shard.model_copy(deep=True)
+    for cell in other.cells:
+        cell.host = label
+    other.hosts = [other.hosts[0].model_copy(update={"label": label})]
+    return other
+
+
+def test_a_shards_interruption_reaches_the_merged_report_naming_its_host(shard, tmp_path):
+    """An interrupted shard's report holds only its finished cells; the merge kept the first shard's run as
+    the merged one, so a later shard's interruption was nowhere in the report CI shows."""
+    cut_short = _on_host(shard, "mac")
+    cut_short.interrupted = schema.Interruption(after_cells=2, signal="SIGTERM")
+    merged = merge([_save(shard, tmp_path / "a"), _save(cut_short, tmp_path / "b")])
+    assert merged.interrupted.describe() == ("mac: interrupted (SIGTERM) after 2 cells: "
+                                             "this report holds the finished cells only")
+
+
 def test_a_cell_in_two_shards_is_refused_not_overwritten(shard, tmp_path):
     first, _ = _split(shard, tmp_path)
     with pytest.raises(InputError, match="cell ort-cpu fp32 of host .* is in both"):
