@@ -53,6 +53,7 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
         merged.cells += shard.cells
     merged.regressions = []
     merged.interrupted = _first_interruption(shards)
+    merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
     return merged
 
 

@@ -413,6 +413,16 @@ def _md_code(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+def _required_not_run_on(results: RunResults, host: str) -> list[str]:
+    """The `--require`d targets that failed HOST: a run's are its one host's; a merge carries every shard's list,
+    and names a target on the hosts that have its cells, every one SKIPped."""
+    if len({cell.host for cell in results.cells}) == 1:
+        return results.required_not_run
+    return [name for name in results.required_not_run
+            if any(c.host == host and c.target == name for c in results.cells)
+            and all(c.verdict == "SKIP" for c in results.cells if c.host == host and c.target == name)]
+
+
 def write_junit(results: RunResults, path: Path) -> None:
     suites = ET.Element("testsuites", name="policy-matrix")
     for host, grid in _verdict_grid(results).items():
@@ -432,11 +442,12 @@ def write_junit(results: RunResults, path: Path) -> None:
                 ET.SubElement(case, "skipped", message=(message or "conversion only: nothing predicted on this host")[:500])
             elif message:
                 ET.SubElement(case, "system-out").text = message
-        for name in results.required_not_run:  # `--require`: a target that did not run fails CI visibly
+        required = _required_not_run_on(results, host)
+        for name in required:  # `--require`: a target that did not run fails CI visibly
             case = ET.SubElement(suite, "testcase", classname=f"{host}.{name}", name=f"{name} required")
             ET.SubElement(case, "failure", message=f"required target {name} did not run (every cell SKIPped)")
-        suite.set("tests", str(int(suite.get("tests")) + len(results.required_not_run)))
-        suite.set("failures", str(int(suite.get("failures")) + len(results.required_not_run)))
+        suite.set("tests", str(int(suite.get("tests")) + len(required)))
+        suite.set("failures", str(int(suite.get("failures")) + len(required)))
         for regression in regressions:  # a regression fails CI like a FAILed cell, under its own name
             case = ET.SubElement(suite, "testcase", classname=f"{host}.{regression.target}",
                                  name=f"{regression.target} {regression.variant} regression: {regression.kind}")

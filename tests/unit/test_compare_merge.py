@@ -192,6 +192,20 @@ def test_a_shards_interruption_reaches_the_merged_report_naming_its_host(shard, 
                                              "this report holds the finished cells only")
 
 
+def test_a_shards_required_target_that_did_not_run_fails_the_merge(shard, tmp_path, policy_matrix):
+    """A shard run with --require whose target SKIPped everywhere failed that shard; the merge recomputed the
+    list from no --require at all, so the nightly's merge job passed (exit 0) and junit.xml said nothing."""
+    unrun = _on_host(shard, "mac")
+    for cell in unrun.cells:
+        cell.verdict, cell.reasons = "SKIP", ["needs macOS"]
+    unrun.required_not_run = ["ort-cpu"]
+    done = policy_matrix(["merge", _save(shard, tmp_path / "a"), _save(unrun, tmp_path / "b"), "--out", tmp_path / "m"])
+    assert done.returncode == 1, done.lines[-3:]
+    assert "required target ort-cpu did not run" in (tmp_path / "m" / "summary.md").read_text()
+    junit = (tmp_path / "m" / "junit.xml").read_text()
+    assert junit.count('name="ort-cpu required"') == 1 and 'classname="mac.ort-cpu" name="ort-cpu required"' in junit
+
+
 def test_a_cell_in_two_shards_is_refused_not_overwritten(shard, tmp_path):
     first, _ = _split(shard, tmp_path)
     with pytest.raises(InputError, match="cell ort-cpu fp32 of host .* is in both"):
