@@ -54,7 +54,21 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
     merged.regressions = []
     merged.interrupted = _first_interruption(shards)
     merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
+    merged.variant_errors = _variant_errors(shards)
     return merged
+
+
+def _variant_errors(shards) -> dict[str, str]:
+    """Each variant the tool could not make, with every host it failed on and that host's words."""
+    errors: dict[str, list[str]] = {}
+    for _, shard in shards:
+        for variant, error in shard.variant_errors.items():
+            errors.setdefault(variant, []).append(f"{_labels(shard)}: {error}")
+    return {variant: "; ".join(said) for variant, said in errors.items()}
+
+
+def _labels(shard: RunResults) -> str:
+    return ", ".join(host.label for host in shard.hosts)
 
 
 def _first_interruption(shards) -> schema.Interruption | None:
@@ -62,5 +76,5 @@ def _first_interruption(shards) -> schema.Interruption | None:
     (the first, when several were)."""
     for _, shard in shards:
         if shard.interrupted is not None:
-            return shard.interrupted.model_copy(update={"host": shard.interrupted.host or ", ".join(h.label for h in shard.hosts)})
+            return shard.interrupted.model_copy(update={"host": shard.interrupted.host or _labels(shard)})
     return None

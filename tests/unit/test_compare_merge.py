@@ -206,6 +206,15 @@ def test_a_shards_required_target_that_did_not_run_fails_the_merge(shard, tmp_pa
     assert junit.count('name="ort-cpu required"') == 1 and 'classname="mac.ort-cpu" name="ort-cpu required"' in junit
 
 
+def test_a_variant_the_tool_could_not_make_on_a_shard_is_named_in_the_merge_with_its_host(shard, tmp_path):
+    """The tool's own failure to make a variant (its cells SKIP) is said once in the report; the merge kept the
+    first shard's, so another host's 'could not make the fp16 variant' was nowhere and its SKIPs unexplained."""
+    unmade = _on_host(shard, "mac")
+    unmade.variant_errors = {"fp16": "onnxconverter-common: no float16"}
+    merged = merge([_save(shard, tmp_path / "a"), _save(unmade, tmp_path / "b")])
+    assert merged.variant_errors == {"fp16": "mac: onnxconverter-common: no float16"}
+
+
 def test_a_cell_in_two_shards_is_refused_not_overwritten(shard, tmp_path):
     first, _ = _split(shard, tmp_path)
     with pytest.raises(InputError, match="cell ort-cpu fp32 of host .* is in both"):
