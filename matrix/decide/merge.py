@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import results as schema
-from .compare import checked_inputs
+from .compare import COMPARED_OPTIONS, checked_inputs
 from ..errors import InputError
 from ..results import RunResults
 
@@ -29,7 +29,7 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
     shards = [(shard_path(p), schema.load(shard_path(p))) for p in paths]
     first_path, merged = shards[0]
     merged = merged.model_copy(deep=True)
-    merged.run_options = {**merged.run_options, "shards": [str(p) for p, _ in shards]}
+    merged.run_options = {**_shared_options(shards), "shards": [str(p) for p, _ in shards]}
     seen = {host.label: first_path for host in merged.hosts}
     cells = {cell.key: first_path for cell in merged.cells}
     for path, shard in shards[1:]:
@@ -69,6 +69,19 @@ def _variant_errors(shards) -> dict[str, str]:
 
 def _labels(shard: RunResults) -> str:
     return ", ".join(host.label for host in shard.hosts)
+
+
+def _shared_options(shards) -> dict:
+    """The run options of the merged report: those every shard shares; one the shards set differently (their
+    targets, iters, run id) is listed per shard under `per_shard`. How cells were judged stays the first shard's:
+    it is the same in every shard unless --allow-different-inputs, and the budgets decide over every host's cells."""
+    first = shards[0][1].run_options
+    keys = set().union(*(shard.run_options for _, shard in shards)) - {"decision", "rollout", *COMPARED_OPTIONS}
+    differing = sorted(key for key in keys if any(shard.run_options.get(key) != first.get(key) for _, shard in shards))
+    options = {key: value for key, value in first.items() if key not in differing}
+    if differing:
+        options["per_shard"] = {str(path): {key: shard.run_options.get(key) for key in differing} for path, shard in shards}
+    return options
 
 
 def _first_interruption(shards) -> schema.Interruption | None:

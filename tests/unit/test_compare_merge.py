@@ -215,6 +215,20 @@ def test_a_variant_the_tool_could_not_make_on_a_shard_is_named_in_the_merge_with
     assert merged.variant_errors == {"fp16": "mac: onnxconverter-common: no float16"}
 
 
+def test_options_the_shards_set_differently_are_shown_per_shard_not_as_the_first_shards(shard, tmp_path):
+    """The merged report's run options were the first shard's: a macOS shard timed with 50 calls and its own
+    targets read as 200 calls of ort-cpu alone, the first shard's run id as the merged run's."""
+    other = _on_host(shard, "mac")
+    other.run_options = {**other.run_options, "iters": 50, "targets": ["coreml"], "run_id": "0123456789ab"}
+    first, second = _save(shard, tmp_path / "a"), _save(other, tmp_path / "b")
+    options = merge([first, second]).run_options
+    assert not {"iters", "targets", "run_id"} & set(options)
+    assert options["per_shard"] == {
+        str(first / "results.json"): {key: shard.run_options[key] for key in ("iters", "run_id", "targets")},
+        str(second / "results.json"): {"iters": 50, "run_id": "0123456789ab", "targets": ["coreml"]}}
+    assert options["variants"] == shard.run_options["variants"]  # what they share stays as it was
+
+
 def test_a_cell_in_two_shards_is_refused_not_overwritten(shard, tmp_path):
     first, _ = _split(shard, tmp_path)
     with pytest.raises(InputError, match="cell ort-cpu fp32 of host .* is in both"):
