@@ -54,8 +54,19 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
     merged.regressions = []
     merged.interrupted = _first_interruption(shards)
     merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
+    merged.required_on = _required_on(shards)
     merged.variant_errors = _variant_errors(shards)
     return merged
+
+
+def _required_on(shards) -> dict[str, list[str]]:
+    """Each `--require`d target that did not run -> the hosts whose shard required it."""
+    hosts: dict[str, list[str]] = {}
+    for _, shard in shards:
+        for name in shard.required_not_run:
+            labels = shard.required_on.get(name, [host.label for host in shard.hosts])
+            hosts[name] = list(dict.fromkeys(hosts.get(name, []) + labels))
+    return hosts
 
 
 def _variant_errors(shards) -> dict[str, str]:

@@ -414,13 +414,9 @@ def _md_code(text: str) -> str:
 
 
 def _required_not_run_on(results: RunResults, host: str) -> list[str]:
-    """The `--require`d targets that failed HOST: a run's are its one host's; a merge carries every shard's list,
-    and names a target on the hosts that have its cells, every one SKIPped."""
-    if len({cell.host for cell in results.cells}) == 1:
-        return results.required_not_run
-    return [name for name in results.required_not_run
-            if any(c.host == host and c.target == name for c in results.cells)
-            and all(c.verdict == "SKIP" for c in results.cells if c.host == host and c.target == name)]
+    """The `--require`d targets that did not run, that HOST's run required: a run's are its one host's; a merge
+    names the hosts of each shard that required one."""
+    return [name for name in results.required_not_run if host in results.required_on.get(name, [host])]
 
 
 def write_junit(results: RunResults, path: Path) -> None:

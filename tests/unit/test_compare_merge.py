@@ -199,7 +199,10 @@ def test_a_shards_required_target_that_did_not_run_fails_the_merge(shard, tmp_pa
     for cell in unrun.cells:
         cell.verdict, cell.reasons = "SKIP", ["needs macOS"]
     unrun.required_not_run = ["ort-cpu"]
-    done = policy_matrix(["merge", _save(shard, tmp_path / "a"), _save(unrun, tmp_path / "b"), "--out", tmp_path / "m"])
+    not_required = _on_host(unrun, "linux")  # the same SKIPs, but this host's run did not --require ort-cpu
+    not_required.required_not_run = []
+    done = policy_matrix(["merge", _save(shard, tmp_path / "a"), _save(unrun, tmp_path / "b"),
+                          _save(not_required, tmp_path / "c"), "--out", tmp_path / "m"])
     assert done.returncode == 1, done.lines[-3:]
     assert "required target ort-cpu did not run" in (tmp_path / "m" / "summary.md").read_text()
     junit = (tmp_path / "m" / "junit.xml").read_text()
