@@ -298,9 +298,11 @@ class Interruption(Record):
 
     after_cells: int = Field(ge=0)
     signal: Literal["SIGINT", "SIGTERM"]
+    host: str = ""  # in a merge: the host whose shard was interrupted
 
     def describe(self) -> str:
-        return f"interrupted ({self.signal}) after {self.after_cells} cells: this report holds the finished cells only"
+        where = f"{self.host}: " if self.host else ""
+        return f"{where}interrupted ({self.signal}) after {self.after_cells} cells: this report holds the finished cells only"
 
 
 class RunResults(Record):
@@ -321,6 +323,8 @@ class RunResults(Record):
     interrupted: Interruption | None = None
     # `--require`d targets whose every cell SKIPped: the run fails for them (exit 1, junit, summary.md).
     required_not_run: list[str] = Field(default_factory=list)
+    # In a merge: the hosts whose shard required each of those targets (a run's are its one host's).
+    required_on: dict[str, list[str]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _cells_are_unique(self) -> "RunResults":

@@ -195,3 +195,18 @@ def test_the_ship_table_comes_first_and_fits_1280_pixels(page, settings_grid_rep
     assert outcomes.count() >= 4  # every ort-cpu configuration, each with the rule that placed it
     summary = (settings_grid_report / "summary.md").read_text()
     assert summary.index("| target | ships |") < summary.index("| target | fp32 |")  # first table of the job summary
+
+
+def test_a_long_chart_label_stays_inside_the_chart_and_whole_on_hover(page):
+    """A row label is right-aligned at the plot's edge: a nightly host label of 90 characters ran off the SVG's
+    left edge, and '…hosted-pool-number-seven · ort-cpu fp32' no longer said which host it was."""
+    from matrix.report import charts
+
+    long = "a-very-long-host-label-for-the-nightly-runner-macos-14-arm64-self-hosted-pool-number-seven · ort-cpu fp16"
+    rows = [charts.Row(label, [charts.Mark(1e-3, "x", "#000")], href="#c") for label in (long, "linux · ort-cpu fp32")]
+    page.set_content(f"<body style='margin:0'>{charts.dot_plot(rows, 'drift', str)}</body>")
+    labels = page.eval_on_selector_all("svg a text", "ts => ts.map(t => [t.getBBox().x, t.textContent])")
+    assert all(x >= 0 for x, _ in labels), labels
+    assert labels[0][1].startswith("a-very-long") and labels[0][1].endswith("ort-cpu fp16")  # host and cell both shown
+    assert labels[1][1] == "linux · ort-cpu fp32"  # a label that fits is left whole
+    assert page.eval_on_selector("svg a title", "t => t.textContent") == long

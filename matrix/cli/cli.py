@@ -143,7 +143,9 @@ def run(model: Path, as_json: bool, **values) -> None:
             raise InputError(f"cannot write {error.filename or config.out}: {error.strerror or error}") from None
         results.run_options["decision"] = config.decision.record()
         results.decision = config.decision.decide(results)
-        _finish(results, config.out, ending["fail_on"], baseline, ending["thresholds"], config.required, as_json,
+        results.required_not_run = [name for name in config.required
+                                     if all(c.verdict == "SKIP" for c in results.cells if c.target == name)]
+        _finish(results, config.out, ending["fail_on"], baseline, ending["thresholds"], as_json,
                 ending["allow_different_inputs"], own_run=True)
 
 
@@ -200,10 +202,11 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_d
     sys.exit(1 if found else 0)
 
 
-def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: list[str] = (), as_json: bool = False,
+def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: bool = False,
             allow_different_inputs: bool = False, own_run: bool = False) -> None:
     """Compare with the baseline, write the report, print the tally and exit with the verdict (130/143 when
-    this run itself was interrupted; an interrupted shard in a merge is shown in the report, not the exit code)."""
+    this run itself was interrupted; an interrupted shard in a merge is shown in the report, not the exit code;
+    a `--require`d target that did not run, of this run or of a merged shard, exits 1)."""
     from .. import results as schema
     from ..decide.decide import summary_lines
     from ..report.report import write_all
@@ -216,8 +219,6 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, required: li
         except InputError:  # refused (different inputs): the run's own report is still written
             write_all(results, out)
             raise
-    results.required_not_run = [name for name in required
-                                if all(c.verdict == "SKIP" for c in results.cells if c.target == name)]
     try:
         index = write_all(results, out)
     except OSError as error:  # a full disk: the earlier report stays whole (files are replaced atomically)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import results as schema
-from .compare import checked_inputs
+from .compare import COMPARED_OPTIONS, checked_inputs
 from ..errors import InputError
 from ..results import RunResults
 
@@ -29,7 +29,7 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
     shards = [(shard_path(p), schema.load(shard_path(p))) for p in paths]
     first_path, merged = shards[0]
     merged = merged.model_copy(deep=True)
-    merged.run_options = {**merged.run_options, "shards": [str(p) for p, _ in shards]}
+    merged.run_options = {**_shared_options(shards), "shards": [str(p) for p, _ in shards]}
     seen = {host.label: first_path for host in merged.hosts}
     cells = {cell.key: first_path for cell in merged.cells}
     for path, shard in shards[1:]:
@@ -52,4 +52,53 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
                 merged.hosts.append(host)
         merged.cells += shard.cells
     merged.regressions = []
+    merged.interrupted = _first_interruption(shards)
+    merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
+    merged.required_on = _required_on(shards)
+    merged.variant_errors = _variant_errors(shards)
     return merged
+
+
+def _required_on(shards) -> dict[str, list[str]]:
+    """Each `--require`d target that did not run -> the hosts whose shard required it."""
+    hosts: dict[str, list[str]] = {}
+    for _, shard in shards:
+        for name in shard.required_not_run:
+            labels = shard.required_on.get(name, [host.label for host in shard.hosts])
+            hosts[name] = list(dict.fromkeys(hosts.get(name, []) + labels))
+    return hosts
+
+
+def _variant_errors(shards) -> dict[str, str]:
+    """Each variant the tool could not make, with every host it failed on and that host's words."""
+    errors: dict[str, list[str]] = {}
+    for _, shard in shards:
+        for variant, error in shard.variant_errors.items():
+            errors.setdefault(variant, []).append(f"{_labels(shard)}: {error}")
+    return {variant: "; ".join(said) for variant, said in errors.items()}
+
+
+def _labels(shard: RunResults) -> str:
+    return ", ".join(host.label for host in shard.hosts)
+
+
+def _shared_options(shards) -> dict:
+    """The run options of the merged report: those every shard shares; one the shards set differently (their
+    targets, iters, run id) is listed per shard under `per_shard`. How cells were judged stays the first shard's:
+    it is the same in every shard unless --allow-different-inputs, and the budgets decide over every host's cells."""
+    first = shards[0][1].run_options
+    keys = set().union(*(shard.run_options for _, shard in shards)) - {"decision", "rollout", *COMPARED_OPTIONS}
+    differing = sorted(key for key in keys if any(shard.run_options.get(key) != first.get(key) for _, shard in shards))
+    options = {key: value for key, value in first.items() if key not in differing}
+    if differing:
+        options["per_shard"] = {str(path): {key: shard.run_options.get(key) for key in differing} for path, shard in shards}
+    return options
+
+
+def _first_interruption(shards) -> schema.Interruption | None:
+    """The merged report holds the finished cells of every shard: an interrupted one is named with its host
+    (the first, when several were)."""
+    for _, shard in shards:
+        if shard.interrupted is not None:
+            return shard.interrupted.model_copy(update={"host": shard.interrupted.host or _labels(shard)})
+    return None

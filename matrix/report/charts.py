@@ -20,6 +20,7 @@ from markupsafe import Markup, escape
 
 SHAPES = ("circle", "square", "diamond", "triangle")  # one per batch size, so batches differ without colour
 LABEL_W, NOTE_W, PLOT_W, ROW_H, AXIS_H, LEGEND_H = 250, 230, 520, 22, 34, 26
+LABEL_CHARS = 34  # of 12 px text fit in LABEL_W (an upper-case label too: 233 px)
 FAILED_COLOUR = "#d64545"
 
 
@@ -99,13 +100,26 @@ def _decades(values: list[float]) -> tuple[int, int]:
     return low, max(high, low + 1)
 
 
+def _fitted(label: str) -> str:
+    """A row label that fits left of the plot: a longer one (a CI runner's host label) keeps its start and its
+    end (the host's first characters, the target and variant) around an ellipsis, instead of running off the
+    chart's left edge."""
+    if len(label) <= LABEL_CHARS:
+        return label
+    head = LABEL_CHARS // 3
+    return f"{label[:head]}…{label[-(LABEL_CHARS - head - 1):]}"
+
+
 def _row(row: Row, y: float, axis: _LogAxis, index: int) -> list[str]:
     middle = y + ROW_H / 2
     parts = []
     if index % 2:
         parts.append(f'<rect x="0" y="{y}" width="{LABEL_W + PLOT_W + NOTE_W}" height="{ROW_H}" fill="#f6f8fb"/>')
-    label = f'<text x="{LABEL_W - 8}" y="{middle + 4}" text-anchor="end" fill="#1d2330">{escape(row.label)}</text>'
-    parts.append(f'<a href="{escape(row.href)}">{label}</a>' if row.href else label)
+    shown = _fitted(row.label)
+    label = f'<text x="{LABEL_W - 8}" y="{middle + 4}" text-anchor="end" fill="#1d2330">{escape(shown)}</text>'
+    if shown != row.label:  # the whole label on hover
+        label = f"<title>{escape(row.label)}</title>{label}"
+    parts.append(f'<a href="{escape(row.href)}">{label}</a>' if row.href else f"<g>{label}</g>")
     if row.tick:
         x = axis.x(row.tick)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y + 3}" y2="{y + ROW_H - 3}" stroke="#1d2330" stroke-width="2">'

@@ -413,6 +413,12 @@ def _md_code(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+def _required_not_run_on(results: RunResults, host: str) -> list[str]:
+    """The `--require`d targets that did not run, that HOST's run required: a run's are its one host's; a merge
+    names the hosts of each shard that required one."""
+    return [name for name in results.required_not_run if host in results.required_on.get(name, [host])]
+
+
 def write_junit(results: RunResults, path: Path) -> None:
     suites = ET.Element("testsuites", name="policy-matrix")
     for host, grid in _verdict_grid(results).items():
@@ -432,11 +438,12 @@ def write_junit(results: RunResults, path: Path) -> None:
                 ET.SubElement(case, "skipped", message=(message or "conversion only: nothing predicted on this host")[:500])
             elif message:
                 ET.SubElement(case, "system-out").text = message
-        for name in results.required_not_run:  # `--require`: a target that did not run fails CI visibly
+        required = _required_not_run_on(results, host)
+        for name in required:  # `--require`: a target that did not run fails CI visibly
             case = ET.SubElement(suite, "testcase", classname=f"{host}.{name}", name=f"{name} required")
             ET.SubElement(case, "failure", message=f"required target {name} did not run (every cell SKIPped)")
-        suite.set("tests", str(int(suite.get("tests")) + len(results.required_not_run)))
-        suite.set("failures", str(int(suite.get("failures")) + len(results.required_not_run)))
+        suite.set("tests", str(int(suite.get("tests")) + len(required)))
+        suite.set("failures", str(int(suite.get("failures")) + len(required)))
         for regression in regressions:  # a regression fails CI like a FAILed cell, under its own name
             case = ET.SubElement(suite, "testcase", classname=f"{host}.{regression.target}",
                                  name=f"{regression.target} {regression.variant} regression: {regression.kind}")

@@ -174,6 +174,64 @@ def test_shards_of_other_hosts_add_their_host(shard, tmp_path):
     assert len(merged.cells) == 2 * len(shard.cells)
 
 
+def _on_host(shard: schema.RunResults, label: str) -> schema.RunResults:
+    other = shard.model_copy(deep=True)
+    for cell in other.cells:
+        cell.host = label
+    other.hosts = [other.hosts[0].model_copy(update={"label": label})]
+    return other
+
+
+def test_a_shards_interruption_reaches_the_merged_report_naming_its_host(shard, tmp_path):
+    """An interrupted shard's report holds only its finished cells; the merge kept the first shard's run as
+    the merged one, so a later shard's interruption was nowhere in the report CI shows."""
+    cut_short = _on_host(shard, "mac")
+    cut_short.interrupted = schema.Interruption(after_cells=2, signal="SIGTERM")
+    merged = merge([_save(shard, tmp_path / "a"), _save(cut_short, tmp_path / "b")])
+    assert merged.interrupted.describe() == ("mac: interrupted (SIGTERM) after 2 cells: "
+                                             "this report holds the finished cells only")
+
+
+def test_a_shards_required_target_that_did_not_run_fails_the_merge(shard, tmp_path, policy_matrix):
+    """A shard run with --require whose target SKIPped everywhere failed that shard; the merge recomputed the
+    list from no --require at all, so the nightly's merge job passed (exit 0) and junit.xml said nothing."""
+    unrun = _on_host(shard, "mac")
+    for cell in unrun.cells:
+        cell.verdict, cell.reasons = "SKIP", ["needs macOS"]
+    unrun.required_not_run = ["ort-cpu"]
+    not_required = _on_host(unrun, "linux")  # the same SKIPs, but this host's run did not --require ort-cpu
+    not_required.required_not_run = []
+    done = policy_matrix(["merge", _save(shard, tmp_path / "a"), _save(unrun, tmp_path / "b"),
+                          _save(not_required, tmp_path / "c"), "--out", tmp_path / "m"])
+    assert done.returncode == 1, done.lines[-3:]
+    assert "required target ort-cpu did not run" in (tmp_path / "m" / "summary.md").read_text()
+    junit = (tmp_path / "m" / "junit.xml").read_text()
+    assert junit.count('name="ort-cpu required"') == 1 and 'classname="mac.ort-cpu" name="ort-cpu required"' in junit
+
+
+def test_a_variant_the_tool_could_not_make_on_a_shard_is_named_in_the_merge_with_its_host(shard, tmp_path):
+    """The tool's own failure to make a variant (its cells SKIP) is said once in the report; the merge kept the
+    first shard's, so another host's 'could not make the fp16 variant' was nowhere and its SKIPs unexplained."""
+    unmade = _on_host(shard, "mac")
+    unmade.variant_errors = {"fp16": "onnxconverter-common: no float16"}
+    merged = merge([_save(shard, tmp_path / "a"), _save(unmade, tmp_path / "b")])
+    assert merged.variant_errors == {"fp16": "mac: onnxconverter-common: no float16"}
+
+
+def test_options_the_shards_set_differently_are_shown_per_shard_not_as_the_first_shards(shard, tmp_path):
+    """The merged report's run options were the first shard's: a macOS shard timed with 50 calls and its own
+    targets read as 200 calls of ort-cpu alone, the first shard's run id as the merged run's."""
+    other = _on_host(shard, "mac")
+    other.run_options = {**other.run_options, "iters": 50, "targets": ["coreml"], "run_id": "0123456789ab"}
+    first, second = _save(shard, tmp_path / "a"), _save(other, tmp_path / "b")
+    options = merge([first, second]).run_options
+    assert not {"iters", "targets", "run_id"} & set(options)
+    assert options["per_shard"] == {
+        str(first / "results.json"): {key: shard.run_options[key] for key in ("iters", "run_id", "targets")},
+        str(second / "results.json"): {"iters": 50, "run_id": "0123456789ab", "targets": ["coreml"]}}
+    assert options["variants"] == shard.run_options["variants"]  # what they share stays as it was
+
+
 def test_a_cell_in_two_shards_is_refused_not_overwritten(shard, tmp_path):
     first, _ = _split(shard, tmp_path)
     with pytest.raises(InputError, match="cell ort-cpu fp32 of host .* is in both"):
