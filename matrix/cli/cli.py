@@ -197,6 +197,7 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_d
         _print_json([regression.model_dump(mode="json") for regression in found])
     else:
         _print_regressions(found)
+        _print_absent_hosts(before, after)
         if not found:
             console.print("[green]no regressions[/]")
     sys.exit(1 if found else 0)
@@ -231,6 +232,8 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: boo
     for line in summary_lines(results):
         console.print(escape(line), highlight=False)
     _print_regressions(results.regressions)
+    if baseline is not None:
+        _print_absent_hosts(baseline, results)
     console.print(f"report: [bold]{escape(str(index))}[/]")
     if as_json:
         _print_json({"report": str(index), "counts": counts, "observations": results.model.get("observation_source"),
@@ -248,6 +251,14 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: boo
 def _print_regressions(found) -> None:
     for regression in found:
         console.print(f"[red]regression[/] {escape(str(regression))}", highlight=False)
+
+
+def _print_absent_hosts(baseline, current) -> None:
+    from ..decide.compare import absent_hosts
+
+    for host, cells in absent_hosts(baseline, current).items():
+        console.print(f"[yellow]not compared[/]: host {escape(host)} ({cells} cell{'s' if cells > 1 else ''} in the baseline) "
+                      "has no cell in the current run", highlight=False)
 
 
 @app.command("targets")

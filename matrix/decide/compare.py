@@ -54,6 +54,18 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
     return found
 
 
+def absent_hosts(baseline: RunResults, current: RunResults) -> dict[str, int]:
+    """The baseline's hosts the current run has no cell of, with their cell counts: nothing of theirs was compared
+    (a nightly shard that produced nothing; a one-host run against a merged baseline), which 'no regressions'
+    does not say."""
+    present = {cell.host for cell in current.cells}
+    absent: dict[str, int] = {}
+    for cell in baseline.cells:
+        if cell.host not in present:
+            absent[cell.host] = absent.get(cell.host, 0) + 1
+    return absent
+
+
 def _same_model(baseline: RunResults, current: RunResults) -> None:
     """Cells of two different policies share names, not meaning: comparing them would say 'no regressions'."""
     old, new = baseline.model.get("sha256"), current.model.get("sha256")

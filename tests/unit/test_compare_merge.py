@@ -7,7 +7,7 @@ import pytest
 
 from saved import FIXTURES
 from matrix import results as schema
-from matrix.decide.compare import DRIFT_NOISE_FLOOR, Thresholds, compare
+from matrix.decide.compare import DRIFT_NOISE_FLOOR, Thresholds, absent_hosts, compare
 from matrix.errors import InputError
 from matrix.decide.merge import merge
 from matrix.results import Backend, LatencyStats, Placement
@@ -132,6 +132,18 @@ def test_a_baseline_of_no_host_the_current_run_has_is_refused(shard):
         cell.host, cell.verdict = "renamed-runner", "FAIL"
     with pytest.raises(InputError, match=f"no host in common: the baseline's {shard.cells[0].host}, the current run's renamed-runner"):
         compare(shard, current)
+
+
+def test_a_baseline_host_missing_from_the_current_run_is_said_not_compared(shard, tmp_path, policy_matrix):
+    """A nightly whose macOS shard produced nothing: the Linux cells compare, and the macOS ones were not compared,
+    which 'no regressions' alone does not say."""
+    both = _save(merge([_save(shard, tmp_path / "linux"), _save(_on_host(shard, "mac"), tmp_path / "mac")]), tmp_path / "merged")
+    assert absent_hosts(schema.load(both / "results.json"), shard) == {"mac": len(shard.cells)}
+    done = policy_matrix(["compare", "--baseline", both, "--current", tmp_path / "linux"])
+    assert done.returncode == 0, done.stderr
+    assert done.lines == [f"not compared: host mac ({len(shard.cells)} cells in the baseline) has no cell in the current run",
+                          "no regressions"]
+    assert policy_matrix(["compare", "--baseline", tmp_path / "linux", "--current", tmp_path / "linux"]).lines == ["no regressions"]
 
 
 def test_runs_of_another_model_are_refused(shard):
