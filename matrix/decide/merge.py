@@ -52,7 +52,8 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
                 merged.hosts.append(host)
         merged.cells += shard.cells
     merged.regressions = []
-    merged.interrupted = _first_interruption(shards)
+    merged.interrupted_shards = _interruptions(shards)
+    merged.interrupted = next(iter(merged.interrupted_shards), None)
     merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
     merged.required_on = _required_on(shards)
     merged.variant_errors = _variant_errors(shards)
@@ -95,10 +96,7 @@ def _shared_options(shards) -> dict:
     return options
 
 
-def _first_interruption(shards) -> schema.Interruption | None:
-    """The merged report holds the finished cells of every shard: an interrupted one is named with its host
-    (the first, when several were)."""
-    for _, shard in shards:
-        if shard.interrupted is not None:
-            return shard.interrupted.model_copy(update={"host": shard.interrupted.host or _labels(shard)})
-    return None
+def _interruptions(shards) -> list[schema.Interruption]:
+    """The merged report holds the finished cells of every shard: each interrupted one is named with its host."""
+    return [interruption.model_copy(update={"host": interruption.host or _labels(shard)})
+            for _, shard in shards for interruption in shard.interruptions()]

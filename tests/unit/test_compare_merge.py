@@ -194,14 +194,22 @@ def _on_host(shard: schema.RunResults, label: str) -> schema.RunResults:
     return other
 
 
-def test_a_shards_interruption_reaches_the_merged_report_naming_its_host(shard, tmp_path):
-    """An interrupted shard's report holds only its finished cells; the merge kept the first shard's run as
-    the merged one, so a later shard's interruption was nowhere in the report CI shows."""
-    cut_short = _on_host(shard, "mac")
-    cut_short.interrupted = schema.Interruption(after_cells=2, signal="SIGTERM")
-    merged = merge([_save(shard, tmp_path / "a"), _save(cut_short, tmp_path / "b")])
-    assert merged.interrupted.describe() == ("mac: interrupted (SIGTERM) after 2 cells: "
-                                             "this report holds the finished cells only")
+def test_every_interrupted_shard_reaches_the_merged_report_naming_its_host(shard, tmp_path):
+    """An interrupted shard's report holds only its finished cells. The merge kept the first shard's run as the
+    merged one, so a later shard's interruption was nowhere in the report CI shows; then it named only the
+    first interrupted shard, so a second host cut short read as a finished run."""
+    from matrix.report.report import render_html, summary_markdown
+
+    mac, win = _on_host(shard, "mac"), _on_host(shard, "win")
+    mac.interrupted = schema.Interruption(after_cells=2, signal="SIGTERM")
+    win.interrupted = schema.Interruption(after_cells=1, signal="SIGINT")
+    merged = merge([_save(shard, tmp_path / "a"), _save(mac, tmp_path / "b"), _save(win, tmp_path / "c")])
+    said = ["mac: interrupted (SIGTERM) after 2 cells: this report holds the finished cells only",
+            "win: interrupted (SIGINT) after 1 cells: this report holds the finished cells only"]
+    assert [interruption.describe() for interruption in merged.interruptions()] == said
+    assert merged.interrupted.describe() == said[0]  # readers of one interruption still read one
+    assert all(line in summary_markdown(merged) and line in render_html(merged) for line in said)
+    assert schema.load(_save(merged, tmp_path / "m") / "results.json").interruptions() == merged.interruptions()
 
 
 def test_a_shards_required_target_that_did_not_run_fails_the_merge(shard, tmp_path, policy_matrix):
