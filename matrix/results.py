@@ -321,10 +321,16 @@ class RunResults(Record):
     grid: dict = Field(default_factory=dict)  # candidates, settings per target, number of configurations
     decision: list[Decision] = Field(default_factory=list)
     interrupted: Interruption | None = None
+    # In a merge: every interrupted shard, each with its host (`interrupted` is the first, for older readers).
+    interrupted_shards: list[Interruption] = Field(default_factory=list)
     # `--require`d targets whose every cell SKIPped: the run fails for them (exit 1, junit, summary.md).
     required_not_run: list[str] = Field(default_factory=list)
     # In a merge: the hosts whose shard required each of those targets (a run's are its one host's).
     required_on: dict[str, list[str]] = Field(default_factory=dict)
+
+    def interruptions(self) -> list[Interruption]:
+        """Every interruption the report must name: a merge's each interrupted shard, a run's own."""
+        return self.interrupted_shards or ([self.interrupted] if self.interrupted else [])
 
     @model_validator(mode="after")
     def _cells_are_unique(self) -> "RunResults":

@@ -64,6 +64,7 @@ def test_no_change_in_the_range_exits_1_and_a_second_bisect_keeps_the_runs(polic
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith("no change in verdict from onnxruntime 1.21.0 to 1.22.1")
     assert RANGE[3] in _visited(tmp_path) and len(_visited(tmp_path)) <= 3
+    assert f"ort-cpu@{RANGE[0]}" in (tmp_path / "index.html").read_text()  # the page of the ends, as the README says
     again = _bisect(policy, tmp_path, f"{RANGE[0]}..{RANGE[3]}")
     assert again.returncode == 1 and again.stdout == done.stdout
     assert again.stderr.count("kept from an earlier bisect") == len(_visited(tmp_path))

@@ -381,7 +381,7 @@ def setup(groups: tuple[str, ...]) -> None:
 
 @app.command(epilog="Exit 0: a change was found; 1: no change between OLD and NEW; 2: bad input. Each visited release's "
                      "own run is kept under OUT/releases/RELEASE; OUT/bisect.md lists them and OUT/index.html shows the "
-                     "two neighbours side by side.")
+                     "two neighbours side by side (with no change found: the oldest release and the newest that ran here).")
 @click.argument("target")
 @click.argument("release_range", metavar="OLD..NEW")
 @click.argument("model", type=click.Path(path_type=Path))

@@ -306,8 +306,8 @@ def bisect(config: RunConfig, target: str, span: list[str], measure: Measure, th
     outcome = search(span, probe, measure, threshold, on_visit)
     index = write_report(outcome, runs, measure, package, config.out)
     click.echo(conclusion(outcome, measure, package))
-    console.print(f"bisect report: [bold]{escape(str(config.out / 'bisect.md'))}[/]"
-                  + (f", neighbours: [bold]{escape(str(index))}[/]" if index else ""), soft_wrap=True)
+    console.print(f"bisect report: [bold]{escape(str(config.out / 'bisect.md'))}[/], "
+                  f"{'neighbours' if outcome.first_changed else 'the two ends'}: [bold]{escape(str(index))}[/]", soft_wrap=True)
     return outcome.first_changed is not None
 
 
@@ -353,8 +353,9 @@ def _finished_run(step: RunConfig) -> RunResults | None:
     return results if same and len(results.cells) == 1 and results.cells[0].verdict != "SKIP" else None
 
 
-def write_report(outcome: Outcome, runs: dict[str, RunResults], measure: Measure, package: str, out: Path) -> Path | None:
-    """bisect.md (the visited releases) and, when a change was found, the usual report of the two neighbours."""
+def write_report(outcome: Outcome, runs: dict[str, RunResults], measure: Measure, package: str, out: Path) -> Path:
+    """bisect.md (the visited releases) and index.html, the usual report of the two neighbours side by side (with no
+    change found: of the oldest release and the newest that ran here)."""
     from ..report.report import write_all
 
     lines = [f"# bisect: {package} {outcome.releases[0]}..{outcome.releases[-1]}, measure {measure.name}", "",
@@ -369,11 +370,9 @@ def write_report(outcome: Outcome, runs: dict[str, RunResults], measure: Measure
         lines.append(f"| {release} | {visit.cell.verdict} | {_markdown(measure.show(visit.value))} | {against} "
                      f"| {RELEASES_FOLDER}/{release}/results.json |")
     (out / "bisect.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    if outcome.first_changed is None:
-        return None
-    neighbours = [runs[outcome.last_same.release], runs[outcome.first_changed.release]]
-    side_by_side = neighbours[0].model_copy(update={"cells": [r.cells[0] for r in neighbours]})
-    return write_all(side_by_side, out)
+    ends = (outcome.last_same, outcome.first_changed) if outcome.first_changed else (outcome.visits[0], outcome.last_same)
+    shown = [runs[release] for release in dict.fromkeys(visit.release for visit in ends)]  # one, when only the oldest ran
+    return write_all(shown[0].model_copy(update={"cells": [run.cells[0] for run in shown]}), out)
 
 
 def _markdown(text: str) -> str:

@@ -9,6 +9,7 @@ is silently overwritten.
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 from .. import results as schema
@@ -28,7 +29,7 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
         raise InputError("merge needs at least one shard (a results.json or its report folder)")
     shards = [(shard_path(p), schema.load(shard_path(p))) for p in paths]
     first_path, merged = shards[0]
-    merged = merged.model_copy(deep=True)
+    merged = merged.model_copy(deep=True, update={"created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
     merged.run_options = {**_shared_options(shards), "shards": [str(p) for p, _ in shards]}
     seen = {host.label: first_path for host in merged.hosts}
     cells = {cell.key: first_path for cell in merged.cells}
@@ -52,7 +53,8 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
                 merged.hosts.append(host)
         merged.cells += shard.cells
     merged.regressions = []
-    merged.interrupted = _first_interruption(shards)
+    merged.interrupted_shards = _interruptions(shards)
+    merged.interrupted = next(iter(merged.interrupted_shards), None)
     merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
     merged.required_on = _required_on(shards)
     merged.variant_errors = _variant_errors(shards)
@@ -84,21 +86,19 @@ def _labels(shard: RunResults) -> str:
 
 def _shared_options(shards) -> dict:
     """The run options of the merged report: those every shard shares; one the shards set differently (their
-    targets, iters, run id) is listed per shard under `per_shard`. How cells were judged stays the first shard's:
-    it is the same in every shard unless --allow-different-inputs, and the budgets decide over every host's cells."""
+    targets, iters, run id) is listed per shard under `per_shard`, with the time the shard was made (the merged
+    report's `created` is the merge's). How cells were judged stays the first shard's: it is the same in every
+    shard unless --allow-different-inputs, and the budgets decide over every host's cells."""
     first = shards[0][1].run_options
     keys = set().union(*(shard.run_options for _, shard in shards)) - {"decision", "rollout", *COMPARED_OPTIONS}
     differing = sorted(key for key in keys if any(shard.run_options.get(key) != first.get(key) for _, shard in shards))
     options = {key: value for key, value in first.items() if key not in differing}
-    if differing:
-        options["per_shard"] = {str(path): {key: shard.run_options.get(key) for key in differing} for path, shard in shards}
+    options["per_shard"] = {str(path): {"created": shard.created, **{key: shard.run_options.get(key) for key in differing}}
+                            for path, shard in shards}
     return options
 
 
-def _first_interruption(shards) -> schema.Interruption | None:
-    """The merged report holds the finished cells of every shard: an interrupted one is named with its host
-    (the first, when several were)."""
-    for _, shard in shards:
-        if shard.interrupted is not None:
-            return shard.interrupted.model_copy(update={"host": shard.interrupted.host or _labels(shard)})
-    return None
+def _interruptions(shards) -> list[schema.Interruption]:
+    """The merged report holds the finished cells of every shard: each interrupted one is named with its host."""
+    return [interruption.model_copy(update={"host": interruption.host or _labels(shard)})
+            for _, shard in shards for interruption in shard.interruptions()]

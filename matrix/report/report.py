@@ -323,8 +323,8 @@ def summary_markdown(results: RunResults) -> str:
         lines += [f"observations: {md(str(model['observation_source']))}", ""]
     counts = " · ".join(f"{v} {sum(c.verdict == v for c in results.cells)}" for v in VERDICTS)
     lines += [f"**{counts}**", ""]
-    if results.interrupted:
-        lines += [f"> **{md(results.interrupted.describe())}**", ""]
+    for interruption in results.interruptions():
+        lines += [f"> **{md(interruption.describe())}**", ""]
     for name in results.required_not_run:
         lines += [f"> ❌ **required target {md(name)} did not run** (every cell SKIPped)", ""]
     lines += _ship_table_markdown(results)

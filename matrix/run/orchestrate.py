@@ -369,15 +369,19 @@ def _grid_record(config: RunConfig, size: int) -> dict:
 
 
 def _print_grid(config: RunConfig, size: int, console: Console) -> None:
-    axes = [f"{len(config.targets)} targets", f"{len(config.variants)} variants"]
+    axes = [_counted(len(config.targets), "target"), _counted(len(config.variants), "variant")]
     if config.candidates:
         axes.append(f"{1 + len(config.candidates)} models ({escape(', '.join(c.path.name for c in config.candidates))} "
                     f"judged against {escape(config.model.path.name)})")
     for target, combos in config.settings_grid.describe()["settings"].items():
         axes.append(f"{target} settings {' | '.join(settings_label(k) for k in combos)}")
-    console.print(f"[bold]grid[/]: {size} configurations: {'; '.join(axes)}", highlight=False)
+    console.print(f"[bold]grid[/]: {_counted(size, 'configuration')}: {'; '.join(axes)}", highlight=False)
     for pruned in config.settings_grid.pruned:
         console.print(f"[dim]not run: {escape(pruned)} (that target has no such setting)[/]", highlight=False)
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def install_releases(labels: list[str], console: Console) -> None:

@@ -155,3 +155,23 @@ def test_the_report_lists_every_release_and_escapes_the_runtimes_words(tmp_path)
     assert all(f"| {release} |" in table for release in RELEASES)
     html = index.read_text()
     assert "ort-cpu@1.14.0" in html and "ort-cpu@1.15.0" in html and "<script>alert(1)" not in html
+
+
+@pytest.mark.parametrize("skip, shown", [(frozenset(), ["1.10.0", "1.26.0"]), (frozenset(RELEASES[1:]), ["1.10.0"])])
+def test_a_bisect_that_finds_no_change_writes_the_page_of_the_ends_it_measured(tmp_path, skip, shown):
+    """The README lists index.html in every bisect's folder; one that found no change wrote none. It shows the
+    oldest release and the newest that ran here (only the oldest, when no other release ran)."""
+    from saved import FIXTURES
+
+    from matrix import results as schema
+
+    shard = schema.load(FIXTURES / "shard_continuous_mlp.json")
+    fp32 = next(c for c in shard.cells if c.variant == "fp32")
+    probe, _ = _prober(len(RELEASES), fp32, fp32, skip)
+    outcome = bisect.search(RELEASES, probe, bisect.MEASURES["verdict"], None)
+    runs = {v.release: shard.model_copy(update={"cells": [fp32.model_copy(update={"target": f"ort-cpu@{v.release}"})]})
+            for v in outcome.visits}
+    index = bisect.write_report(outcome, runs, bisect.MEASURES["verdict"], "onnxruntime", tmp_path)
+    assert index == tmp_path / "index.html"
+    assert [cell.target for cell in schema.load(tmp_path / "results.json").cells] == [f"ort-cpu@{r}" for r in shown]
+    assert all(f"ort-cpu@{release}" in index.read_text() for release in shown)

@@ -3,6 +3,8 @@ fp32 + fp16), changed one field at a time."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from saved import FIXTURES
@@ -194,14 +196,22 @@ def _on_host(shard: schema.RunResults, label: str) -> schema.RunResults:
     return other
 
 
-def test_a_shards_interruption_reaches_the_merged_report_naming_its_host(shard, tmp_path):
-    """An interrupted shard's report holds only its finished cells; the merge kept the first shard's run as
-    the merged one, so a later shard's interruption was nowhere in the report CI shows."""
-    cut_short = _on_host(shard, "mac")
-    cut_short.interrupted = schema.Interruption(after_cells=2, signal="SIGTERM")
-    merged = merge([_save(shard, tmp_path / "a"), _save(cut_short, tmp_path / "b")])
-    assert merged.interrupted.describe() == ("mac: interrupted (SIGTERM) after 2 cells: "
-                                             "this report holds the finished cells only")
+def test_every_interrupted_shard_reaches_the_merged_report_naming_its_host(shard, tmp_path):
+    """An interrupted shard's report holds only its finished cells. The merge kept the first shard's run as the
+    merged one, so a later shard's interruption was nowhere in the report CI shows; then it named only the
+    first interrupted shard, so a second host cut short read as a finished run."""
+    from matrix.report.report import render_html, summary_markdown
+
+    mac, win = _on_host(shard, "mac"), _on_host(shard, "win")
+    mac.interrupted = schema.Interruption(after_cells=2, signal="SIGTERM")
+    win.interrupted = schema.Interruption(after_cells=1, signal="SIGINT")
+    merged = merge([_save(shard, tmp_path / "a"), _save(mac, tmp_path / "b"), _save(win, tmp_path / "c")])
+    said = ["mac: interrupted (SIGTERM) after 2 cells: this report holds the finished cells only",
+            "win: interrupted (SIGINT) after 1 cells: this report holds the finished cells only"]
+    assert [interruption.describe() for interruption in merged.interruptions()] == said
+    assert merged.interrupted.describe() == said[0]  # readers of one interruption still read one
+    assert all(line in summary_markdown(merged) and line in render_html(merged) for line in said)
+    assert schema.load(_save(merged, tmp_path / "m") / "results.json").interruptions() == merged.interruptions()
 
 
 def test_a_shards_required_target_that_did_not_run_fails_the_merge(shard, tmp_path, policy_matrix):
@@ -239,9 +249,25 @@ def test_options_the_shards_set_differently_are_shown_per_shard_not_as_the_first
     options = merge([first, second]).run_options
     assert not {"iters", "targets", "run_id"} & set(options)
     assert options["per_shard"] == {
-        str(first / "results.json"): {key: shard.run_options[key] for key in ("iters", "run_id", "targets")},
-        str(second / "results.json"): {"iters": 50, "run_id": "0123456789ab", "targets": ["coreml"]}}
+        str(first / "results.json"): {"created": shard.created, **{key: shard.run_options[key] for key in ("iters", "run_id", "targets")}},
+        str(second / "results.json"): {"created": other.created, "iters": 50, "run_id": "0123456789ab", "targets": ["coreml"]}}
     assert options["variants"] == shard.run_options["variants"]  # what they share stays as it was
+
+
+def test_a_merged_report_is_dated_by_the_merge_and_lists_each_shards_own_time(shard, tmp_path):
+    """The merged report's `created` was the first shard's: a merge of last night's shards read as made when the
+    first shard began, and the other shards' times were nowhere."""
+    from matrix.report.report import render_html, summary_markdown
+
+    other = _on_host(shard, "mac")
+    other.created = "2026-01-02T03:04:05+00:00"
+    first, second = _save(shard, tmp_path / "a"), _save(other, tmp_path / "b")
+    before = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    merged = merge([first, second])
+    assert before <= dt.datetime.fromisoformat(merged.created) <= dt.datetime.now(dt.timezone.utc)
+    shown = {str(first / "results.json"): shard.created, str(second / "results.json"): other.created}
+    assert {path: options["created"] for path, options in merged.run_options["per_shard"].items()} == shown
+    assert merged.created in summary_markdown(merged) and other.created in render_html(merged)
 
 
 def test_a_cell_in_two_shards_is_refused_not_overwritten(shard, tmp_path):
