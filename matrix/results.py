@@ -167,6 +167,7 @@ class FixAttempt(Record):
     batch: int | None = None
     emulated: bool = False
     prepared_onnx: str = ""  # path relative to the report folder
+    size_bytes: int | None = None  # of prepared_onnx, the file that ships
     host_step: str = ""  # what the application must do on the host (e.g. argmax of the logits)
 
 

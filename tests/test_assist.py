@@ -208,6 +208,22 @@ def test_fp16_overflow_names_the_scale_up_node_not_its_neighbours(tmp_path, poli
     assert "<b>scale_up</b>" in section and "<svg" in section
 
 
+def test_a_fixed_fp16_cell_ships_the_fp16_file_it_ran_and_its_size_meets_a_budget(tmp_path, policy_matrix):
+    """An fp16 cell that PASSes after a rewrite ships the fp16 file the runtime ran (not the fp32 prepared graph the
+    fp16 file was made from), and a size budget reads that file's size instead of calling it 'not measured'."""
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--assist",
+                          "--budget", "ort-cpu=size:50kB", "--out", out, *RUN_FAST])
+    cell = schema.load(out / "results.json").cells[0]
+    fixed = next(fix for fix in cell.fixes if fix.verdict == "PASS")
+    chosen = schema.load(out / "results.json").decision[0].chosen
+    assert chosen is not None and chosen.fix == fixed.preparation, done.stderr
+    shipped = out / chosen.prepared_onnx
+    assert chosen.prepared_onnx == fixed.prepared_onnx and chosen.size_bytes == shipped.stat().st_size
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in onnx.load(str(shipped)).graph.initializer)
+
+
 def test_diagnosis_follows_tensors_the_fp16_converter_renamed(tmp_path, policy_matrix):
     """onnxconverter-common wraps the Min/Max clip in Casts and renames its outputs, leaving stale
     value_info behind: the diagnosis must still run and compare those nodes under their original names."""

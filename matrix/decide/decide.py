@@ -177,6 +177,7 @@ def _fixed_choice(cell: Cell, fix: FixAttempt, budgets: list[Budget]) -> Decisio
     choice = DecisionChoice(
         candidate=cell.candidate, variant=cell.variant, settings=cell.settings, verdict=fix.verdict, batch=fix.batch,
         p50_us=fix.p50_us, drift=fix.drift, emulated=fix.emulated, fix=fix.preparation, prepared_onnx=fix.prepared_onnx,
+        size_bytes=fix.size_bytes,
     )
     choice.misses = [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
     return choice
