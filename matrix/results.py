@@ -164,6 +164,7 @@ class FixAttempt(Record):
     reasons: list[str] = Field(default_factory=list)
     drift: float | None = None
     p50_us: float | None = None
+    p99_us: float | None = None
     batch: int | None = None
     emulated: bool = False
     prepared_onnx: str = ""  # path relative to the report folder

@@ -224,6 +224,19 @@ def test_a_fixed_fp16_cell_ships_the_fp16_file_it_ran_and_its_size_meets_a_budge
     assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in onnx.load(str(shipped)).graph.initializer)
 
 
+def test_a_fix_closest_to_the_budgets_is_named_with_its_fix_and_its_p99_measured(tmp_path, policy_matrix):
+    """Nothing fits 1 B: the closest is the fixed fp16 cell, said with its preparation (the as-exported file FAILs),
+    and its only miss is the size: its p99 was measured with the fix, so a p99 budget reads it."""
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--assist",
+                          "--budget", "ort-cpu=p99:1s", "--budget", "ort-cpu=size:1B", "--out", out, *RUN_FAST])
+    closest = schema.load(out / "results.json").decision[0].closest
+    assert closest is not None and closest.fix and closest.p99_us is not None, done.stderr
+    assert [miss.split(":")[0] for miss in closest.misses] == ["size ≤ 1 B"], closest.misses
+    assert f"closest: overflow.onnx fp16 after {closest.fix} -> {closest.prepared_onnx} (" in done.stderr, done.stderr
+
+
 def test_diagnosis_follows_tensors_the_fp16_converter_renamed(tmp_path, policy_matrix):
     """onnxconverter-common wraps the Min/Max clip in Casts and renames its outputs, leaving stale
     value_info behind: the diagnosis must still run and compare those nodes under their original names."""
