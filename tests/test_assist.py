@@ -9,6 +9,7 @@ the report.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -235,6 +236,23 @@ def test_a_fix_closest_to_the_budgets_is_named_with_its_fix_and_its_p99_measured
     assert closest is not None and closest.fix and closest.p99_us is not None, done.stderr
     assert [miss.split(":")[0] for miss in closest.misses] == ["size ≤ 1 B"], closest.misses
     assert f"closest: overflow.onnx fp16 after {closest.fix} -> {closest.prepared_onnx} (" in done.stderr, done.stderr
+
+
+def test_assist_tries_fixes_on_every_settings_value_each_under_its_own_settings(tmp_path, policy_matrix):
+    """With --settings every cell names its settings (threads=1 included): --assist tried none of them and the
+    decision still said 'try --assist'. Each runs its fixes with its own settings, in a folder of its own."""
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--assist",
+                          "--settings", "ort-cpu:threads=1,2", "--out", out, *RUN_FAST])
+    results = schema.load(out / "results.json")
+    fixed = {cell.configuration.settings_label: next(f for f in cell.fixes if f.verdict == "PASS") for cell in results.cells}
+    assert sorted(fixed) == ["threads=1", "threads=2"], done.stderr
+    assert fixed["threads=1"].prepared_onnx != fixed["threads=2"].prepared_onnx
+    two = next(c for c in results.cells if c.configuration.settings_label == "threads=2")
+    spec = (out / Path(fixed["threads=2"].prepared_onnx).parts[0] / Path(fixed["threads=2"].prepared_onnx).parts[1])
+    assert any('"threads": "2"' in p.read_text() for p in spec.rglob("spec.json")), two.fixes
+    assert results.decision[0].chosen is not None and results.decision[0].chosen.fix, done.stderr
 
 
 def test_diagnosis_follows_tensors_the_fp16_converter_renamed(tmp_path, policy_matrix):
