@@ -164,9 +164,11 @@ class FixAttempt(Record):
     reasons: list[str] = Field(default_factory=list)
     drift: float | None = None
     p50_us: float | None = None
+    p99_us: float | None = None
     batch: int | None = None
     emulated: bool = False
     prepared_onnx: str = ""  # path relative to the report folder
+    size_bytes: int | None = None  # of prepared_onnx, the file that ships
     host_step: str = ""  # what the application must do on the host (e.g. argmax of the logits)
 
 

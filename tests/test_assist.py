@@ -9,6 +9,7 @@ the report.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -206,6 +207,52 @@ def test_fp16_overflow_names_the_scale_up_node_not_its_neighbours(tmp_path, poli
     section = html[html.index('<section id="diagnosis">'):]
     section = section[: section.index("</section>")]
     assert "<b>scale_up</b>" in section and "<svg" in section
+
+
+def test_a_fixed_fp16_cell_ships_the_fp16_file_it_ran_and_its_size_meets_a_budget(tmp_path, policy_matrix):
+    """An fp16 cell that PASSes after a rewrite ships the fp16 file the runtime ran (not the fp32 prepared graph the
+    fp16 file was made from), and a size budget reads that file's size instead of calling it 'not measured'."""
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--assist",
+                          "--budget", "ort-cpu=size:50kB", "--out", out, *RUN_FAST])
+    cell = schema.load(out / "results.json").cells[0]
+    fixed = next(fix for fix in cell.fixes if fix.verdict == "PASS")
+    chosen = schema.load(out / "results.json").decision[0].chosen
+    assert chosen is not None and chosen.fix == fixed.preparation, done.stderr
+    shipped = out / chosen.prepared_onnx
+    assert chosen.prepared_onnx == fixed.prepared_onnx and chosen.size_bytes == shipped.stat().st_size
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in onnx.load(str(shipped)).graph.initializer)
+
+
+def test_a_fix_closest_to_the_budgets_is_named_with_its_fix_and_its_p99_measured(tmp_path, policy_matrix):
+    """Nothing fits 1 B: the closest is the fixed fp16 cell, said with its preparation (the as-exported file FAILs),
+    and its only miss is the size: its p99 was measured with the fix, so a p99 budget reads it."""
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--assist",
+                          "--budget", "ort-cpu=p99:1s", "--budget", "ort-cpu=size:1B", "--out", out, *RUN_FAST])
+    closest = schema.load(out / "results.json").decision[0].closest
+    assert closest is not None and closest.fix and closest.p99_us is not None, done.stderr
+    assert [miss.split(":")[0] for miss in closest.misses] == ["size ≤ 1 B"], closest.misses
+    assert f"closest: overflow.onnx fp16 after {closest.fix} -> {closest.prepared_onnx} (" in done.stderr, done.stderr
+
+
+def test_assist_tries_fixes_on_every_settings_value_each_under_its_own_settings(tmp_path, policy_matrix):
+    """With --settings every cell names its settings (threads=1 included): --assist tried none of them and the
+    decision still said 'try --assist'. Each runs its fixes with its own settings, in a folder of its own."""
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--assist",
+                          "--settings", "ort-cpu:threads=1,2", "--out", out, *RUN_FAST])
+    results = schema.load(out / "results.json")
+    fixed = {cell.configuration.settings_label: next(f for f in cell.fixes if f.verdict == "PASS") for cell in results.cells}
+    assert sorted(fixed) == ["threads=1", "threads=2"], done.stderr
+    assert fixed["threads=1"].prepared_onnx != fixed["threads=2"].prepared_onnx
+    two = next(c for c in results.cells if c.configuration.settings_label == "threads=2")
+    spec = (out / Path(fixed["threads=2"].prepared_onnx).parts[0] / Path(fixed["threads=2"].prepared_onnx).parts[1])
+    assert any('"threads": "2"' in p.read_text() for p in spec.rglob("spec.json")), two.fixes
+    assert results.decision[0].chosen is not None and results.decision[0].chosen.fix, done.stderr
 
 
 def test_diagnosis_follows_tensors_the_fp16_converter_renamed(tmp_path, policy_matrix):

@@ -208,6 +208,19 @@ def test_matrix_toml_rollout_settings_and_progress_per_episode(policy_dir, tmp_p
     assert seen.index("rollout (1/2 episodes)") < seen.index("rollout (2/2 episodes)") < seen.index("latency")
 
 
+def test_summary_behaviour_rows_name_the_candidate_and_settings(policy_dir, tmp_path, policy_matrix):
+    """A candidate or a settings value is another row of the Behaviour table: summary.md names it as the report does,
+    or two 'ort-cpu fp32' rows with returns 500 and 10 leave the reader guessing which model fell over."""
+    _run(policy_matrix, policy_dir / "cartpole.onnx", tmp_path, "--targets", "ort-cpu", "--precisions", "fp32",
+         "--candidate", policy_dir / "cartpole_perturbed.onnx", "--settings", "ort-cpu:threads=1,2",
+         "--env", "CartPole-v1", "--episodes", "1")
+    summary = (tmp_path / "summary.md").read_text()
+    rows = summary[summary.index("### Behaviour"):].split("\n\n")[1].splitlines()[2:]
+    variants = sorted(row.split(" | ")[2] for row in rows)
+    assert variants == ["fp32 · cartpole\\_perturbed.onnx · threads=1", "fp32 · cartpole\\_perturbed.onnx · threads=2",
+                        "fp32 · threads=1", "fp32 · threads=2"], rows
+
+
 def test_two_runs_drive_the_same_episodes(policy_dir, tmp_path, policy_matrix):
     args = ("--targets", "ort-cpu", "--precisions", "fp32", "--env", "Pendulum-v1", "--episodes", "2", "--seed", "7")
     first = _run(policy_matrix, policy_dir / "pendulum.onnx", tmp_path / "a", *args)["cells"][0]["rollout"]["episodes"]

@@ -44,16 +44,21 @@ class AssistContext:
 def after_cells(results: RunResults, context: AssistContext, diagnose_cells: bool, assist: bool, console: Console) -> None:
     for cell in results.cells:
         _explain(cell, context.model)
-    # Diagnosis and preparations rerun the first model with default settings (the context's template):
-    # only its own default-settings cells are what they would explain. The --source column is the
-    # training framework, not a runtime: no graph preparation changes what it computes.
-    plain = [c for c in results.cells if c.configuration.first_model_with_defaults and c.target != SOURCE_TARGET]
+    # Diagnosis and preparations rerun the first model (the context's): a candidate's cells are not what
+    # they would explain. Diagnosis runs with default settings; a fix attempt with its cell's own. The
+    # --source column is the training framework, not a runtime: no graph preparation changes what it computes.
+    runtime_cells = [c for c in results.cells if c.target != SOURCE_TARGET]
     if diagnose_cells:
-        for cell in [c for c in plain if diagnose.wants_diagnosis(c)]:
+        for cell in [c for c in runtime_cells if c.configuration.first_model_with_defaults and diagnose.wants_diagnosis(c)]:
             _diagnose(cell, context, console)
     if assist:
-        for cell in [c for c in plain if preparations.wants_fixes(c)]:
+        for cell in [c for c in runtime_cells if _first_model_as_exported(cell) and preparations.wants_fixes(c)]:
             _fix(cell, context, console)
+
+
+def _first_model_as_exported(cell: Cell) -> bool:
+    configuration = cell.configuration
+    return not (configuration.candidate or configuration.preparation or configuration.device)
 
 
 def _explain(cell: Cell, model: ModelInfo) -> None:
@@ -83,9 +88,9 @@ def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
 
 
 def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
-    console.print(f"[bold]assist[/]: {cell.target} {cell.variant}: trying graph preparations")
+    console.print(f"[bold]assist[/]: {cell.configuration.label}: trying graph preparations")
     target = registry.get(cell.target)
-    folder = context.out / "fixes" / _slug(f"{cell.host}-{cell.target}-{cell.variant}")
+    folder = context.out / "fixes" / _slug("-".join(part for part in (cell.host, cell.target, cell.variant, cell.configuration.settings_label) if part))
 
     try:
         env = context.env_for(target)

@@ -440,8 +440,9 @@ def _attempt(cell, info, template, judge, folder, report_root, env, limits: guar
     except Exception as error:  # the tool made an unusable graph: its problem, not the runtime's
         attempt.reasons = [f"the prepared graph is unusable: {error_line(error, 400)}"]
         return attempt
-    if prepared.keep_fp32 and cell.variant in paths:  # the fix is the variant file itself
+    if cell.variant != "fp32" and cell.variant in paths:  # what the runtime ran: that precision's file, made from the graph
         attempt.prepared_onnx = str(paths[cell.variant].relative_to(report_root))
+    attempt.size_bytes = (report_root / attempt.prepared_onnx).stat().st_size
     batch = prepared.fixed_batch
     spec = template.for_cell(
         cell.configuration, onnx_variants={k: str(v) for k, v in paths.items()},
@@ -453,7 +454,7 @@ def _attempt(cell, info, template, judge, folder, report_root, env, limits: guar
     judged = judge(outcome, cell, dc_replace(info, inputs=prepared_info.inputs))
     attempt.verdict, attempt.reasons, attempt.drift = judged.verdict, judged.reasons, judged.max_drift
     if judged.latency:
-        attempt.p50_us, attempt.batch = judged.latency[0].p50_us, judged.latency[0].batch
+        attempt.p50_us, attempt.p99_us, attempt.batch = judged.latency[0].p50_us, judged.latency[0].p99_us, judged.latency[0].batch
     attempt.emulated = bool(judged.backend and judged.backend.emulated)
     return attempt
 

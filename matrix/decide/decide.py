@@ -176,7 +176,8 @@ def _fixed_choice(cell: Cell, fix: FixAttempt, budgets: list[Budget]) -> Decisio
     """A configuration that passes only after a graph preparation (--assist): it can ship, as that fix."""
     choice = DecisionChoice(
         candidate=cell.candidate, variant=cell.variant, settings=cell.settings, verdict=fix.verdict, batch=fix.batch,
-        p50_us=fix.p50_us, drift=fix.drift, emulated=fix.emulated, fix=fix.preparation, prepared_onnx=fix.prepared_onnx,
+        p50_us=fix.p50_us, p99_us=fix.p99_us, drift=fix.drift, emulated=fix.emulated, fix=fix.preparation, prepared_onnx=fix.prepared_onnx,
+        size_bytes=fix.size_bytes,
     )
     choice.misses = [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
     return choice
@@ -417,7 +418,7 @@ def headline(decision: Decision, model_name: str) -> str:
     if decision.closest:
         nothing = "nothing meets the budget" if decision.budgets else "nothing passes"
         hint = "" if decision.budgets else " (try --assist)"
-        return (f"{nothing}; closest: {configuration(decision.closest, model_name)} "
+        return (f"{nothing}; closest: {shipped_as(decision.closest, model_name)} "
                 f"({'; '.join(decision.closest.misses)}){hint}")
     return "nothing measured"
 

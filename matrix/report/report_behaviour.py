@@ -102,6 +102,7 @@ def summary_lines(results: RunResults) -> list[str]:
     for cell in cells:
         r = cell.rollout
         interval = f"[{r.return_delta_low:+.4g}, {r.return_delta_high:+.4g}]" if r.return_delta_low is not None else "–"
-        lines.append(f"| {cell.host} | {cell.target} | {cell.variant} | {r.mean_return:.4g} | {r.return_delta_rel:+.2%} "
+        variant = " · ".join(part for part in (cell.variant, cell.configuration.axes) if part)  # as the report's row
+        lines.append(f"| {cell.host} | {cell.target} | {md(variant)} | {r.mean_return:.4g} | {r.return_delta_rel:+.2%} "
                      f"| {interval} | {divergence_summary(cell)} |")
     return lines + [""]
