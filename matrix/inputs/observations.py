@@ -103,14 +103,20 @@ def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path, finit
     return array
 
 
+def first_non_finite(array: np.ndarray) -> tuple[int, ...] | None:
+    """Where the first NaN or infinity of a float array is (None: all finite, or no floats)."""
+    if array.dtype.kind != "f":
+        return None
+    bad = np.argwhere(~np.isfinite(array))
+    return tuple(int(i) for i in bad[0]) if bad.size else None
+
+
 def _check_finite(array: np.ndarray, spec: TensorSpec, axis: int | None, path: Path) -> None:
     """A NaN or an infinity in a policy's recorded observation is no state: every cell would FAIL 'finite outputs'
     on the action it makes (which must be finite), the runtime blamed for the file."""
-    if array.dtype.kind != "f":
-        return
-    bad = np.argwhere(~np.isfinite(array))
-    if bad.size:
-        where = f" at row {int(bad[0][axis])}" if axis is not None else ""
+    bad = first_non_finite(array)
+    if bad is not None:
+        where = f" at row {bad[axis]}" if axis is not None else ""
         raise InputError(f"{path}: {spec.name!r} holds a non-finite value{where} (as {array.dtype}): observations "
                          "must be finite")
 

@@ -37,7 +37,7 @@ from .. import userfiles, validated
 from ..errors import InputError
 from ..inputs.batch_axes import batch_dim, without_batch
 from ..inputs.model import ModelInfo, TensorSpec
-from ..inputs.observations import Feeds
+from ..inputs.observations import Feeds, first_non_finite
 from ..judge.rules import RETURN_FLOOR
 
 Step = Callable[[Feeds], Feeds]
@@ -342,9 +342,8 @@ def load_trajectory(path: Path, plan: RolloutPlan, limit_bytes: int | None = Non
     with np.errstate(over="ignore"):  # a value beyond the input's dtype becomes inf: refused below
         steps = recorded.reshape([len(recorded), *plan.obs_shape]).astype(plan.obs_dtype)
     for values in (recorded, steps):  # as --obs: no state, and every cell would FAIL on it
-        if values.dtype.kind == "f" and not np.isfinite(values).all():
-            step = int(np.argwhere(~np.isfinite(values))[0][0])
-            raise InputError(f"{path}: holds a non-finite value at step {step} (as {values.dtype}): observations must be finite")
+        if (bad := first_non_finite(values)) is not None:
+            raise InputError(f"{path}: holds a non-finite value at step {bad[0]} (as {values.dtype}): observations must be finite")
     return steps
 
 
