@@ -126,6 +126,15 @@ def test_an_absolute_return_tolerance_is_in_return_units_and_one_episode_has_no_
     assert _judged(_rollout([-290.0], [-300.0]), ReturnTolerance(5.0, relative=False))[0] == "PASS"
 
 
+@pytest.mark.parametrize("reference", [9.37, 0.0, -1500.0])
+def test_one_episode_worse_by_float_noise_is_the_same_return_and_a_real_loss_still_warns(reference):
+    """--episodes 1, a return -1.8e-08 from the reference's (float32 rewards of near-identical states) WARNed
+    'cannot rule out worse': the tool's verdict, not the runtime's. Within 1e-5 of max(|reference|, 1): equal."""
+    assert _judged(_rollout([reference - 1.8e-08], [reference]))[0] == "PASS"
+    verdict, reasons = _judged(_rollout([reference - 0.02 * max(abs(reference), 1)], [reference]))
+    assert verdict == "WARN" and "one episode: no interval" in reasons[0]
+
+
 # --- one fallback rule -----------------------------------------------------------------------------
 
 def _tflite_rows_all_builtin() -> list[PlacementRow]:
