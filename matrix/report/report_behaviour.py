@@ -103,6 +103,6 @@ def summary_lines(results: RunResults) -> list[str]:
         r = cell.rollout
         interval = f"[{r.return_delta_low:+.4g}, {r.return_delta_high:+.4g}]" if r.return_delta_low is not None else "–"
         variant = " · ".join(part for part in (cell.variant, cell.configuration.axes) if part)  # as the report's row
-        lines.append(f"| {cell.host} | {cell.target} | {md(variant)} | {r.mean_return:.4g} | {r.return_delta_rel:+.2%} "
+        lines.append(f"| {md(cell.host)} | {md(cell.target)} | {md(variant)} | {r.mean_return:.4g} | {r.return_delta_rel:+.2%} "
                      f"| {interval} | {divergence_summary(cell)} |")
     return lines + [""]

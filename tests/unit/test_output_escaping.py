@@ -6,10 +6,13 @@ from __future__ import annotations
 import csv
 import xml.etree.ElementTree as ET
 
+from markdown_it import MarkdownIt
 from saved import FIXTURES
 
 from matrix import results as schema
+from matrix.report import report_behaviour
 from matrix.report.report import write_all
+from matrix.results import EpisodeOutcome, Rollout
 
 FORMULA = '=HYPERLINK("http://attacker.example","x")'
 
@@ -55,3 +58,18 @@ def test_terminal_controls_from_a_model_reach_no_reader(tmp_path, policy_matrix)
                                                    for name in ("summary.md", "results.csv", "index.html", "junit.xml")}}
     for reader, text in readers.items():
         assert not ACTING & set(text), reader
+
+
+def test_summary_behaviour_rows_escape_the_host_label():
+    """A host label is the user's text (--host-label, a merged shard's): summary.md's Behaviour table wrote it raw, so
+    its pipe split the row into more columns and its markup rendered (an image, a link)."""
+    shard = schema.load(FIXTURES / "shard_continuous_mlp.json")
+    for cell in shard.cells:
+        cell.host = "ci | runner <img src=x onerror=alert(1)> [link](http://x)"
+        cell.rollout = Rollout(mode="closed-loop", env="Pendulum-v1", mean_return=-300.0, reference_mean_return=-299.0,
+                               return_delta_rel=-0.003, episodes=[EpisodeOutcome(seed=0, episode_return=-300.0, length=200,
+                                                                                  reference_return=-299.0, reference_length=200)])
+    rendered = MarkdownIt("commonmark").enable("table").render("\n".join(report_behaviour.summary_lines(shard)))
+    rows = rendered.split("<tbody>")[1].split("</tr>")[:-1]
+    assert "<img" not in rendered and "<a " not in rendered
+    assert all(row.count("<td>") == 7 for row in rows), rows
