@@ -262,6 +262,9 @@ class Decision(Record):
     quality_bar: str = ""  # what "quality" meant for this target (drift tolerance or return tolerance)
     tie_rule: str = ""  # how equally good configurations were ordered
     not_ready: list[str] = Field(default_factory=list)  # error-level lints: nothing is called shippable while they stand
+    assisted: bool = False  # --assist ran: graph preparations were tried on the run's FAILed cells
+    # what --assist tried on this target, per configuration ("fp16", "fp32 threads=2"), in the order tried
+    fixes_tried: dict[str, list[str]] = Field(default_factory=dict)
     # every configuration considered: those that qualify in rank order (each with why it lost), then those that
     # cannot ship (each with its misses)
     configurations: list[DecisionChoice] = Field(default_factory=list)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from matrix.decide import decide
+from matrix.judge import rules
+from matrix.report import report, report_decision
+from matrix.report.report_text import md
 from matrix.decide.compare import compare
 from matrix.errors import InputError
 from matrix.results import ArtifactInfo, Backend, Cell, FixAttempt, LatencyStats, LintResult, OutputParity, RunResults
@@ -160,3 +163,55 @@ def test_equally_fast_is_judged_by_the_noise_bands_when_the_calls_left_them():
     tight = [banded("fp32", 10.0, 9.9, 10.1, 4000), banded("fp16", 8.0, 7.9, 8.1, 2000)]
     decision = decide.decide_target("h", "t", tight, [], "latency")
     assert decision.chosen.variant == "fp16" and decision.runner_up.lost == "slower: p50 10 µs vs 8 µs"
+
+
+def _failing_results(run_options: dict, fixes: list[FixAttempt], prefer: str = "latency") -> RunResults:
+    cells = [_cell("fp32", 10, 4000, 0.5, verdict="FAIL", reasons=["cannot resolve operator 'ArgMax'"], fixes=fixes),
+             _cell("fp16", 10, 2000, 0.5, verdict="FAIL", reasons=["cannot resolve operator 'ArgMax'"])]
+    results = RunResults(tool_version="t", created="now", model={"name": "m.onnx", "sha256": "x"}, hosts=[],
+                         run_options=run_options, lints=[], cells=cells)
+    results.decision = decide.decide_all(results, [], prefer)
+    return results
+
+
+@pytest.mark.parametrize("run_options, fixes, said", [
+    ({}, [], "(try --assist)"),
+    ({"assist": True}, [], "(--assist tried no graph preparation on these cells)"),
+    ({"assist": True}, [FixAttempt(preparation="simplify", verdict="FAIL"), FixAttempt(preparation="argmax-cut", verdict="SKIP")],
+     "(--assist found no fix: tried on fp32: simplify, argmax-cut)"),
+])
+def test_nothing_passes_says_what_assist_did_in_every_place_the_decision_is_shown(run_options, fixes, said):
+    """'(try --assist)' showed after --assist had run and found nothing: the console line, summary.md's ship table and
+    the report's ship table all read decide.headline, which now knows whether it ran and what it tried."""
+    results = _failing_results(run_options, fixes)
+    (line,) = decide.summary_lines(results)
+    (decision,) = results.decision
+    assert line.endswith(said) and ("try --assist" in line) == (not run_options)
+    assert md(said) in "\n".join(report._ship_table_markdown(results))
+    assert report_decision.context(results)["headline"](decision).endswith(said)
+
+
+@pytest.mark.parametrize("prefer, measure", [("latency", "the fastest p50"), ("size", "the smallest file"),
+                                             ("accuracy", "the closest to the reference")])
+def test_summary_md_and_the_report_say_the_order_prefer_asked_for(prefer, measure):
+    """summary.md's 'Order:' line spoke of p50s under --prefer size while the report named size: one sentence now."""
+    results = _failing_results({}, [], prefer)
+    results.cells[1].verdict = "PASS"
+    results.decision = decide.decide_all(results, [], prefer)
+    order = decide.order_line(results.decision[0])
+    assert f"by {prefer} (--prefer): " in order and measure in order
+    assert ("fastest p50" in order) == (prefer == "latency") and "ties go to the simpler configuration" in order
+    assert f"{md(order)}." in report._ship_table_markdown(results)
+    assert report_decision.context(results)["order_line"](results.decision[0]) == order
+
+
+def test_under_env_a_fix_says_it_was_judged_on_drift():
+    """--assist drives no episodes for a fix: with --env its row and the quality bar say what it was judged on,
+    since the bar otherwise names the paired return."""
+    fix = FixAttempt(preparation="simplify", verdict="PASS", drift=1e-7, p50_us=900, batch=1, prepared_onnx="fixes/p.onnx")
+    failing = _cell("fp32", 10, 4000, 0.5, verdict="FAIL", reasons=["cannot resolve operator 'Min'"], fixes=[fix])
+    decision = decide.decide_target("h", "t", [failing], [], "latency", behaviour=True, assisted=True)
+    assert decision.chosen.flags == [rules.FIX_JUDGED_ON] and rules.FIX_JUDGED_ON in decide.headline(decision, "m.onnx")
+    assert decision.quality_bar.endswith(f"a fix --assist found: {rules.FIX_JUDGED_ON}")
+    plain = decide.decide_target("h", "t", [failing], [], "latency", behaviour=False, assisted=True)
+    assert not plain.chosen.flags and "return" not in plain.quality_bar

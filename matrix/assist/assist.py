@@ -23,6 +23,7 @@ import targets as registry
 from ..run import cells, guarded
 from . import diagnose, preparations
 from .. import messages
+from ..judge import rules
 from ..judge.judge import Evidence, Judge
 from ..inputs.model import ModelInfo
 from ..run.protocol import CellInputs
@@ -54,6 +55,7 @@ def after_cells(results: RunResults, context: AssistContext, diagnose_cells: boo
     if assist:
         for cell in [c for c in runtime_cells if _first_model_as_exported(cell) and preparations.wants_fixes(c)]:
             _fix(cell, context, console)
+        results.run_options["assist"] = True  # the decision then says what it found, never "try --assist"
 
 
 def _first_model_as_exported(cell: Cell) -> bool:
@@ -101,7 +103,8 @@ def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
         return
     fixed = next((f for f in cell.fixes if f.verdict in preparations.FIXED), None)
     if fixed:
-        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx})")
+        judged_on = f"; {rules.FIX_JUDGED_ON}" if context.template.rollout else ""
+        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx}{judged_on})")
 
 
 def fix_judge(context: AssistContext, predicts: bool):

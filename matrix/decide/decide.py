@@ -11,8 +11,8 @@ needing no preparation first, then a PASS before a WARN), `--prefer` orders:
 latency, size or accuracy. Latency is compared with its noise: p50s whose
 noise bands (matrix/judge/noise.py) do not show a difference beyond SAME_SPEED count
 as equally fast, a p99 above TAIL_FACTOR times the best cannot
-win, and equals go to the simpler configuration (TIE_RULE). Emulated adapters'
-latency never decides. Every configuration leaves with its outcome: why it
+win, and equals go to the simpler configuration (order_rule says it all, for the
+report and summary.md alike). Emulated adapters' latency never decides. Every configuration leaves with its outcome: why it
 ships, why it lost to the one ranked above it, or what it misses.
 """
 
@@ -36,9 +36,14 @@ SAME_SPEED = 0.10  # p50s within 10% of the fastest count as equally fast
 TAIL_FACTOR = 3.0  # a p99 more than 3x the best qualifying p99 cannot win on latency
 QUALIFIES = ("PASS", "WARN")
 VARIANT_ORDER = {"fp32": 0, "fp16": 1, "int8": 2}  # simpler first: the tie-break after speed
-TIE_RULE = (f"equally fast: p50s whose noise bands (95% bootstrap) cannot tell them apart beyond {SAME_SPEED:.0%}; a p99 more than {TAIL_FACTOR:g}x the best "
-            "cannot win on latency; ties go to the simpler configuration: no graph preparation, the first model before "
-            "a candidate, fp32 before fp16 before int8, fewer threads, default settings")
+TIE_RULE = ("ties go to the simpler configuration: no graph preparation, the first model before a candidate, fp32 before "
+            "fp16 before int8, fewer threads, default settings")
+_MEASURE = {  # what --prefer weighs, in the order _best applies it
+    "latency": (f"the fastest p50 at the smallest timed batch (p50s whose noise bands, 95% bootstrap, cannot tell them "
+                f"apart beyond {SAME_SPEED:.0%} are equally fast; a p99 more than {TAIL_FACTOR:g}x the best cannot win)"),
+    "size": "the smallest file",
+    "accuracy": "the closest to the reference (|return delta| where episodes ran, else drift, else disagreement)",
+}
 _LATENCY_UNITS = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 _SIZE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _AMOUNT = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[-+]?\d+)?)\s*([a-zµ]*)\s*$", re.IGNORECASE)
@@ -123,20 +128,22 @@ def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latenc
         if cell.verdict != "SKIP" and cell.predicts and cell.target != "source":  # the training framework is not shipped
             by_target[(cell.host, cell.target)].append(cell)
     behaviour = "rollout" in results.run_options
+    assisted = bool(results.run_options.get("assist"))
     not_ready = [f"{lint.id}: {lint.message}" for lint in results.lints if lint.level == "error"]
-    return [decide_target(host, target, cells, [b for b in budgets if b.applies_to(target)], prefer, behaviour, not_ready)
+    return [decide_target(host, target, cells, [b for b in budgets if b.applies_to(target)], prefer, behaviour, not_ready,
+                          assisted)
             for (host, target), cells in sorted(by_target.items())]
 
 
 def decide_target(host: str, target: str, cells: list[Cell], budgets: list[Budget], prefer: str,
-                  behaviour: bool = False, not_ready: list[str] | None = None) -> Decision:
+                  behaviour: bool = False, not_ready: list[str] | None = None, assisted: bool = False) -> Decision:
     choices = [_choice(cell, budgets) for cell in cells]
-    choices += [_fixed_choice(cell, fix, budgets) for cell in cells for fix in cell.fixes if fix.verdict in QUALIFIES]
+    choices += [_fixed_choice(cell, fix, budgets, behaviour) for cell in cells for fix in cell.fixes if fix.verdict in QUALIFIES]
     _flag_larger_than_fp32(choices)
     ranked = _ranked([c for c in choices if not c.misses], prefer)
     decision = Decision(host=host, target=target, prefer=prefer, budgets=[b.describe() for b in budgets],
-                        considered=len(choices), quality_bar=_quality_bar(behaviour), tie_rule=TIE_RULE,
-                        not_ready=list(not_ready or []))
+                        considered=len(choices), quality_bar=_quality_bar(behaviour, assisted), tie_rule=order_rule(prefer),
+                        not_ready=list(not_ready or []), assisted=assisted, fixes_tried=_fixes_tried(cells))
     if ranked:
         decision.chosen = ranked[0]
         decision.runner_up = ranked[1] if len(ranked) > 1 else None
@@ -146,10 +153,32 @@ def decide_target(host: str, target: str, cells: list[Cell], budgets: list[Budge
     return decision
 
 
-def _quality_bar(behaviour: bool) -> str:
+def _fixes_tried(cells: list[Cell]) -> dict[str, list[str]]:
+    """What --assist tried, per configuration: the words "found no fix" name them."""
+    tried: dict[str, list[str]] = {}
+    for cell in (c for c in cells if c.fixes):
+        label = " ".join(part for part in (cell.variant, cell.configuration.settings_label) if part)
+        names = tried.setdefault(label, [])
+        names += [fix.preparation for fix in cell.fixes if fix.preparation not in names]
+    return tried
+
+
+def order_rule(prefer: str) -> str:
+    """How the configurations that qualify are ordered under `--prefer`: recorded as Decision.tie_rule."""
+    return (f"a configuration needing no graph preparation (--assist) before one that does, a PASS before a WARN, "
+            f"then {_MEASURE[prefer]}; {TIE_RULE}")
+
+
+def order_line(decision: Decision) -> str:
+    """The order as a sentence, one source for the report's note and summary.md's "Order:" line."""
+    return f"Order among those that qualify, by {decision.prefer} (--prefer): {decision.tie_rule}"
+
+
+def _quality_bar(behaviour: bool, assisted: bool = False) -> str:
     if behaviour:
+        fixes = f"; a fix --assist found: {rules.FIX_JUDGED_ON}" if assisted else ""
         return ("the paired return difference against the first model's float64 reference within the return tolerance "
-                "(single-step drift is shown, not judged) and the action contract")
+                f"(single-step drift is shown, not judged) and the action contract{fixes}")
     return "the drift tolerance against the first model's float64 reference and the action contract (behaviour not measured: no --env)"
 
 
@@ -172,14 +201,17 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
     return choice
 
 
-def _fixed_choice(cell: Cell, fix: FixAttempt, budgets: list[Budget]) -> DecisionChoice:
-    """A configuration that passes only after a graph preparation (--assist): it can ship, as that fix."""
+def _fixed_choice(cell: Cell, fix: FixAttempt, budgets: list[Budget], behaviour: bool = False) -> DecisionChoice:
+    """A configuration that passes only after a graph preparation (--assist): it can ship, as that fix. Under
+    --env it was judged on drift, not on a return (rules.FIX_JUDGED_ON): its row says so."""
     choice = DecisionChoice(
         candidate=cell.candidate, variant=cell.variant, settings=cell.settings, verdict=fix.verdict, batch=fix.batch,
         p50_us=fix.p50_us, p99_us=fix.p99_us, drift=fix.drift, emulated=fix.emulated, fix=fix.preparation, prepared_onnx=fix.prepared_onnx,
         size_bytes=fix.size_bytes,
     )
     choice.misses = [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
+    if behaviour:
+        choice.flags.append(rules.FIX_JUDGED_ON)
     return choice
 
 
@@ -417,10 +449,18 @@ def headline(decision: Decision, model_name: str) -> str:
         return f"not deployment-ready ({'; '.join(decision.not_ready)}); best measured: {line}" if decision.not_ready else line
     if decision.closest:
         nothing = "nothing meets the budget" if decision.budgets else "nothing passes"
-        hint = "" if decision.budgets else " (try --assist)"
+        hint = "" if decision.budgets else f" ({assist_hint(decision)})"
         return (f"{nothing}; closest: {shipped_as(decision.closest, model_name)} "
                 f"({'; '.join(decision.closest.misses)}){hint}")
     return "nothing measured"
+
+
+def assist_hint(decision: Decision) -> str:
+    """What --assist can still do when nothing passes: try it, or what it tried and found no fix in."""
+    if decision.fixes_tried:
+        tried = "; ".join(f"on {label}: {', '.join(names)}" for label, names in decision.fixes_tried.items())
+        return f"--assist found no fix: tried {tried}"
+    return "--assist tried no graph preparation on these cells" if decision.assisted else "try --assist"
 
 
 def runner_up_line(decision: Decision, model_name: str) -> str:

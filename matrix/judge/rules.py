@@ -113,6 +113,12 @@ def _normalise(key: str) -> str:
     return f"*:{key}" if key in DEFAULT_TOLERANCE else f"{key}:*"
 
 
+# Under --env, a fix attempt (--assist) runs the prepared graph on the run's observations (the states the reference
+# visited) and drives no episodes: an ArgMax head cut leaves the argmax to the host, which the worker's episode loop
+# does not do, and every attempt would cost a whole cell's episodes. Its words, wherever a fix is shown:
+FIX_JUDGED_ON = "judged on drift, not on return: --assist drives no episodes"
+
+
 @dataclass(frozen=True)
 class ReturnTolerance:
     """How much worse a cell's mean return may be than the reference's: relative (default) or absolute."""

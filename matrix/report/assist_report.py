@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from .report_behaviour import figure_svg, pyplot
+from ..judge import rules
 from ..results import Diagnosis, RunResults
 
 BEFORE, DIVERGED, AFTER = "#9aa0a6", "#d64545", "#e8a0a0"
@@ -16,7 +17,8 @@ def context(results: RunResults) -> dict:
         return {"node_charts": charts}
     from ..assist.preparations import DEPLOYMENT_BATCH  # onnx and onnxruntime come with it: only for a Fixes section
 
-    return {"node_charts": charts, "deployment_batch": DEPLOYMENT_BATCH}
+    judged_on = rules.FIX_JUDGED_ON if "rollout" in results.run_options else ""
+    return {"node_charts": charts, "deployment_batch": DEPLOYMENT_BATCH, "judged_on": judged_on}
 
 
 def node_drift_chart(diagnosis: Diagnosis) -> str:

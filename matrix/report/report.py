@@ -379,7 +379,7 @@ def _ship_table_markdown(results: RunResults) -> list[str]:
                      f"| {size} | {md(chosen.why)} |")
         if decision.runner_up:
             lines.append(f"| | ↳ {md(decide.runner_up_line(decision, name))} | | | | | |")
-    return lines + ["", f"Order: {md(results.decision[0].tie_rule)}.", ""]
+    return lines + ["", f"{md(decide.order_line(results.decision[0]))}.", ""]
 
 
 def _md_cell(cell: Cell | None) -> str:

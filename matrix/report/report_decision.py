@@ -29,6 +29,7 @@ def context(results: RunResults) -> dict:
         "shipped_as": lambda choice: decide.shipped_as(choice, name),
         "headline": lambda decision: decide.headline(decision, name),
         "runner_up_line": lambda decision: decide.runner_up_line(decision, name),
+        "order_line": decide.order_line,
         "evidence": decide.evidence,
         "size_text": decide.size_text,
         "return_delta_text": decide.return_delta_text,
