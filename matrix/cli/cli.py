@@ -30,7 +30,7 @@ from ..frameworks.command import frameworks as frameworks_command
     "Environment: POLICY_MATRIX_CACHE sets where converted artifacts and converter environments are kept "
     "(default ~/.cache/policy-matrix, or $XDG_CACHE_HOME/policy-matrix)."))
 @click.version_option(__version__, prog_name="policy-matrix")
-@click.option("-q", "--quiet", "quiet", count=True, help="Only errors (no progress, no tally).")
+@click.option("-q", "--quiet", "quiet", count=True, help="Only errors (no progress, no tally) and, on exit 1, the one line saying why.")
 @click.option("-v", "--verbose", "verbose", count=True, help="More detail (each cell's reason; setup steps already done).")
 def app(quiet: int, verbose: int) -> None:
     """Run one exported policy on every runtime it ships on: parity drift against a
@@ -242,10 +242,21 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: boo
     if own_run and results.interrupted is not None:
         sys.exit(143 if results.interrupted.signal == "SIGTERM" else 130)
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "skip": ("FAIL", "SKIP"), "never": ()}[fail_on]
-    failed = any(c.verdict in threshold for c in results.cells)
+    failed = [c.verdict for c in results.cells if c.verdict in threshold]
     for name in results.required_not_run:  # an error: said even under -q, which silences the console
         print(f"policy-matrix: required target {name} did not run (every cell SKIPped)", file=sys.stderr)
+    if failed or results.regressions:  # why the exit code is 1, said even under -q
+        print(f"policy-matrix: exit 1: {_exit_reason(failed, len(results.regressions), fail_on)}", file=sys.stderr)
     sys.exit(1 if failed or results.regressions or results.required_not_run else 0)
+
+
+def _exit_reason(failed: list[str], regressions: int, fail_on: str) -> str:
+    """e.g. "2 cells FAIL, 1 WARN (--fail-on warn); 1 regression against the baseline"."""
+    verdicts = ", ".join(f"{failed.count(v)} {v}" for v in dict.fromkeys(failed))
+    parts = [f"{len(failed)} cell{'s' if len(failed) != 1 else ''}: {verdicts} (--fail-on {fail_on})"] if failed else []
+    if regressions:
+        parts.append(f"{regressions} regression{'s' if regressions != 1 else ''} against the baseline")
+    return "; ".join(parts)
 
 
 def _print_regressions(found) -> None:
