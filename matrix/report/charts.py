@@ -14,6 +14,7 @@ hold host labels and runtime messages, which are untrusted.
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
@@ -100,14 +101,31 @@ def _decades(values: list[float]) -> tuple[int, int]:
     return low, max(high, low + 1)
 
 
+def display_width(text: str) -> int:
+    """Width in narrow characters: an East Asian wide or fullwidth one (CJK, kana, most emoji) is a full em,
+    about two narrow ones (a 12 px CJK glyph is 12 px; a narrow one at most ~7)."""
+    return sum(2 if unicodedata.east_asian_width(char) in "WF" else 1 for char in text)
+
+
 def _fitted(label: str) -> str:
     """A row label that fits left of the plot: a longer one (a CI runner's host label) keeps its start and its
     end (the host's first characters, the target and variant) around an ellipsis, instead of running off the
-    chart's left edge."""
-    if len(label) <= LABEL_CHARS:
+    chart's left edge. Measured in display width: 34 CJK letters are twice as wide as 34 Latin ones."""
+    if display_width(label) <= LABEL_CHARS:
         return label
-    head = LABEL_CHARS // 3
-    return f"{label[:head]}…{label[-(LABEL_CHARS - head - 1):]}"
+    head = _widest_prefix(label, LABEL_CHARS // 3)
+    tail = _widest_prefix(label[::-1], LABEL_CHARS - display_width(head) - 1)[::-1]
+    return f"{head}…{tail}"
+
+
+def _widest_prefix(text: str, width: int) -> str:
+    """The longest start of `text` whose display width is at most `width`."""
+    taken = 0
+    for end, char in enumerate(text):
+        taken += display_width(char)
+        if taken > width:
+            return text[:end]
+    return text
 
 
 def _row(row: Row, y: float, axis: _LogAxis, index: int) -> list[str]:

@@ -11,6 +11,7 @@ import math
 
 from markupsafe import Markup, escape
 
+from . import charts
 from ..decide import decide
 from ..results import Cell, RunResults
 
@@ -93,7 +94,7 @@ def scatter(cells: list[Cell], decision, behaviour: bool, model_name: str) -> Ma
         parts.append(f'<circle class="point" cx="{_px(xs, x):.1f}" cy="{_py(ys, y):.1f}" r="{radius}" {fill}>'
                      f"<title>{escape(title)}</title></circle>")
         label = _point_label(cell)
-        if labels.claim(_px(xs, x) + radius + 3, _py(ys, y) + 4, len(label)):  # overlapping labels are left to the hover
+        if labels.claim(_px(xs, x) + radius + 3, _py(ys, y) + 4, charts.display_width(label)):  # overlapping labels are left to the hover
             texts.append(f'<text class="point-label" x="{_px(xs, x) + radius + 3:.1f}" y="{_py(ys, y) + 4:.1f}" '
                          f'fill="#1d2330">{escape(label)}</text>')
     parts += texts  # labels over every dot, not under the next one
@@ -106,13 +107,15 @@ def _is_chosen(cell: Cell, chosen) -> bool:
 
 
 class _LabelSpace:
-    """Where labels already sit (11 px text, ~6 px a character): a label that would overlap one is not drawn."""
+    """Where labels already sit (11 px text, ~6 px a narrow character, a wide one two): a label that would overlap
+    one is not drawn."""
 
     def __init__(self):
         self.boxes: list[tuple[float, float, float, float]] = []
 
-    def claim(self, x: float, y: float, characters: int) -> bool:
-        box = (x, y - 11, x + 6 * characters, y + 2)
+    def claim(self, x: float, y: float, width: int) -> bool:
+        """`width`: the label's display width in narrow characters (charts.display_width)."""
+        box = (x, y - 11, x + 6 * width, y + 2)
         if any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in self.boxes):
             return False
         self.boxes.append(box)
