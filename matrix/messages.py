@@ -60,7 +60,7 @@ class KnownMessage:
 KNOWN: tuple[KnownMessage, ...] = (
     KnownMessage(("ort-web-webgl",), re.compile(r"cannot resolve operator '(?P<op>\w+)'"),
                  "onnxruntime-web's WebGL backend has no {op} kernel and no CPU fallback, so the session fails "
-                 "(try --assist: simplification folds shape ops, Min/Max -> Clip, the ArgMax head cut)", _by_op("op")),
+                 "(--assist's preparations remove such ops: simplification folds shape ops, Min/Max -> Clip, the ArgMax head cut)", _by_op("op")),
     KnownMessage(("ort-web-webgl",), re.compile(r"Invalid input shape of C"),
                  "WebGL's Gemm cannot broadcast this bias (input C): a rank-0 bias, as jax2onnx exports it, "
                  "needs rank 1 (the gemm-bias-rank1 rewrite)", _gemm_rank0_bias),

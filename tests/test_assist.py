@@ -255,6 +255,22 @@ def test_assist_tries_fixes_on_every_settings_value_each_under_its_own_settings(
     assert results.decision[0].chosen is not None and results.decision[0].chosen.fix, done.stderr
 
 
+def test_assist_that_finds_no_fix_says_what_it_tried_where_it_said_try_assist(tmp_path, policy_matrix):
+    """No preparation changes an fp16 cell's rounding: --assist ran and found nothing, yet the decision still said
+    '(try --assist)'. It now names what it tried, on the console, in summary.md (ship table and the cell's Why) and
+    the report."""
+    out = tmp_path / "report"
+    done = policy_matrix(["run", examples.path("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp16",
+                          "--tolerance", "ort-cpu:fp16=1e-12,rtol=0", "--assist", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    tried = ", ".join(fix.preparation for fix in schema.load(out / "results.json").cells[0].fixes)
+    said = f"(--assist found no fix: tried on fp16: {tried})"
+    summary = (out / "summary.md").read_text()
+    assert tried and "try --assist" not in done.stderr + summary, done.stderr
+    assert done.stderr.count(said) == 1 and f"fix: none found by --assist (tried: {tried})" in summary
+    assert said in (out / "index.html").read_text()
+
+
 def test_diagnosis_follows_tensors_the_fp16_converter_renamed(tmp_path, policy_matrix):
     """onnxconverter-common wraps the Min/Max clip in Casts and renames its outputs, leaving stale
     value_info behind: the diagnosis must still run and compare those nodes under their original names."""

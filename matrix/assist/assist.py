@@ -105,6 +105,10 @@ def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
     if fixed:
         judged_on = f"; {rules.FIX_JUDGED_ON}" if context.template.rollout else ""
         cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx}{judged_on})")
+    elif cell.fixes:
+        cell.reasons.append(f"fix: none found by --assist (tried: {', '.join(f.preparation for f in cell.fixes)})")
+    else:
+        cell.reasons.append("fix: none found by --assist (no graph preparation applies to this graph)")
 
 
 def fix_judge(context: AssistContext, predicts: bool):

@@ -160,7 +160,7 @@ def target_verdict(cell) -> TargetVerdict:
 def _cause(reasons: list[str]) -> str:
     chosen = next((r for r in reasons if r.startswith("cause:")), None) or next(
         (r for r in reasons if not r.startswith("synthetic inputs")), reasons[0] if reasons else "")
-    return _short(chosen.removeprefix("cause: ").split(" (try --assist")[0])  # the fixes column says what helped
+    return _short(chosen.removeprefix("cause: ").split(" (--assist's preparations")[0])  # the fixes column says what helped
 
 
 def _short(text: str) -> str:
