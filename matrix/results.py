@@ -260,7 +260,7 @@ class Decision(Record):
     closest: DecisionChoice | None = None  # when nothing meets the budget: what came nearest, and why it misses
     considered: int = 0
     quality_bar: str = ""  # what "quality" meant for this target (drift tolerance or return tolerance)
-    tie_rule: str = ""  # how equally good configurations were ordered
+    tie_rule: str = ""  # how those that qualify were ordered under `prefer`, ties included (decide.order_rule)
     not_ready: list[str] = Field(default_factory=list)  # error-level lints: nothing is called shippable while they stand
     assisted: bool = False  # --assist ran: graph preparations were tried on the run's FAILed cells
     # what --assist tried on this target, per configuration ("fp16", "fp32 threads=2"), in the order tried
