@@ -511,7 +511,7 @@ def test_a_node_name_that_reads_as_console_markup_is_shown_as_written(tmp_path, 
     out = tmp_path / "a[" / "]out"  # the last line names the report: a folder's `[/]` is not markup either
     done = policy_matrix([model, "--targets", "ort-cpu", "--variants", "fp32", "--iters", "5", "--out", out])
     assert done.returncode == 1, done.stderr[-2000:]  # the ort-cpu cell FAILs with onnxruntime's words
-    assert done.lines[-1] == f"report: {out / 'index.html'}"
+    assert done.lines[-2:] == [f"report: {out / 'index.html'}", "policy-matrix: exit 1: 1 cell: 1 FAIL (--fail-on fail)"]
     refusal = next(line for line in done.lines if "the development runtime) failed" in line)
     assert "with name 'erf[/]\\x1b[31m'" in refusal, refusal
     assert "\x1b" not in done.stdout + done.stderr
