@@ -192,6 +192,7 @@ def test_cli_drives_cartpole_on_ort_cpu_and_reports_behaviour(policy_dir, tmp_pa
     assert data["cells"][0]["verdict"] == "PASS"
     html = (tmp_path / "index.html").read_text()
     assert 'id="behaviour"' in html and 'id="behaviour-chart"' in html and "never, never, never" in html
+    assert "a return at or above the reference's, or within float noise of it (1e-05 of max(|reference mean|, 1)), never warns" in html
 
 
 def test_matrix_toml_rollout_settings_and_progress_per_episode(policy_dir, tmp_path, policy_matrix):

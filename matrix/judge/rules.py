@@ -45,6 +45,7 @@ RETURN_FLOOR = 1.0  # a relative return tolerance scales max(|reference mean ret
 # A mean paired return difference this small, relative to max(|reference mean return|, RETURN_FLOOR), is float noise
 # (numpy.isclose's default rtol): returns summed from float32 rewards of near-identical states; equal, never worse
 RETURN_NOISE = 1e-5
+RETURN_NOISE_RULE = f"within float noise of it ({RETURN_NOISE:g} of max(|reference mean|, {RETURN_FLOOR:g}))"
 # Stages after the parity run: their failure keeps the parity and contract measured before.
 LATE_STAGE_WARNS = {"placement"}  # reading placement is the tool's extra step (e.g. a profiler), not inference
 SYNTHETIC_INPUTS = "synthetic inputs: drift may come from states the policy never visits; pass --obs or --env"

@@ -31,7 +31,7 @@ from ..errors import printable
 from ..outdir import write_atomic
 from targets.paths import cache_dir
 from ..results import VERDICTS, Cell, LatencyStats, RunResults
-from ..judge.rules import DEFAULT_RTOL, DEFAULT_TOLERANCE
+from ..judge.rules import DEFAULT_RTOL, DEFAULT_TOLERANCE, RETURN_NOISE_RULE
 
 from . import assist_report, report_behaviour, report_decision
 from ..decide import decide
@@ -304,7 +304,8 @@ def render_html(results: RunResults) -> str:
 
 def _behaviour_context(results: RunResults) -> dict:
     return {"cells": report_behaviour.behaviour_cells(results), "svg": report_behaviour.returns_chart(results),
-            "divergence": report_behaviour.divergence_summary, "grid_note": report_behaviour.grid_note}
+            "divergence": report_behaviour.divergence_summary, "grid_note": report_behaviour.grid_note,
+            "return_noise": RETURN_NOISE_RULE}
 
 
 def _report_script() -> str:
