@@ -212,6 +212,6 @@ def test_under_env_a_fix_says_it_was_judged_on_drift():
     failing = _cell("fp32", 10, 4000, 0.5, verdict="FAIL", reasons=["cannot resolve operator 'Min'"], fixes=[fix])
     decision = decide.decide_target("h", "t", [failing], [], "latency", behaviour=True, assisted=True)
     assert decision.chosen.flags == [rules.FIX_JUDGED_ON] and rules.FIX_JUDGED_ON in decide.headline(decision, "m.onnx")
-    assert decision.quality_bar.endswith(f"a fix --assist found: {rules.FIX_JUDGED_ON}")
+    assert decision.quality_bar.endswith(f"a fix from --assist is {rules.FIX_JUDGED_ON}")
     plain = decide.decide_target("h", "t", [failing], [], "latency", behaviour=False, assisted=True)
     assert not plain.chosen.flags and "return" not in plain.quality_bar

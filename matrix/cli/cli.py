@@ -251,7 +251,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: boo
 
 
 def _exit_reason(failed: list[str], regressions: int, fail_on: str) -> str:
-    """e.g. "2 cells FAIL, 1 WARN (--fail-on warn); 1 regression against the baseline"."""
+    """e.g. "3 cells: 2 FAIL, 1 WARN (--fail-on warn); 1 regression against the baseline"."""
     verdicts = ", ".join(f"{failed.count(v)} {v}" for v in dict.fromkeys(failed))
     parts = [f"{len(failed)} cell{'s' if len(failed) != 1 else ''}: {verdicts} (--fail-on {fail_on})"] if failed else []
     if regressions:

@@ -11,9 +11,10 @@ needing no preparation first, then a PASS before a WARN), `--prefer` orders:
 latency, size or accuracy. Latency is compared with its noise: p50s whose
 noise bands (matrix/judge/noise.py) do not show a difference beyond SAME_SPEED count
 as equally fast, a p99 above TAIL_FACTOR times the best cannot
-win, and equals go to the simpler configuration (order_rule says it all, for the
-report and summary.md alike). Emulated adapters' latency never decides. Every configuration leaves with its outcome: why it
-ships, why it lost to the one ranked above it, or what it misses.
+win, and equals go to the simpler configuration (order_rule: the one sentence the
+report and summary.md print). Emulated adapters' latency never decides. Every
+configuration leaves with its outcome: why it ships, why it lost to the one ranked
+above it, or what it misses.
 """
 
 from __future__ import annotations
@@ -174,9 +175,9 @@ def order_line(decision: Decision) -> str:
     return f"Order among those that qualify, by {decision.prefer} (--prefer): {decision.tie_rule}"
 
 
-def _quality_bar(behaviour: bool, assisted: bool = False) -> str:
+def _quality_bar(behaviour: bool, assisted: bool) -> str:
     if behaviour:
-        fixes = f"; a fix --assist found: {rules.FIX_JUDGED_ON}" if assisted else ""
+        fixes = f"; a fix from --assist is {rules.FIX_JUDGED_ON}" if assisted else ""
         return ("the paired return difference against the first model's float64 reference within the return tolerance "
                 f"(single-step drift is shown, not judged) and the action contract{fixes}")
     return "the drift tolerance against the first model's float64 reference and the action contract (behaviour not measured: no --env)"
@@ -201,7 +202,7 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
     return choice
 
 
-def _fixed_choice(cell: Cell, fix: FixAttempt, budgets: list[Budget], behaviour: bool = False) -> DecisionChoice:
+def _fixed_choice(cell: Cell, fix: FixAttempt, budgets: list[Budget], behaviour: bool) -> DecisionChoice:
     """A configuration that passes only after a graph preparation (--assist): it can ship, as that fix. Under
     --env it was judged on drift, not on a return (rules.FIX_JUDGED_ON): its row says so."""
     choice = DecisionChoice(
@@ -449,13 +450,13 @@ def headline(decision: Decision, model_name: str) -> str:
         return f"not deployment-ready ({'; '.join(decision.not_ready)}); best measured: {line}" if decision.not_ready else line
     if decision.closest:
         nothing = "nothing meets the budget" if decision.budgets else "nothing passes"
-        hint = "" if decision.budgets else f" ({assist_hint(decision)})"
+        hint = "" if decision.budgets else f" ({_assist_hint(decision)})"
         return (f"{nothing}; closest: {shipped_as(decision.closest, model_name)} "
                 f"({'; '.join(decision.closest.misses)}){hint}")
     return "nothing measured"
 
 
-def assist_hint(decision: Decision) -> str:
+def _assist_hint(decision: Decision) -> str:
     """What --assist can still do when nothing passes: try it, or what it tried and found no fix in."""
     if decision.fixes_tried:
         tried = "; ".join(f"on {label}: {', '.join(names)}" for label, names in decision.fixes_tried.items())
