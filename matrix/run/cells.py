@@ -195,7 +195,7 @@ class WorkerProcess:
 
     def start_early(self, env: dict, log: Path, target: str, threads: int) -> None:
         """Start the worker before its first cell, starting `target`'s runtime (Target.start_runtime) at once."""
-        self._start_untimed(env, log, ["--serve", target, str(threads)])
+        self._start_untimed(env, log, ("--serve", target, str(threads)))
 
     def _start_untimed(self, env: dict, log: Path, arguments: tuple = ("--serve",)) -> None:
         """A worker's start (its fork, the imports of its entry module) is untimed work like its stages: it waits
@@ -208,7 +208,7 @@ class WorkerProcess:
             self._release()
             raise
 
-    def _start(self, env: dict, log: Path, arguments) -> None:
+    def _start(self, env: dict, log: Path, arguments: tuple) -> None:
         self._stop_process()
         self.env, self.messages = env, queue.Queue()
         with open(log, "w") as first_log:  # until the worker sends its stderr to each cell's own log

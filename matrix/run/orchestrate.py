@@ -372,15 +372,19 @@ class CellWorkers:
             env = self.services.env_for(target)
         except Exception:  # noqa: BLE001 — a service that cannot start fails its cells, with its words, later
             return
-        worker = cells.WorkerProcess(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
+        worker = self._new_worker(items)
         cell_dir = self.config.out / "cells" / configuration.dir_name
         cell_dir.mkdir(parents=True, exist_ok=True)
-        worker.start_early({**os.environ, **env}, cell_dir / LOG_FILE, target.name, self.config.threads)
+        worker.start_early({**os.environ, **env}, cell_dir / LOG_FILE, configuration.target_label, self.config.threads)
         self.early = items, worker
 
     def worker_for(self, items: list[tuple[int, Configuration]]) -> cells.WorkerProcess:
+        """The worker of `items` (one of by_worker's values): the one started early, or a new one, started with its first cell."""
         if self.early is not None and self.early[0] is items:
             return self.early[1]
+        return self._new_worker(items)
+
+    def _new_worker(self, items: list[tuple[int, Configuration]]) -> cells.WorkerProcess:
         return cells.WorkerProcess(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
 
     def stop(self) -> None:
