@@ -1,5 +1,6 @@
 """One cell in a worker process: `python -m matrix.run.worker CELL_DIR`, or the cells of one
-target in turn: `python -m matrix.run.worker --serve` (cell folders on stdin; see serve()).
+target in turn: `python -m matrix.run.worker --serve [TARGET THREADS]` (cell folders on stdin,
+TARGET's runtime started before the first comes; see serve()).
 
 Reads CELL_DIR/spec.json, drives one target through prepare -> open ->
 contract runs -> parity run -> latency -> placement, and leaves what it
