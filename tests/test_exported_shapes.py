@@ -281,9 +281,14 @@ def test_the_coreml_route_names_the_converter_onnx2torch_lacks_without_an_opset_
 def test_the_lstm_actor_fails_on_the_coreml_route_naming_the_missing_converter(exported, tmp_path):
     from targets.base import PrepareContext
 
+    from targets.paths import cache_dir
+
+    # The shared cache, as tests/test_coreml.py's conversions use it: the converter's refusal of these bytes is kept by
+    # content (the model, the pins, the conversion script that writes these words), so it runs again when any of them
+    # changes and costs no torch process (~10 CPU s) when none did; test_coreml's refusal test runs it every session.
     info = model.load(exported["lstm_actor"])
     ctx = PrepareContext(onnx_variants={"fp32": info.path}, calibration=observations.seeded(info, 8, 0),
-                         batch_axes=info.batch_axes, workdir=tmp_path, cache_dir=tmp_path / "cache")
+                         batch_axes=info.batch_axes, workdir=tmp_path, cache_dir=cache_dir())
     with pytest.raises(RuntimeError, match="onnx2torch has no LSTM converter at any opset"):
         targets.get("coreml").prepare(ctx, "fp32")
 
