@@ -290,7 +290,6 @@ def test_the_coreml_route_names_the_converter_onnx2torch_lacks_without_an_opset_
 @pytest.mark.coreml_env
 def test_the_lstm_actor_fails_on_the_coreml_route_naming_the_missing_converter(exported, tmp_path):
     from targets.base import PrepareContext
-
     from targets.paths import cache_dir
 
     # The shared cache, as tests/test_coreml.py's conversions use it: the converter's refusal of these bytes is kept by
