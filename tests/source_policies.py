@@ -5,10 +5,14 @@ Pendulum-shaped actor: `policy.onnx` (built with onnx.helper, as jax2onnx-style 
 write Gemm + Tanh) and `trained_policy.py`, the same network in numpy as the training code
 runs it, with one callable per way the two can differ. Run the CLI with `folder` as the
 current directory so `python:trained_policy:FUNC` imports it, as a user's own module would.
+
+`cached_policies` keeps what a framework's interpreter trained and exported in the cache, made once
+per recipe and interpreter, so a test pays for torch or SB3 only when its script changes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -16,6 +20,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from targets.build_once import build_once
+from targets.paths import cache_dir
 
 OPSET = 17
 HIDDEN = 16
@@ -187,3 +194,18 @@ def sb3_with_sources(folder: Path, python: Path) -> None:
     # SB3's logger makes a folder even when it logs nothing: SB3_LOGDIR keeps it out of /tmp (its default).
     env = {**os.environ, "SB3_LOGDIR": str(folder / "sb3-log")}
     subprocess.run([str(python), "train_export.py"], cwd=folder, check=True, capture_output=True, timeout=900, env=env)
+
+
+def cached_policies(name: str, recipe: str, python: Path, make) -> Path:
+    """A folder of exported policies (read only), made once per recipe (the script's text) and interpreter, whole
+    (build_once), as the cache's converted models are: the tests measure the tool on these files, not the framework's
+    training and export (a torch process importing torch, ~7 s; SB3's training, ~11 s)."""
+    key = hashlib.sha256(f"{recipe}{python.parent.parent}".encode()).hexdigest()[:12]
+    folder = cache_dir() / "test-policies" / f"{name}-{key}"
+
+    def export(staging: Path) -> None:
+        staging.mkdir()
+        make(staging, python)
+
+    build_once(folder, export)
+    return folder

@@ -9,6 +9,7 @@ by batching, feeding, rollouts, the lints and every target.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from onnx import helper
 
 import policies
 import targets
+from source_policies import cached_policies
 from matrix.run import action_range, rollouts
 from matrix.inputs import batch_axes, model, observations
 from matrix import messages
@@ -153,6 +155,15 @@ def test_a_rank0_side_input_and_an_unnamed_batch_run_on_ort_cpu_and_tract(export
         assert "input facts from the fed shapes" in _cells(out)["tract"]["backend"]["detail"]
 
 
+RSL_RL_LSTM_EXPORT = Path(__file__).parent / "fixtures" / "export_rsl_rl_lstm.py"
+
+
+def _export_rsl_rl_lstm(folder: Path, python: Path) -> None:
+    done = subprocess.run([python, RSL_RL_LSTM_EXPORT, folder / "rsl_rl_actor.onnx"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.coreml_env  # torch lives in the CoreML converter environment
@@ -160,11 +171,10 @@ def test_an_lstm_actor_exported_by_torch_passes_on_ort_cpu_tract_and_wasm(tmp_pa
     from targets import isolated_env
     from targets.coreml_conversion import ENV_NAME, REQUIREMENTS
 
-    path = tmp_path / "rsl_rl_actor.onnx"
-    script = Path(__file__).parent / "fixtures" / "export_rsl_rl_lstm.py"
-    exported = subprocess.run([isolated_env.env_python(ENV_NAME, REQUIREMENTS), script, path], capture_output=True, text=True,
-                              timeout=600)
-    assert exported.returncode == 0, exported.stderr
+    # torch exports once per script into the cache; the tool is measured on a copy of that file
+    python = isolated_env.env_python(ENV_NAME, REQUIREMENTS)
+    exported = cached_policies("rsl-rl-lstm", RSL_RL_LSTM_EXPORT.read_text(), python, _export_rsl_rl_lstm)
+    path = Path(shutil.copytree(exported, tmp_path / "export")) / "rsl_rl_actor.onnx"
     info = model.load(path)
     assert info.state_pairs == [StatePair("h_in", "h_out", 1), StatePair("c_in", "c_out", 1)]
     done = policy_matrix(["run", path, "--targets", "ort-cpu,tract,ort-web-wasm", "--batch-sizes", "1,64", *FAST,
@@ -280,10 +290,14 @@ def test_the_coreml_route_names_the_converter_onnx2torch_lacks_without_an_opset_
 @pytest.mark.coreml_env
 def test_the_lstm_actor_fails_on_the_coreml_route_naming_the_missing_converter(exported, tmp_path):
     from targets.base import PrepareContext
+    from targets.paths import cache_dir
 
+    # The shared cache, as tests/test_coreml.py's conversions use it: the converter's refusal of these bytes is kept by
+    # content (the model, the pins, the conversion script that writes these words), so it runs again when any of them
+    # changes and costs no torch process (~10 CPU s) when none did; test_coreml's refusal test runs it every session.
     info = model.load(exported["lstm_actor"])
     ctx = PrepareContext(onnx_variants={"fp32": info.path}, calibration=observations.seeded(info, 8, 0),
-                         batch_axes=info.batch_axes, workdir=tmp_path, cache_dir=tmp_path / "cache")
+                         batch_axes=info.batch_axes, workdir=tmp_path, cache_dir=cache_dir())
     with pytest.raises(RuntimeError, match="onnx2torch has no LSTM converter at any opset"):
         targets.get("coreml").prepare(ctx, "fp32")
 

@@ -90,11 +90,12 @@ def test_latency_and_cold_start_are_timed_with_no_other_stage_starting(tmp_path)
 def test_a_cell_that_hangs_is_killed_keeping_what_it_measured_and_the_run_reports(tmp_path):
     # A timed loop far longer than the timeout: the cell is killed in its latency stage, keeping the parity and
     # contract it measured before, and the run writes its report. The timeout also bounds the reference job and the
-    # worker's start, so it leaves room for a busy machine's imports. One cell: each hung cell costs a core for the
+    # worker's start, so it leaves room for a busy machine's imports: at load 7 on 2 cores the reference took 1.5 s and
+    # the cell reached its latency stage 0.2 s after its worker started. One cell: each hung cell costs a core for the
     # whole timeout; the cells after a killed one are tested where that costs less (test_source: a hanging source
     # beside an ort-cpu cell that passes; test_worker_reuse: the next cell gets a fresh worker).
     done = run_cli("run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32",
-                   "--iters", "50000000", "--timeout", "15", "--out", tmp_path)
+                   "--iters", "50000000", "--timeout", "5", "--out", tmp_path)
     assert done.returncode == 1, done.stderr
     (cell,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert cell["verdict"] == "FAIL" and cell["error"]["stage"] == "latency"

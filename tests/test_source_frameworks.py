@@ -11,7 +11,6 @@ user's training files, as a user runs them there.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -19,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from targets import coreml_conversion
-from targets.build_once import build_once, exclusive
+from targets.build_once import exclusive
 from targets.isolated_env import env_python
 from targets.paths import cache_dir
-from tests.source_policies import SB3_TRAIN_EXPORT, TORCH_EXPORT, TORCH_MODULE, sb3_with_sources, torch_with_source
+from tests.source_policies import (SB3_TRAIN_EXPORT, TORCH_EXPORT, TORCH_MODULE, cached_policies, sb3_with_sources,
+                                   torch_with_source)
 from tests.test_source import FAST, source_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.coreml_env]
@@ -55,21 +55,6 @@ def sb3_python(torch_python: Path) -> Path:
                            check=True, timeout=900)
             (folder / ".complete").touch()
     return python
-
-
-def cached_policies(name: str, recipe: str, python: Path, make) -> Path:
-    """A folder of exported policies (read only), made once per recipe (the script's text) and interpreter, whole
-    (build_once), as the cache's converted models are: the tests measure the tool on these files, not the framework's
-    training and export (a torch process importing torch, ~7 s; SB3's training, ~11 s)."""
-    key = hashlib.sha256(f"{recipe}{python.parent.parent}".encode()).hexdigest()[:12]
-    folder = cache_dir() / "test-policies" / f"{name}-{key}"
-
-    def export(staging: Path) -> None:
-        staging.mkdir()
-        make(staging, python)
-
-    build_once(folder, export)
-    return folder
 
 
 @pytest.fixture(scope="module")

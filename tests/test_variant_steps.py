@@ -4,6 +4,7 @@ cannot make it whole, and cached by the hash of its bytes (matrix/run/variants.p
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ import pytest
 from onnxconverter_common import float16
 from assist_fixtures import fp16_overflow_mlp
 from conftest import run_cli
+from source_policies import cached_policies
 from variant_policies import skl2onnx_regressor, stateful_detector, weights_in_if_branches
 
 from matrix.decide import decide
@@ -193,14 +195,20 @@ torch.onnx.export(Actor(), torch.zeros(1, 3), sys.argv[1], input_names=["obs"], 
 """
 
 
+def _sb3_style_export(folder: Path, python: Path) -> None:
+    (folder / "export.py").write_text(SB3_STYLE_EXPORT)
+    subprocess.run([str(python), str(folder / "export.py"), str(folder / "actor.onnx")], check=True, capture_output=True,
+                   timeout=300)
+
+
 @pytest.mark.coreml_env  # torch lives in the Core ML converter's environment
 def test_an_sb3_style_torch_export_gets_an_fp16_variant_with_its_leading_cast_kept_in_fp32(tmp_path, monkeypatch):
     python = isolated_env.env_python(coreml_conversion.ENV_NAME, coreml_conversion.REQUIREMENTS)
     if python is None:
         pytest.skip(coreml_conversion.environment_missing())
+    exported = cached_policies("sb3-style", SB3_STYLE_EXPORT, python, _sb3_style_export)  # torch runs once per script
+    shutil.copy(exported / "actor.onnx", tmp_path / "actor.onnx")
     monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path / "cache"))  # the variant is made here, not found cached
-    (tmp_path / "export.py").write_text(SB3_STYLE_EXPORT)
-    subprocess.run([str(python), str(tmp_path / "export.py"), str(tmp_path / "actor.onnx")], check=True, capture_output=True, timeout=300)
     info = model_loader.load(tmp_path / "actor.onnx")
     assert info.proto.graph.node[0].op_type == "Cast"
     made, errors = variants.produce_all(info, ["fp16"], tmp_path / "run")
