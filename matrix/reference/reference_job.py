@@ -16,21 +16,24 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..inputs import model as model_loader
 from ..inputs import observation_sources, observations
 from . import reference
-from ..run import rollouts
 from ..errors import InputError, error_line
 from ..run.guarded import stage
 from ..outdir import write_atomic_with
 
+if TYPE_CHECKING:  # imported by _plan, with --env or --trajectory only
+    from ..run import rollouts
+
 
 def guarded_step(spec: dict, folder: Path) -> dict:
     info = model_loader.load(Path(spec["model"]), spec.get("batch_axes_given") or {})  # the user's --batch-axis too
-    plan = rollouts.RolloutPlan.from_dict(spec["rollout"]) if spec.get("rollout") else None
+    plan = _plan(spec)
     report: dict = {}
     if spec.get("visited_states"):  # the observation set is sampled from this rollout: it runs first
         stage("rollout")
@@ -60,9 +63,22 @@ def guarded_step(spec: dict, folder: Path) -> dict:
     return report
 
 
-def _rollout(info, plan, folder: Path, report: dict) -> list[rollouts.Episode] | None:
+def _plan(spec: dict) -> rollouts.RolloutPlan | None:
+    """The rollout the reference drives, if any. Its module is imported only then: it brings pydantic (the
+    trajectory's validation), which a plain reference does without, and so does the fork server's preload
+    before this job (matrix/run/forkserver.py)."""
+    if not spec.get("rollout"):
+        return None
+    from ..run import rollouts
+
+    return rollouts.RolloutPlan.from_dict(spec["rollout"])
+
+
+def _rollout(info, plan: rollouts.RolloutPlan, folder: Path, report: dict) -> list[rollouts.Episode] | None:
     """The float64 policy drives the cells' episodes here too, under the same guard as the reference;
     its episodes (None when it could not drive the environment; [] open loop)."""
+    from ..run import rollouts  # loaded by _plan
+
     try:
         measured, arrays = rollouts.reference_drive(info, plan)
     except InputError as error:

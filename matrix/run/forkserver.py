@@ -41,17 +41,17 @@ import threading
 
 # What the jobs import, in the order a run needs them: everything the reference job imports first (its
 # evaluator's ~200 operator modules, `onnx.reference.ops`, cost each reference job ~0.2 s when not preloaded; its
-# own modules, REFERENCE_ENTRIES), then what only the cell workers import (the results' schemas, which the
-# reference job has no use for; numpy.ma, which np.percentile imports on its first call, 15-50 ms of a worker's
-# latency percentiles; the worker's module). One module per step, the large ones apart (pydantic's model machinery
-# and the results' schemas take 0.1-0.3 s each): a request waits for the step under way only, and a run asks for
-# its reference job about when the server reaches the workers' steps. The jobs' own modules are imported too, then
-# dropped from sys.modules, so each child runs its entry module fresh as __main__ (runpy warns about a module
-# already imported).
-REFERENCE_PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.reference", "onnx.reference.ops", "onnxruntime", "pydantic",
-                     "matrix.run.rollouts", "matrix.reference.reference")
+# own modules, REFERENCE_ENTRIES), then what only the cell workers import (pydantic, the results' schemas and the
+# rollouts, which a reference job without --env or --trajectory has no use for; numpy.ma, which np.percentile
+# imports on its first call, 15-50 ms of a worker's latency percentiles; the worker's module). One module per step,
+# the large ones apart (pydantic's model machinery and the results' schemas take 0.1-0.3 s each): a request waits
+# for the step under way only, and a run asks for its reference job about when the server reaches the workers'
+# steps. The jobs' own modules are imported too, then dropped from sys.modules, so each child runs its entry
+# module fresh as __main__ (runpy warns about a module already imported).
+REFERENCE_PRELOAD = ("numpy", "numpy.random", "onnx", "onnx.reference", "onnx.reference.ops", "onnxruntime",
+                     "matrix.reference.reference")
 REFERENCE_ENTRIES = ("matrix.reference.reference_job", "matrix.run.guarded")
-WORKER_PRELOAD = ("pydantic.main", "matrix.results", "numpy.ma")
+WORKER_PRELOAD = ("pydantic", "pydantic.main", "matrix.results", "matrix.run.rollouts", "numpy.ma")
 WORKER_ENTRIES = ("matrix.run.worker",)
 PRELOAD = REFERENCE_PRELOAD + WORKER_PRELOAD
 ENTRY_MODULES = REFERENCE_ENTRIES + WORKER_ENTRIES

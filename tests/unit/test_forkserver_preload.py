@@ -46,8 +46,9 @@ def test_collection_paused_for_the_imports_resumes_with_them_frozen_and_never_wh
     assert found["frozen"] > 10_000  # the imported modules' objects, out of every later collection's way
 
 
-def test_the_reference_job_does_without_the_results_schemas():
-    # Forked before the server has built them (a run asks for its reference early), it would build them itself.
+def test_the_reference_job_does_without_pydantic_and_the_results_schemas():
+    # Forked before the server has imported them (a run asks for its reference early), it would import them itself;
+    # a reference that drives no rollout (no --env, no --trajectory) needs neither.
     probe = ("import sys\nimport matrix.run.guarded, matrix.reference.reference_job\n"
-             "print('matrix.results' in sys.modules)")
-    assert _last_line(probe) == "False"
+             "print(sorted({'pydantic', 'matrix.results', 'matrix.run.rollouts'} & set(sys.modules)))")
+    assert _last_line(probe) == "[]"
