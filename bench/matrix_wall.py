@@ -16,9 +16,6 @@ is measured, not argued.
     .venv/bin/python bench/matrix_wall.py --policies pixel_cnn --targets 'ort-*,tract'
     .venv/bin/python bench/matrix_wall.py --json before.json                # keep the numbers to compare later
 
-The browser targets' worker starts with the run, before the reference (matrix.run.orchestrate.CellWorkers): its
-first cell's "start" is what was left of that start when the cell came, and a line says how far ahead it started.
-
 Targets run side by side (matrix.run.orchestrate.CellSchedule), so the per-target sums add up to more
 than the "cells" step, and a stage's seconds include the wait for the next stage's turn (latency
 runs alone). The machine's load changes every number: run it twice and compare like with like.
@@ -172,7 +169,6 @@ def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str
     reference_start = mtime(out / "reference" / guarded.SPEC_FILE)
     reference_end = mtime(out / "reference" / guarded.RESULT_FILE)
     first_cell = min(handovers) if handovers else reference_end
-    early = _early_start(dirs, handovers)
     report_written = mtime(out / "index.html")
     run_steps = {
         "cli start, model, observations": reference_start - started,
@@ -182,21 +178,10 @@ def account(out: Path, started: float, ended: float) -> tuple[dict[str, dict[str
         "report": report_written - (last_finished or first_cell),
         "exit": ended - report_written,
     }
-    return per_target, run_steps, timed, early
+    return per_target, run_steps, timed
 
 
-def _early_start(dirs: list[Path], handovers: list[float]) -> dict[str, float]:
-    """Of a worker started before its first cell (orchestrate.CellWorkers): how many seconds before that cell it
-    started, and how long its runtime's start took."""
-    for cell_dir, handed in zip(dirs, handovers):
-        timeline = Measurement.read(cell_dir).timeline
-        if "runtime_started" in timeline:
-            return {"ahead_s": handed - timeline["worker_started"],
-                    "runtime_start_s": timeline["runtime_started"] - timeline["runtime_starting"]}
-    return {}
-
-
-def print_tables(policy: str, wall: float, usage: TreeUsage, per_target, run_steps, timed: float, early: dict) -> None:
+def print_tables(policy: str, wall: float, usage: TreeUsage, per_target, run_steps, timed: float) -> None:
     shown = [name for name in (*CELL_STAGES, GATE_WAIT) if any(name in row for row in per_target.values())]
     print(f"\n== {policy}: wall {wall:.1f} s, peak memory of the run's processes: RSS {usage.peak_rss / 2**30:.2f} GiB, "
           f"PSS {usage.peak_pss / 2**30:.2f} GiB ==")
@@ -210,9 +195,6 @@ def print_tables(policy: str, wall: float, usage: TreeUsage, per_target, run_ste
         print(f"  {name:<40}{value:>8.2f} s")
     print(f"  {'sum of steps':<40}{sum(run_steps.values()):>8.2f} s   (wall {wall:.2f} s, "
           f"unaccounted {wall - sum(run_steps.values()):.2f} s)")
-    if early:
-        print(f"  the first worker started {early['ahead_s']:.2f} s before its first cell; its runtime's start took "
-              f"{early['runtime_start_s']:.2f} s")
     print_floor(wall, usage, timed)
 
 
@@ -242,11 +224,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="matrix-wall-") as scratch:
             out = args.keep / policy.stem if args.keep else Path(scratch) / "report"
             started, ended, usage = run_matrix(policy, args.targets, args.variants, args.extra, out)
-            per_target, run_steps, timed, early = account(out, started, ended)
-        print_tables(policy.stem, ended - started, usage, per_target, run_steps, timed, early)
+            per_target, run_steps, timed = account(out, started, ended)
+        print_tables(policy.stem, ended - started, usage, per_target, run_steps, timed)
         recorded[policy.stem] = {"wall_s": ended - started, "peak_rss_bytes": usage.peak_rss, "peak_pss_bytes": usage.peak_pss,
                                  "cpu_s": usage.cpu_total, "cpu_s_by_kind": usage.by_kind(), "timed_s": timed,
-                                 "targets": per_target, "run": run_steps, "early_start": early}
+                                 "targets": per_target, "run": run_steps}
     if args.json:
         args.json.write_text(json.dumps(recorded, indent=2))
 

@@ -209,9 +209,6 @@ class Target(ABC):
     # (matrix.run.orchestrate.CellSchedule): they share something large the worker holds (one browser,
     # a context per target), started once instead of once per target.
     worker_group: ClassVar[str | None] = None
-    # True when start_runtime needs no model and is worth starting before the run's reference is known: the worker
-    # serving this target's cells first then starts at the run's start (matrix.run.orchestrate.CellWorkers).
-    starts_early: ClassVar[bool] = False
     # True when the artifact is the ONNX variant itself: graph outputs added to it (the
     # intermediates matrix/assist/diagnose.py exposes) reach the runtime unchanged.
     runs_onnx_as_is: ClassVar[bool] = False

@@ -157,7 +157,6 @@ def _fed_batch(feeds: Feeds, batch_axes: dict[str, int]) -> int:
 class OrtWebTarget(Target):
     runs_onnx_as_is = True
     service_key: ClassVar[str] = "chromium"
-    starts_early: ClassVar[bool] = True  # the driver, the browser and the page need no model
     worker_group: ClassVar[str] = "browser"  # one worker, Playwright driver and browser for the three, a context each (targets/chromium.py)
     backend: ClassVar[str]  # onnxruntime-web executionProviders name
     bundle: ClassVar[str]  # one ORT bundle per page, from the installed dist/

@@ -529,19 +529,3 @@ def test_merge_into_a_folder_a_run_is_writing_is_refused(tmp_path, policy_matrix
         run.send_signal(signal.SIGTERM)
         run.communicate(timeout=STATE_TIMEOUT_S)
     assert run.returncode == 143
-
-
-def test_a_run_stopped_before_its_cells_leaves_no_early_worker_or_browser(tmp_path, policy_matrix):
-    """The browser targets' worker starts with the run, beside the reference (orchestrate.CellWorkers): a run that
-    stops before any cell (here its reference times out: exit 2) ends it and its browser too, in the runner's own
-    process as well, whose fork server outlives the run."""
-    from targets import REGISTRY
-
-    if REGISTRY["ort-web-wasm"].unavailable_reason():
-        pytest.skip(REGISTRY["ort-web-wasm"].unavailable_reason())
-    out = tmp_path / "out"
-    done = policy_matrix([_endless_loop_model(tmp_path), "--targets", "ort-web-wasm", "--timeout", "5", "--out", out])
-    assert done.returncode == 2 and "float64 reference" in done.stderr, done.stderr
-    assert (out / "cells" / "ort-web-wasm-fp32" / "worker.log").exists()  # the worker had started early
-    left = [*_descendants(os.getpid(), "matrix.run.worker"), *_descendants(os.getpid(), "--remote-debugging-pipe")]
-    _assert_gone(left)

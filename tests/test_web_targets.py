@@ -6,7 +6,6 @@ onnxruntime-web from web_harness/node_modules, and node. `make setup` (`policy-m
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
@@ -357,22 +356,3 @@ def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path, policy_matrix):
                                                for reason in webgpu["reasons"])
     assert [r["node"] for r in webgpu["placement"] if r["fallback"]] == ["soft0"]
     assert '<span class="fell-back" title="soft0 in ort-web-webgpu fp32' in (tmp_path / "report" / "index.html").read_text()
-
-
-def test_the_browser_worker_starts_with_the_run_and_no_timed_stage_runs_beside_its_start(tmp_path, policy_matrix):
-    """The browser targets' worker starts its first target's page and runtime before its first cell comes
-    (orchestrate.CellWorkers), and that start is untimed work: no other target's latency runs while it lasts (an
-    ort-cpu cell is ready to time long before a browser has started)."""
-    if REGISTRY["ort-web-wasm"].unavailable_reason():
-        pytest.skip(REGISTRY["ort-web-wasm"].unavailable_reason())
-    done = policy_matrix(["run", examples.path("continuous_mlp"), "--targets", "ort-web-wasm,ort-cpu", "--precisions",
-                          "fp32", "--iters", "50", "--out", tmp_path])
-    assert done.returncode == 0, done.stderr
-    wasm, cpu = (load_measurement(tmp_path / "cells" / f"{name}-fp32") for name in ("ort-web-wasm", "ort-cpu"))
-    early = wasm["timeline"]
-    assert early["runtime_starting"] < early["runtime_started"] <= early["received"]  # started before its cell came
-    assert cpu["timeline"]["latency"] >= early["runtime_started"], "ort-cpu was timed while the browser worker started"
-
-
-def load_measurement(cell_dir: Path) -> dict:
-    return json.loads((cell_dir / "measurement.json").read_text())

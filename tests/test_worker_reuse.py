@@ -115,29 +115,3 @@ def test_a_hung_cell_times_out_and_the_next_cell_gets_a_fresh_worker(tmp_path, t
         assert _pid(tmp_path / "after") != _pid(tmp_path / "before")
     finally:
         worker.stop()
-
-
-def test_a_worker_started_early_serves_its_first_cell_and_one_never_served_gives_its_grant_back(tmp_path, template):
-    """orchestrate.CellWorkers starts the first worker before the reference: it starts its target's runtime under the
-    grant of its start, serves the first cell in that same process, and, stopped before any cell (its cells all kept
-    or SKIP), gives the grant back, or every later timed stage would wait for it forever."""
-    gate = cells.StageGate()
-    early = cells.WorkerProcess(memory_limit=None, lifetime_s=600, gate=gate)
-    unused = cells.WorkerProcess(memory_limit=None, lifetime_s=600, gate=gate)
-    try:
-        early.start_early(dict(os.environ), tmp_path / "early.log", "ort-cpu", 1)
-        started_pid = early.process.pid
-        outcome = _serve(early, tmp_path / "first", template)
-        assert outcome.measurement.stage == "done" and _pid(tmp_path / "first") == started_pid
-        timeline = outcome.measurement.timeline
-        assert timeline["worker_started"] <= timeline["runtime_started"] <= timeline["received"]
-        unused.start_early(dict(os.environ), tmp_path / "unused.log", "ort-cpu", 1)
-        unused.stop()
-        timed = threading.Thread(target=gate.acquire, args=(TIMED,))
-        timed.start()
-        timed.join(STATE_TIMEOUT_S)
-        assert not timed.is_alive(), "a timed stage still waits for the grant of a worker that has stopped"
-    finally:
-        gate.close()
-        early.stop()
-        unused.stop()

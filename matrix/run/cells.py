@@ -181,38 +181,27 @@ class WorkerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
 
-    def kill(self) -> None:
-        """Its group goes now and its grant with it: the run stops before the worker served a cell (bad input, an
-        interruption during the reference) or after; a worker started early may be busy starting its runtime."""
-        if self.process is not None:
-            self._kill()
-        self._release()
-
     def _kill(self) -> int:
         isolation.kill_group(self.process)
         returncode, self.process = self.process.returncode, None
         return returncode
 
-    def start_early(self, env: dict, log: Path, target: str, threads: int) -> None:
-        """Start the worker before its first cell, starting `target`'s runtime (Target.start_runtime) at once."""
-        self._start_untimed(env, log, ("--serve", target, str(threads)))
-
-    def _start_untimed(self, env: dict, log: Path, arguments: tuple = ("--serve",)) -> None:
+    def _start_untimed(self, env: dict, log: Path) -> None:
         """A worker's start (its fork, the imports of its entry module) is untimed work like its stages: it waits
         while another target's latency or cold start is timed instead of running beside it, and holds no
         process meanwhile. The grant is held until the worker asks for its first stage."""
         self._hold(UNTIMED)
         try:
-            self._start(env, log, arguments)
+            self._start(env, log)
         except BaseException:
             self._release()
             raise
 
-    def _start(self, env: dict, log: Path, arguments: tuple) -> None:
-        self._stop_process()
+    def _start(self, env: dict, log: Path) -> None:
+        self.stop()
         self.env, self.messages = env, queue.Queue()
         with open(log, "w") as first_log:  # until the worker sends its stderr to each cell's own log
-            self.process = isolation.start([sys.executable, "-m", "matrix.run.worker", *arguments],
+            self.process = isolation.start([sys.executable, "-m", "matrix.run.worker", "--serve"],
                                            memory_limit=self.memory_limit, timeout_s=self.lifetime_s,
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=first_log, text=True, env=env)
         threading.Thread(target=_relay, args=(self.process, self.messages), daemon=True).start()
@@ -253,11 +242,6 @@ class WorkerProcess:
         self.holding = None
 
     def stop(self) -> None:
-        """The worker ends, and the gate's grant it held goes (one started early may never have served a cell)."""
-        self._stop_process()
-        self._release()
-
-    def _stop_process(self) -> None:
         if self.process is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()  # end of input: a healthy worker exits on its own

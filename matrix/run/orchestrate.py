@@ -47,7 +47,7 @@ from ..inputs.model import ModelInfo
 from .. import options
 from ..options import default_memory_limit
 from ..judge.judge import Evidence, Judge
-from .protocol import LOG_FILE, SERVICE, STAGES, CellInputs, CellSpec
+from .protocol import SERVICE, STAGES, CellInputs, CellSpec
 from ..outdir import write_atomic
 from ..reference.reference import Reference
 from ..configuration import Configuration, settings_label
@@ -157,20 +157,10 @@ def run(config: RunConfig, console: Console) -> RunResults:
     forkserver.CLIENT.warm()  # `policy-matrix run` started it before parsing (cli.py); other callers start it here
     forkserver.resume_collection()  # paused by the entry point while the run's modules were imported
     config.out.mkdir(parents=True, exist_ok=True)
+    model = config.model
     identity = run_identity(config)
     run_id, finished = resume_state(config.out, identity) if config.resume else (uuid.uuid4().hex[:12], {})
     write_atomic(config.out / RUN_FILE, json.dumps({"run_id": run_id, **identity}, indent=2))
-    workers = CellWorkers(config, _configurations(config), finished)
-    try:
-        return _measure(config, console, run_id, finished, workers)
-    finally:
-        workers.stop()
-
-
-def _measure(config: RunConfig, console: Console, run_id: str, finished: dict, workers: CellWorkers) -> RunResults:
-    """The run after its start: observations, the reference, then the cells (`workers`' first worker may be
-    starting its runtime meanwhile)."""
-    model = config.model
     judge = config.judge()  # once: every cell, fix attempt, candidate and release is judged by it
     obs_source = judge.observations
     obs_path = config.out / "observations.npz"
@@ -211,14 +201,14 @@ def _measure(config: RunConfig, console: Console, run_id: str, finished: dict, w
                                        "return_rule": "paired per-seed return differences, Student's t interval of the mean"}
         action_range.add_to(results, config.model, config.rollout, ref_rollout)
     results.run_options["run_id"] = run_id
-    configurations = workers.configurations
+    configurations = _configurations(config)
     results.grid = _grid_record(config, len(configurations))
     _print_grid(config, len(configurations), console)
     install_releases(config.targets, console)
     jsonl = Journal(config.out / "results.jsonl", run_id, model.sha256, console)
     if finished:
         console.print(f"[bold]resume[/]: keeping {len(finished)} finished cells of run {run_id}")
-    services = workers.services
+    services = Services(config.out)
     evidence = Evidence(config.model, ref, dev_runtime, ref_rollout, config.rollout)
     try:
         if config.source:  # first: its returns are the top row of Behaviour
@@ -226,8 +216,9 @@ def _measure(config: RunConfig, console: Console, run_id: str, finished: dict, w
             results.cells.append(_source_cell(config, results.hosts[0].label, obs_path, chunk, judge, evidence, console))
             jsonl.append(results.cells[-1])
         with _progress(console) as progress:
-            runner = CellRunner(config, results.hosts[0].label, judge, evidence, services, progress, workers.gate)
-            schedule = CellSchedule(config, workers, runner, inputs_by_model, finished, jsonl)
+            gate = cells.StageGate()
+            runner = CellRunner(config, results.hosts[0].label, judge, evidence, services, progress, gate)
+            schedule = CellSchedule(config, configurations, runner, inputs_by_model, finished, jsonl, gate)
             try:
                 schedule.run()
             finally:
@@ -277,11 +268,15 @@ class CellSchedule:
     (Target.worker_group): the worker, its Playwright driver and its browser start once per run, not once per
     target, and one target's page is held at a time. An interrupted run kills the workers and keeps only the cells that finished."""
 
-    def __init__(self, config: RunConfig, workers: CellWorkers, runner: CellRunner, inputs_by_model: dict,
-                 finished: dict, journal: Journal):
+    def __init__(self, config: RunConfig, configurations: list[Configuration], runner: CellRunner, inputs_by_model: dict,
+                 finished: dict, journal: Journal, gate: cells.StageGate):
         self.config, self.runner, self.inputs_by_model = config, runner, inputs_by_model
         self.kept, self.journal = finished, journal
-        self.cell_workers, self.by_worker, self.gate = workers, workers.by_worker, workers.gate
+        self.by_worker: dict[str, list[tuple[int, Configuration]]] = {}  # a worker's cells, in grid order
+        for index, configuration in enumerate(configurations):
+            group = registry.get(configuration.target_label).worker_group or configuration.target_label
+            self.by_worker.setdefault(group, []).append((index, configuration))
+        self.gate = gate
         self.done: dict[int, Cell] = {}
         self.recording = threading.Lock()
         self.workers: list[cells.WorkerProcess] = []
@@ -290,7 +285,8 @@ class CellSchedule:
     def run(self) -> None:
         slots = concurrent_targets(self.config.memory_limit)
         pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="target")
-        pending, running = list(self.by_worker), set()  # in CellWorkers' order
+        # The workers with the most cells first (the browser targets' one): the run ends when its longest worker does.
+        pending, running = sorted(self.by_worker, key=lambda worker: -len(self.by_worker[worker])), set()
         try:
             while pending or running:
                 while pending and len(running) < slots:
@@ -309,7 +305,7 @@ class CellSchedule:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _run_cells(self, items: list[tuple[int, Configuration]]) -> None:
-        worker = self.cell_workers.worker_for(items)
+        worker = cells.WorkerProcess(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
         self.workers.append(worker)
         try:
             for index, configuration in items:
@@ -337,60 +333,6 @@ class CellSchedule:
 
     def cells_in_grid_order(self) -> list[Cell]:
         return [self.done[index] for index in sorted(self.done)]
-
-
-class CellWorkers:
-    """The run's cell workers before the schedule runs them: the cells grouped by worker (Target.worker_group), the
-    workers with the most cells first (the browser targets' one: the run ends when its longest worker does), the
-    stage gate and the run's services. The first worker starts at once, beside the observations and the reference,
-    when its first target has a runtime to start that needs no model (Target.starts_early: the browser, the first
-    web target's page and onnxruntime-web's start in it), as untimed work under the gate like any worker's start:
-    the browser chain, the run's longest, then no longer waits for the reference and the variants."""
-
-    def __init__(self, config: RunConfig, configurations: list[Configuration], finished: dict):
-        self.config, self.configurations = config, configurations
-        grouped: dict[str, list[tuple[int, Configuration]]] = {}
-        for index, configuration in enumerate(configurations):
-            group = registry.get(configuration.target_label).worker_group or configuration.target_label
-            grouped.setdefault(group, []).append((index, configuration))
-        self.by_worker = dict(sorted(grouped.items(), key=lambda item: -len(item[1])))
-        self.gate = cells.StageGate()
-        self.services = Services(config.out)
-        self.early: tuple[list, cells.WorkerProcess] | None = None
-        if self.by_worker:
-            self._start_early(next(iter(self.by_worker.values())), finished)
-
-    def _start_early(self, items: list[tuple[int, Configuration]], finished: dict) -> None:
-        """Whether the target is available is the worker's to find out (Target.start_runtime asks): asked here, it
-        would cost the runner the target's imports (Playwright's, 0.3-0.5 s) before it asks for its reference."""
-        configuration = items[0][1]
-        target = registry.get(configuration.target_label)
-        if (not target.starts_early or self.config.source or configuration.key in finished or versions.is_pinned(target)
-                or target.variant_skip_reason(configuration.variant)):  # --source: its column's latency runs first, alone
-            return
-        try:
-            env = self.services.env_for(target)
-        except Exception:  # noqa: BLE001 — a service that cannot start fails its cells, with its words, later
-            return
-        worker = self._new_worker(items)
-        cell_dir = self.config.out / "cells" / configuration.dir_name
-        cell_dir.mkdir(parents=True, exist_ok=True)
-        worker.start_early({**os.environ, **env}, cell_dir / LOG_FILE, configuration.target_label, self.config.threads)
-        self.early = items, worker
-
-    def worker_for(self, items: list[tuple[int, Configuration]]) -> cells.WorkerProcess:
-        """The worker of `items` (one of by_worker's values): the one started early, or a new one, started with its first cell."""
-        if self.early is not None and self.early[0] is items:
-            return self.early[1]
-        return self._new_worker(items)
-
-    def _new_worker(self, items: list[tuple[int, Configuration]]) -> cells.WorkerProcess:
-        return cells.WorkerProcess(self.config.memory_limit, self.config.timeout_s * len(items), self.gate)
-
-    def stop(self) -> None:
-        """The early worker ends with the run: the schedule stopped it after its cells, or the run stopped first."""
-        if self.early is not None:
-            self.early[1].kill()
 
 
 WORKER_FOOTPRINT = 1 << 30  # what one worker and its browser may hold at once (bench/matrix_wall.py measures the tree)

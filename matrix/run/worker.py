@@ -1,6 +1,5 @@
 """One cell in a worker process: `python -m matrix.run.worker CELL_DIR`, or the cells of one
-target in turn: `python -m matrix.run.worker --serve [TARGET THREADS]` (cell folders on stdin,
-TARGET's runtime started before the first comes; see serve()).
+target in turn: `python -m matrix.run.worker --serve` (cell folders on stdin; see serve()).
 
 Reads CELL_DIR/spec.json, drives one target through prepare -> open ->
 contract runs -> parity run -> latency -> placement, and leaves what it
@@ -47,8 +46,6 @@ from ..judge.rules import workaround_note
 
 
 _gated = False  # serve(): the parent grants each stage (cells.StageGate)
-IMPORTED = time.time()
-_early_start: dict[str, float] = {}  # serve(): when the first target's runtime was started before the first cell
 
 
 def gate(kind: str, measurement: Measurement) -> None:
@@ -87,7 +84,7 @@ _cells_served = itertools.count()  # only the first cell of a process paid for i
 def _first_timeline() -> dict:
     if next(_cells_served):
         return {"received": time.time()}
-    return {"worker_started": WORKER_STARTED, "imported": IMPORTED, **_early_start, "received": time.time()}
+    return {"worker_started": WORKER_STARTED, "imported": time.time()}
 
 
 def _save(cell_dir: Path, measurement: Measurement, arrays: dict) -> None:
@@ -273,37 +270,20 @@ def _rollout(session, plan, measurement, arrays) -> None:
     arrays.update(episode_arrays)
 
 
-def serve(early_target: str | None = None, threads: int = 1) -> None:
+def serve() -> None:
     """`python -m matrix.run.worker --serve`: the cells of one target in turn, one cell folder per stdin line.
 
     The interpreter, the imports and the runtime's own start-up are paid once per target, not per
     cell. Each cell's stderr (the runtime's native output too) goes to its own worker.log. A cell
     that crashes this process costs the cells still queued for it only: the parent starts a fresh
-    worker for them (cells.WorkerProcess). Each stage waits for the parent's grant (gate()). Given
-    `early_target`, that target's runtime is started first, before any cell is asked for."""
+    worker for them (cells.WorkerProcess). Each stage waits for the parent's grant (gate())."""
     global _gated
     _gated = True
-    if early_target:
-        _start_early(early_target, threads)
     for line in sys.stdin:
         cell_dir = Path(line.strip())
         _stderr_to(cell_dir / "worker.log")
         main(cell_dir)
         print(done_message(cell_dir), flush=True)
-
-
-def _start_early(name: str, threads: int) -> None:
-    """`name`'s runtime started before the worker's first cell arrives (orchestrate.CellWorkers: what it starts needs
-    no model), under the gate's grant for the worker's start. A failure is left to the first cell, which starts the
-    runtime again (Target.start_runtime) and fails with the runtime's words in its own log and row."""
-    _early_start["runtime_starting"] = time.time()
-    try:
-        target = targets.get(name)
-        _serving(target)
-        target.start_runtime(threads)
-    except Exception:  # noqa: BLE001 — said again by the first cell
-        traceback.print_exc()
-    _early_start["runtime_started"] = time.time()
 
 
 def _stderr_to(path: Path) -> None:
@@ -314,7 +294,4 @@ def _stderr_to(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--serve"]:
-        serve(*sys.argv[2:3], *map(int, sys.argv[3:4]))
-    else:
-        main(Path(sys.argv[1]))
+    serve() if sys.argv[1:] == ["--serve"] else main(Path(sys.argv[1]))
