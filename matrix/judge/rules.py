@@ -214,7 +214,7 @@ def behaviour(cell, context: Context) -> Findings:
             f"paired difference {interval.describe()}; tolerance {allowed:.4g} ({context.return_tolerance.describe()})")
     if interval.high < -allowed:
         return Findings(failures=[f"{what}: worse beyond the tolerance"])
-    noise = RETURN_NOISE * max(abs(rollout.reference_mean_return), RETURN_FLOOR)
+    noise = ReturnTolerance(RETURN_NOISE).in_return_units(rollout.reference_mean_return)
     if interval.mean < -noise and interval.low < -allowed:
         return Findings(warnings=[f"{what}: cannot rule out worse beyond the tolerance"])
     return Findings()
