@@ -210,3 +210,22 @@ def test_a_long_chart_label_stays_inside_the_chart_and_whole_on_hover(page):
     assert labels[0][1].startswith("a-very-long") and labels[0][1].endswith("ort-cpu fp16")  # host and cell both shown
     assert labels[1][1] == "linux · ort-cpu fp32"  # a label that fits is left whole
     assert page.eval_on_selector("svg a title", "t => t.textContent") == long
+
+
+def test_a_label_of_wide_letters_is_fitted_by_the_page_and_whole_on_hover(page, hostile_report, tmp_path):
+    """The server fits labels by an estimate of letter widths: a merged host label of 40 capital W's still ran 69 px
+    off the dot plots' left edge. The report's script measures each label in the page's font and shortens it."""
+    from matrix.report import report
+
+    merged = schema.load(hostile_report.parent / "results.json")
+    wide = "W" * 40
+    merged.hosts.append(merged.hosts[0].model_copy(update={"label": wide}))
+    merged.cells += [cell.model_copy(update={"host": wide}) for cell in merged.cells]
+    (tmp_path / "index.html").write_text(report.render_html(merged))
+    page.goto((tmp_path / "index.html").as_uri())
+    labels = page.eval_on_selector_all("svg.dotplot a", "links => links.map(a => [a.querySelector('text').getBBox().x, "
+                                                        "a.querySelector('text').textContent, a.querySelector('title')?.textContent])")
+    assert len(labels) == 2 * 2 * 3  # two charts, two hosts, three variants
+    assert all(x >= 0 for x, _, _ in labels), labels
+    for _, shown, whole in (label for label in labels if label[1].startswith("W")):
+        assert "…" in shown and shown.endswith("ort-cpu " + whole.rsplit(" ", 1)[1]) and whole.startswith(f"{wide} · ")

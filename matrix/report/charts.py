@@ -21,7 +21,7 @@ from markupsafe import Markup, escape
 
 SHAPES = ("circle", "square", "diamond", "triangle")  # one per batch size, so batches differ without colour
 LABEL_W, NOTE_W, PLOT_W, ROW_H, AXIS_H, LEGEND_H = 250, 230, 520, 22, 34, 26
-LABEL_CHARS = 34  # of 12 px text fit in LABEL_W (an upper-case label too: 233 px)
+LABEL_CHARS = 34  # of 12 px text fit in LABEL_W for most letters; the page refits what runs wider (W, M)
 FAILED_COLOUR = "#d64545"
 
 
@@ -134,7 +134,8 @@ def _row(row: Row, y: float, axis: _LogAxis, index: int) -> list[str]:
     if index % 2:
         parts.append(f'<rect x="0" y="{y}" width="{LABEL_W + PLOT_W + NOTE_W}" height="{ROW_H}" fill="#f6f8fb"/>')
     shown = _fitted(row.label)
-    label = f'<text x="{LABEL_W - 8}" y="{middle + 4}" text-anchor="end" fill="#1d2330">{escape(shown)}</text>'
+    # An estimate of widths: the page's script measures each label and shortens one that still runs off the edge.
+    label = f'<text class="label" x="{LABEL_W - 8}" y="{middle + 4}" text-anchor="end" fill="#1d2330">{escape(shown)}</text>'
     if shown != row.label:  # the whole label on hover
         label = f"<title>{escape(row.label)}</title>{label}"
     parts.append(f'<a href="{escape(row.href)}">{label}</a>' if row.href else f"<g>{label}</g>")

@@ -62,6 +62,35 @@
     body.append(...rows);
   }
 
+  // Chart labels: the server fits each by an estimate of letter widths, which a run of wide letters (W, M)
+  // beats; here the real font measures it. One that still runs past the chart's left edge keeps its start and
+  // end around an ellipsis, as the server cuts them, and shows the whole label on hover.
+  function fitLabel(label) {
+    const room = label.x.baseVal[0].value;
+    if (label.getComputedTextLength() <= room) return;
+    const link = label.parentElement;
+    let title = link.querySelector("title");
+    if (!title) {
+      title = document.createElementNS("http://www.w3.org/2000/svg", "title");
+      title.textContent = label.textContent;
+      link.prepend(title);
+    }
+    const letters = Array.from(title.textContent);
+    const cut = (kept) => {
+      const head = Math.ceil(kept / 3);
+      return letters.slice(0, head).join("") + "…" + letters.slice(letters.length - (kept - head)).join("");
+    };
+    let low = 0, high = letters.length - 1;  // the most letters kept that fit
+    while (low < high) {
+      const kept = Math.ceil((low + high) / 2);
+      label.textContent = cut(kept);
+      if (label.getComputedTextLength() <= room) low = kept; else high = kept - 1;
+    }
+    label.textContent = cut(low);
+  }
+
+  for (const label of document.querySelectorAll("svg.dotplot text.label")) fitLabel(label);
+
   for (const table of document.querySelectorAll("table.sortable")) {
     for (const header of table.tHead.rows[0].cells) {
       header.tabIndex = 0;
