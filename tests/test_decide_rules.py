@@ -174,6 +174,26 @@ def _failing_results(run_options: dict, fixes: list[FixAttempt], prefer: str = "
     return results
 
 
+def test_a_merge_of_shards_that_differ_on_assist_says_per_target_what_assist_did(tmp_path):
+    """A merge keeps only the options its shards share: when one shard ran --assist and the other did not, every
+    target read "(try --assist)", the assisted shard's too. Each target now reads what its own shard did."""
+    from matrix.decide.merge import merge
+    from matrix.results import Host
+
+    for host, assist in (("linux", True), ("mac", False)):
+        shard = _failing_results({"assist": True} if assist else {}, [])
+        shard.hosts = [Host(label=host, os="", arch="", cpu="", python="")]
+        shard.model = {"name": "m.onnx", "sha256": "0" * 64}
+        shard.cells = [cell.model_copy(update={"host": host}) for cell in shard.cells]
+        shard.save(tmp_path / f"{host}.json")
+    merged = merge([tmp_path / "linux.json", tmp_path / "mac.json"])
+    merged.decision = decide.Request.recorded(merged.run_options).decide(merged)
+    assert decide.summary_lines(merged) == [
+        "decision linux t: nothing passes; closest: m.onnx fp32 (quality: FAIL (cannot resolve operator 'ArgMax')) "
+        "(--assist tried no graph preparation on these cells)",
+        "decision mac t: nothing passes; closest: m.onnx fp32 (quality: FAIL (cannot resolve operator 'ArgMax')) (try --assist)"]
+
+
 @pytest.mark.parametrize("run_options, fixes, said", [
     ({}, [], "(try --assist)"),
     ({"assist": True}, [], "(--assist tried no graph preparation on these cells)"),

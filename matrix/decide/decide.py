@@ -129,11 +129,16 @@ def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latenc
         if cell.verdict != "SKIP" and cell.predicts and cell.target != "source":  # the training framework is not shipped
             by_target[(cell.host, cell.target)].append(cell)
     behaviour = "rollout" in results.run_options
-    assisted = bool(results.run_options.get("assist"))
     not_ready = [f"{lint.id}: {lint.message}" for lint in results.lints if lint.level == "error"]
     return [decide_target(host, target, cells, [b for b in budgets if b.applies_to(target)], prefer, behaviour, not_ready,
-                          assisted)
+                          _assisted(results.run_options, host, target))
             for (host, target), cells in sorted(by_target.items())]
+
+
+def _assisted(run_options: dict, host: str, target: str) -> bool:
+    """Whether --assist ran on this host's target: a run's own option, or, in a merge of shards that differ on it,
+    the targets of the shards that ran it (merge._assisted_targets)."""
+    return bool(run_options.get("assist")) or [host, target] in run_options.get("assisted_targets", [])
 
 
 def decide_target(host: str, target: str, cells: list[Cell], budgets: list[Budget], prefer: str,

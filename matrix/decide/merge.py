@@ -31,6 +31,9 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
     first_path, merged = shards[0]
     merged = merged.model_copy(deep=True, update={"created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
     merged.run_options = {**_shared_options(shards), "shards": [str(p) for p, _ in shards]}
+    assisted = _assisted_targets(shards)
+    if assisted and "assist" not in merged.run_options:  # the shards differ on --assist
+        merged.run_options["assisted_targets"] = assisted
     seen = {host.label: first_path for host in merged.hosts}
     cells = {cell.key: first_path for cell in merged.cells}
     for path, shard in shards[1:]:
@@ -69,6 +72,13 @@ def _required_on(shards) -> dict[str, list[str]]:
             labels = shard.required_on.get(name, [host.label for host in shard.hosts])
             hosts[name] = list(dict.fromkeys(hosts.get(name, []) + labels))
     return hosts
+
+
+def _assisted_targets(shards) -> list[list[str]]:
+    """[host, target] of every cell whose shard ran --assist: where shards differ on it, the merged decision says per
+    target what --assist did there, and "try --assist" only where it did not run."""
+    return sorted(map(list, {(cell.host, cell.target) for _, shard in shards if shard.run_options.get("assist")
+                             for cell in shard.cells}))
 
 
 def _variant_errors(shards) -> dict[str, str]:
