@@ -209,3 +209,23 @@ def test_merge_decides_again_with_the_shards_budgets(distilled_run, tmp_path, po
     (decision,) = schema.load(tmp_path / "results.json").decision
     assert decision.budgets == ["p50 ≤ 100 ms"] and decision.chosen.candidate == "student.onnx"
     assert "decision ort-cpu: ship student.onnx fp32" in "\n".join(done.lines)
+
+
+def test_the_size_of_a_model_with_external_data_is_what_the_user_ships(tmp_path, policy_matrix):
+    """The fp32 cell's size was the tool's copy (data inlined, shapes inferred: 23,527 B for files of 23,730 B). What
+    ships, and what --prefer size, size budgets and the smallest-file tie compare, is the model and its data file."""
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    onnx.save(onnx.load(str(example("continuous_mlp"))), str(folder / "policy.onnx"), save_as_external_data=True,
+              location="policy.onnx.data", size_threshold=0)
+    shipped = (folder / "policy.onnx").stat().st_size + (folder / "policy.onnx.data").stat().st_size
+    done = policy_matrix([folder / "policy.onnx", "--targets", "ort-cpu", "--precisions", "fp32,fp16", "--iters", "10",
+                          "--warmup", "2", "--budget", f"ort-cpu=size:{shipped}B", "--out", tmp_path / "out"])
+    assert done.returncode == 0, done.stderr
+    results = schema.load(tmp_path / "out" / "results.json")
+    sizes = {cell.variant: cell.artifact.size_bytes for cell in results.cells}
+    assert sizes["fp32"] == shipped
+    assert sizes["fp16"] == (tmp_path / "out" / "variants" / "model" / "fp16.onnx").stat().st_size  # the tool's own file
+    (decision,) = results.decision
+    assert {c.variant: c.size_bytes for c in decision.configurations} == sizes
+    assert not next(c for c in decision.configurations if c.variant == "fp32").misses  # exactly at the budget

@@ -32,8 +32,9 @@ class Source:
     length: int
 
 
-def load_all(tensors: Iterable[onnx.TensorProto], folder: Path, limit_bytes: int, model_bytes: int = 0) -> None:
-    """Read every external tensor's bytes into it, once all of them are known to be safe and to fit."""
+def load_all(tensors: Iterable[onnx.TensorProto], folder: Path, limit_bytes: int, model_bytes: int = 0) -> int:
+    """Read every external tensor's bytes into it, once all of them are known to be safe and to fit; the size of
+    the data files they came from, whole (what ships beside the model, padding and unread bytes included)."""
     root = folder.resolve()
     sources = [_source(tensor, root) for tensor in tensors if uses_external_data(tensor)]
     total = sum(source.length for source in sources)
@@ -45,6 +46,7 @@ def load_all(tensors: Iterable[onnx.TensorProto], folder: Path, limit_bytes: int
                          "2 GiB ONNX's checker and shape inference hold in memory")
     for source in sources:
         _read_into(source)
+    return sum(path.stat().st_size for path in {source.path for source in sources})
 
 
 def _source(tensor: onnx.TensorProto, root: Path) -> Source:

@@ -52,6 +52,9 @@ class ModelInfo:
     excluded_outputs: dict[str, str] = field(default_factory=dict)
     state_pairs: list[graph_facts.StatePair] = field(default_factory=list)  # found once, at load
     batch_axes: dict[str, int] = field(default_factory=dict)  # batch_axes.infer: inputs absent are fed whole
+    # What a user ships: the model file and its external data files as they lie on disk (the tool's copies
+    # are re-serialized, data inlined, shapes inferred: another size).
+    shipped_bytes: int = 0
 
     @property
     def nodes(self) -> list[onnx.NodeProto]:
@@ -89,7 +92,7 @@ def load(path: Path, given_batch_axes: dict[str, int] | None = None, limit_bytes
         serialized = stream.read()
     proto = _parse(path, serialized)
     _check_names(proto)
-    external_data.load_all(all_tensors(proto), path.parent, limit_bytes, model_bytes=len(serialized))
+    data_bytes = external_data.load_all(all_tensors(proto), path.parent, limit_bytes, model_bytes=len(serialized))
     _check_domains(proto)
     try:
         onnx.checker.check_model(proto, full_check=True)
@@ -108,6 +111,7 @@ def load(path: Path, given_batch_axes: dict[str, int] | None = None, limit_bytes
         ir_version=proto.ir_version,
         producer=f"{proto.producer_name} {proto.producer_version}".strip(),
         metadata={prop.key: prop.value for prop in proto.metadata_props},
+        shipped_bytes=len(serialized) + data_bytes,
     )
     _check_action_metadata(path, info.metadata)
     batch_axes.check_given(info, given_batch_axes or {})

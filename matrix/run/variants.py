@@ -68,11 +68,13 @@ class Made:
     content: bytes
     conversion_s: float
     kept_fp32: tuple[str, ...] = ()  # nodes left in float32: by the fp16 converter, or excluded from int8 quantization
+    shipped_bytes: int | None = None  # the original's: the user's files, not this re-serialized copy
 
     def write(self, path: Path) -> Path:
-        """This run's own copy, with its sidecar (conversion time, nodes kept in fp32)."""
+        """This run's own copy, with its sidecar (conversion time, nodes kept in fp32, the size that ships)."""
         write_atomic_with(path, lambda stream: stream.write(self.content))
-        write_atomic(_sidecar(path), json.dumps({"conversion_s": self.conversion_s, "kept_fp32": list(self.kept_fp32)}))
+        write_atomic(_sidecar(path), json.dumps({"conversion_s": self.conversion_s, "kept_fp32": list(self.kept_fp32),
+                                                 "shipped_bytes": self.shipped_bytes or len(self.content)}))
         return path
 
 
@@ -128,7 +130,7 @@ def _variant_error(variant: str, error: Exception) -> str:
 def made(model: ModelInfo, variant: str, keep_fp32: tuple[str, ...] = ()) -> Made:
     """The variant's verified bytes: from the cache when its entry's hash matches, else made and cached."""
     if variant == "fp32":  # the original is what it is: runtimes judge it, nothing is converted
-        return Made(model.proto.SerializeToString(), 0.0)
+        return Made(model.proto.SerializeToString(), 0.0, shipped_bytes=model.shipped_bytes)
     folder = _entry_folder(model, variant, keep_fp32)
     return _cached(folder, variant) or _make(model, variant, keep_fp32, folder)
 
@@ -176,6 +178,11 @@ def _make(model: ModelInfo, variant: str, keep_fp32: tuple[str, ...], folder: Pa
 def conversion_seconds(variant_file: Path) -> float:
     """How long making this variant took when it was made (0 for the original fp32)."""
     return float(_sidecar_field(variant_file, "conversion_s", 0.0))
+
+
+def shipped_bytes(variant_file: Path) -> int:
+    """The size a user ships for this variant: the original's files for fp32 (model and external data), else the file."""
+    return int(_sidecar_field(variant_file, "shipped_bytes", variant_file.stat().st_size))
 
 
 def kept_fp32(variant_file: Path) -> list[str]:

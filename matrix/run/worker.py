@@ -134,7 +134,8 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
     started = time.perf_counter()
     artifact = target.prepare(ctx, spec.variant)
     measurement.artifact = ArtifactInfo(
-        size_bytes=artifact.size_bytes,
+        # The core's ONNX variant as it is: the size of what the user ships (for fp32, their own files).
+        size_bytes=variants.shipped_bytes(artifact.path) if artifact.path in onnx_variants.values() else artifact.size_bytes,
         conversion_s=artifact.conversion_s or time.perf_counter() - started,
         op_inventory=artifact.op_inventory,
         notes=artifact.notes,
