@@ -255,6 +255,26 @@ def test_assist_tries_fixes_on_every_settings_value_each_under_its_own_settings(
     assert results.decision[0].chosen is not None and results.decision[0].chosen.fix, done.stderr
 
 
+def test_with_a_candidate_the_first_model_is_diagnosed_and_fixed_and_the_candidate_says_it_is_not(tmp_path, policy_matrix):
+    """With --candidate, --assist tried nothing at all (its filter read the last cell, a candidate's, for every cell),
+    and a candidate's cells, never diagnosed or prepared, said nothing about it. The first model's cells are
+    diagnosed and fixed; a candidate's cells say that they were not, and how to have them."""
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    student = tmp_path / "student.onnx"
+    student.write_bytes(model.read_bytes())
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--candidate", student, "--targets", "ort-cpu", "--precisions", "fp16",
+                          "--diagnose", "--assist", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr  # both fp16 cells FAIL on drift as exported
+    first, candidate = sorted(schema.load(out / "results.json").cells, key=lambda c: c.candidate)
+    assert first.diagnosis and any(f.verdict == "PASS" for f in first.fixes), done.stderr
+    assert candidate.candidate == "student.onnx" and candidate.diagnosis is None and candidate.fixes == []
+    rerun = "run it with student.onnx as the model"
+    assert f"diagnosis: not made for a candidate (--diagnose follows the first model's graph through its float64 " \
+           f"intermediates); {rerun}" in candidate.reasons
+    assert f"fix: none tried on a candidate (--assist prepares the first model's graph); {rerun}" in candidate.reasons
+
+
 def test_assist_that_finds_no_fix_says_what_it_tried_where_it_said_try_assist(tmp_path, policy_matrix):
     """No preparation changes an fp16 cell's rounding: --assist ran and found nothing, yet the decision still said
     '(try --assist)'. It now names what it tried, on the console, in summary.md (ship table and the cell's Why) and

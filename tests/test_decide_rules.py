@@ -211,6 +211,15 @@ def test_nothing_passes_says_what_assist_did_in_every_place_the_decision_is_show
     assert report_decision.context(results)["headline"](decision).endswith(said)
 
 
+def test_nothing_passes_after_assist_says_a_candidates_cells_were_not_prepared():
+    """--assist prepares the first model only: "found no fix: tried on fp32" read as if the candidate had been tried."""
+    results = _failing_results({"assist": True}, [FixAttempt(preparation="simplify", verdict="FAIL")])
+    results.cells.append(_cell("fp32", 5, 1000, 0.5, verdict="FAIL", candidate="student.onnx"))
+    results.decision = decide.decide_all(results, [])
+    (line,) = decide.summary_lines(results)
+    assert line.endswith("(--assist found no fix: tried on fp32: simplify; a candidate's cells are not prepared)")
+
+
 @pytest.mark.parametrize("prefer, measure", [("latency", "the fastest p50"), ("size", "the smallest file"),
                                              ("accuracy", "the closest to the reference")])
 def test_summary_md_and_the_report_say_the_order_prefer_asked_for(prefer, measure):

@@ -53,9 +53,20 @@ def after_cells(results: RunResults, context: AssistContext, diagnose_cells: boo
         for cell in [c for c in runtime_cells if c.configuration.first_model_with_defaults and diagnose.wants_diagnosis(c)]:
             _diagnose(cell, context, console)
     if assist:
-        for cell in [c for c in runtime_cells if _first_model_as_exported(cell) and preparations.wants_fixes(c)]:
+        for cell in [c for c in runtime_cells if _first_model_as_exported(c) and preparations.wants_fixes(c)]:
             _fix(cell, context, console)
         results.run_options["assist"] = True  # the decision then says what it found, never "try --assist"
+    for cell in (c for c in runtime_cells if c.candidate):  # said where it would have run, not left to silence
+        _say_not_run_on_candidate(cell, diagnose_cells, assist)
+
+
+def _say_not_run_on_candidate(cell: Cell, diagnose_cells: bool, assist: bool) -> None:
+    rerun = f"run it with {cell.candidate} as the model"
+    if diagnose_cells and diagnose.wants_diagnosis(cell):
+        cell.reasons.append(f"diagnosis: not made for a candidate (--diagnose follows the first model's graph "
+                            f"through its float64 intermediates); {rerun}")
+    if assist and preparations.wants_fixes(cell):
+        cell.reasons.append(f"fix: none tried on a candidate (--assist prepares the first model's graph); {rerun}")
 
 
 def _first_model_as_exported(cell: Cell) -> bool:

@@ -268,8 +268,8 @@ class Assist(Group):
     """After the cells: the first divergent node of drifting cells, graph preparations for failing ones."""
 
     options = (
-        click.option("--diagnose", is_flag=True, help="For cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference."),
-        click.option("--assist", is_flag=True, help="For FAILed cells: try graph preparations (the diagnosed node kept in fp32, onnxsim, opset 17, rewrites) on the same target; "
+        click.option("--diagnose", is_flag=True, help="For the first model's cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference."),
+        click.option("--assist", is_flag=True, help="For the first model's FAILed cells: try graph preparations (the diagnosed node kept in fp32, onnxsim, opset 17, rewrites) on the same target; "
                   "those that change the model's interface are refused. A fix is judged on drift: it drives no --env episodes."),
     )
 

@@ -465,8 +465,12 @@ def _assist_hint(decision: Decision) -> str:
     """What --assist can still do when nothing passes: try it, or what it tried and found no fix in."""
     if decision.fixes_tried:
         tried = "; ".join(f"on {label}: {', '.join(names)}" for label, names in decision.fixes_tried.items())
-        return f"--assist found no fix: tried {tried}"
-    return "--assist tried no graph preparation on these cells" if decision.assisted else "try --assist"
+        said = f"--assist found no fix: tried {tried}"
+    elif decision.assisted:
+        said = "--assist tried no graph preparation on these cells"
+    else:
+        return "try --assist"
+    return said + ("; a candidate's cells are not prepared" if any(c.candidate for c in decision.configurations) else "")
 
 
 def runner_up_line(decision: Decision, model_name: str) -> str:
