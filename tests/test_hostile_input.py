@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from conftest import CliRun, run_cli
 from onnx import TensorProto, helper, numpy_helper
@@ -101,6 +102,12 @@ def huge_node_name(folder):
 def huge_input_name(folder):
     name = "o" * 2_000_000
     return _save(folder, _model([helper.make_node("Relu", [name], ["action"])], [_float_io(["b", 4], name)], [_float_io(["b", 4], "action")]))
+
+
+def nul_in_input_name(folder):
+    """onnx.reference and a zip member name (observations.npz is keyed by input names) end at the NUL."""
+    return _save(folder, _model([helper.make_node("Relu", ["ob\0s"], ["action"])], [_float_io(["b", 4], "ob\0s")],
+                                [_float_io(["b", 4], "action")]))
 
 
 def _declared(shape):
@@ -190,6 +197,7 @@ MODELS = {
     "zero-sized dimension": (zero_sized_dim, "zero-sized"),
     "10 MB node name": (huge_node_name, "characters long"),
     "2 MB input name": (huge_input_name, "characters long"),
+    "NUL in an input name": (nul_in_input_name, "holds a NUL character"),
     "input [b, 1e9]": (_declared(["b", 10**9]), "per sample"),
     "input [b, 2^40]": (_declared(["b", 1 << 40]), "per sample"),
     "input [b, 2^20, 2^20]": (_declared(["b", 1 << 20, 1 << 20]), "per sample"),
@@ -521,6 +529,38 @@ def test_a_node_name_that_reads_as_console_markup_is_shown_as_written(tmp_path, 
     refusal = next(line for line in done.lines if "the development runtime) failed" in line)
     assert "with name 'erf[/]\\x1b[31m'" in refusal, refusal
     assert "\x1b" not in done.stdout + done.stderr
+
+
+def test_names_that_are_npz_words_or_paths_are_saved_and_read_back_as_themselves(tmp_path, policy_matrix):
+    """observations.npz, reference.npz and each cell's outputs are keyed by the model's names. np.savez took an
+    input or output named `file` for its own argument (a traceback) and `allow_pickle` for its flag (the array
+    silently dropped), and np.load's data["a.npy"] read the array of `a`. Names with '/' or '..' are member names,
+    never paths: the files written are the run's own."""
+    inputs = ["file", "../x", "A"]
+    outputs = {"allow_pickle": "Relu", "a": "Neg", "a.npy": "Abs", "p/../q": "Sigmoid", "/abs": "Tanh"}
+    nodes = [helper.make_node(op, [inputs[i % len(inputs)]], [name]) for i, (name, op) in enumerate(outputs.items())]
+    model = _save(tmp_path, _model(nodes, [_float_io(["b", 4], name) for name in inputs],
+                                   [_float_io(["b", 4], name) for name in outputs]))
+    out = tmp_path / "out"
+    done = policy_matrix([model, "--targets", "ort-cpu", "--variants", "fp32", "--iters", "5", "--out", out])
+    assert done.returncode == 0, done.stderr[-2000:]
+    from matrix import results as schema, userfiles
+
+    (cell,) = schema.load(out / "results.json").cells
+    assert cell.verdict == "PASS" and sorted(p.output for p in cell.parity) == sorted(outputs)
+    observed = userfiles.read_arrays(out / "observations.npz", "observation", None)
+    reference = userfiles.read_arrays(out / "reference.npz", "reference", None)
+    assert sorted(observed) == sorted(inputs) and sorted(reference) == sorted(outputs)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    expected = dict(zip(outputs, session.run(list(outputs), observed)))
+    for name in outputs:
+        np.testing.assert_allclose(reference[name], expected[name], atol=1e-6, err_msg=name)
+    again = policy_matrix([model, "--obs", out / "observations.npz", "--targets", "ort-cpu", "--variants", "fp32",
+                           "--iters", "5", "--out", tmp_path / "again"])
+    assert again.returncode == 0, again.stderr[-2000:]
+    first, second = (schema.load(folder / "results.json").model for folder in (out, tmp_path / "again"))
+    assert second["observations_sha256"] == first["observations_sha256"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "m.onnx", "out"]
 
 
 @pytest.mark.parametrize("name", ["..onnx", "...onnx"])

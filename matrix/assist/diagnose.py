@@ -86,8 +86,8 @@ def reference_intermediates(proto: onnx.ModelProto, feeds: observations.Feeds) -
 def _guarded_intermediates(model: ModelInfo, subset_path: Path, folder: Path, limits: guarded.Limits) -> dict[str, np.ndarray]:
     """reference_intermediates in a guarded process (matrix.run.guarded); arrays come back by index, names in JSON."""
     answer = guarded.run("intermediates", {"model": str(model.path.resolve()), "observations": str(subset_path)}, folder, limits)
-    with np.load(folder / "intermediates.npz", allow_pickle=False) as data:
-        return {name: data[str(i)] for i, name in enumerate(answer["names"])}
+    by_index = observations.read(folder / "intermediates.npz")
+    return {name: by_index[str(i)] for i, name in enumerate(answer["names"])}
 
 
 def guarded_step(spec: dict, folder: Path) -> dict:

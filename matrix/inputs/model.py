@@ -202,6 +202,8 @@ def _check_names(proto: onnx.ModelProto) -> None:
             raise InputError(
                 f"a {kind} name is {len(name)} characters long (limit {MAX_NAME_CHARS}): refused, it starts {name[:40]!r}"
             )
+        if "\0" in name:  # onnx.reference and a zip member name (the .npz files keyed by names) end at a NUL
+            raise InputError(f"a {kind} name holds a NUL character: refused ({userfiles.one_line(repr(name), 100)})")
 
 
 def _all_names(proto: onnx.ModelProto):

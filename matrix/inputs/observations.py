@@ -13,6 +13,7 @@ and recorded arrays keep the model's own layout: the batch on its axis.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -135,13 +136,28 @@ def _check_rows(rows: dict[str, int], path: Path, step: int) -> None:
 
 
 def save(feeds: Feeds, path: Path) -> None:
-    """Written whole or not at all: a run killed while saving leaves no half file behind."""
-    outdir.write_atomic_with(path, lambda stream: np.savez(stream, **feeds))
+    """An .npz numpy reads, written whole or not at all (a run killed while saving leaves no half file behind).
+    Every name is the model's, kept as it is: written as np.savez writes, one `NAME.npy` member each, but not
+    through its keyword arguments, which take an input named `file` or `allow_pickle` for their own."""
+    def write(stream) -> None:
+        with zipfile.ZipFile(stream, "w", allowZip64=True) as archive:
+            for name, array in feeds.items():
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+
+    outdir.write_atomic_with(path, write)
 
 
 def read(path: Path) -> Feeds:
-    with np.load(path, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}
+    """What `save` wrote, each array by its member's exact name: np.load's `data["a.npy"]` reads the member of an
+    array named `a` when both `a` and `a.npy` are there."""
+    with zipfile.ZipFile(path) as archive:
+        return {member.filename.removesuffix(".npy"): _member(archive, member) for member in archive.infolist()}
+
+
+def _member(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> np.ndarray:
+    with archive.open(member) as stream:
+        return np.lib.format.read_array(stream, allow_pickle=False)
 
 
 def count(feeds: Feeds, axes: BatchAxes) -> int:

@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from .. import outdir
 from ..inputs.model import ModelInfo
+from ..inputs import observations
 from ..inputs.observations import Feeds, run_in_batches
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
@@ -60,8 +60,7 @@ def evaluator_for(proto: onnx.ModelProto):
 def save(ref: Reference, path: Path) -> None:
     """The reference beside the observations, so anyone can audit a verdict: outputs by name,
     decision margins as `margin:<output>`."""
-    arrays = {**ref.outputs, **{f"margin:{name}": margin for name, margin in ref.margins.items()}}
-    outdir.write_atomic_with(path, lambda stream: np.savez(stream, **arrays))
+    observations.save({**ref.outputs, **{f"margin:{name}": margin for name, margin in ref.margins.items()}}, path)
 
 
 def dev_runtime(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:

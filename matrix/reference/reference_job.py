@@ -18,14 +18,12 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 
 from ..inputs import model as model_loader
 from ..inputs import observation_sources, observations
 from . import reference
 from ..errors import InputError, error_line
 from ..run.guarded import stage
-from ..outdir import write_atomic_with
 
 if TYPE_CHECKING:  # imported by _plan, with --env or --trajectory only
     from ..run import rollouts
@@ -51,10 +49,10 @@ def guarded_step(spec: dict, folder: Path) -> dict:
         report["error"] = error_line(error)
         traceback.print_exc(limit=8)
     else:
-        save(folder / "reference.npz", {**_prefixed("outputs", ref.outputs), **_prefixed("margins", ref.margins)})
+        observations.save({**_prefixed("outputs", ref.outputs), **_prefixed("margins", ref.margins)}, folder / "reference.npz")
         stage("dev runtime")
         try:
-            save(folder / "dev_runtime.npz", _prefixed("outputs", reference.dev_runtime(info, feeds, spec["chunk"])))
+            observations.save(_prefixed("outputs", reference.dev_runtime(info, feeds, spec["chunk"])), folder / "dev_runtime.npz")
         except Exception as error:  # the matrix still runs; that column stays empty
             report["dev_runtime_error"] = error_line(error)
         if plan is not None and "rollout" not in report:
@@ -84,19 +82,14 @@ def _rollout(info, plan: rollouts.RolloutPlan, folder: Path, report: dict) -> li
     except InputError as error:
         report["rollout_error"] = str(error)
         return None
-    save(folder / "rollout.npz", arrays)
+    observations.save(arrays, folder / "rollout.npz")
     report["rollout"] = measured
     return [] if plan.open_loop else rollouts.episodes_from(arrays, measured)
 
 
-def save(path: Path, arrays: dict) -> None:
-    write_atomic_with(path, lambda stream: np.savez(stream, **arrays))
-
-
 def load(path: Path) -> tuple[dict, dict]:
     """(outputs, margins) of a reference.npz or dev_runtime.npz (which has no margins)."""
-    with np.load(path, allow_pickle=False) as data:
-        arrays = {name: data[name] for name in data.files}
+    arrays = observations.read(path)
     outputs = {k.removeprefix("outputs/"): v for k, v in arrays.items() if k.startswith("outputs/")}
     margins = {k.removeprefix("margins/"): v for k, v in arrays.items() if k.startswith("margins/")}
     return outputs, margins

@@ -21,9 +21,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 from . import guarded, isolation
+from ..inputs import observations
 from ..inputs.observations import Feeds
 from .protocol import DONE, GO, LOG_FILE, MEASUREMENT_FILE, OUTPUTS_FILE, START, TIMED, UNTIMED, CellSpec, Measurement
 from ..results import Cell, CellError
@@ -310,8 +310,7 @@ def _arrays(cell_dir: Path) -> Feeds:
     if not path.exists():
         return {}
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
+        return observations.read(path)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # cut short by a kill or a full disk
         return {}
 

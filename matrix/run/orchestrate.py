@@ -570,9 +570,7 @@ def _reference_rollout(config: RunConfig, folder: Path, report: dict, ending) ->
         raise InputError(report["rollout_error"])
     if "rollout" not in report:
         raise InputError(f"the float64 reference rollout of {config.model.path.name} did not finish: {ending.describe()}")
-    with np.load(folder / "rollout.npz", allow_pickle=False) as data:
-        arrays = {name: data[name] for name in data.files}
-    return rollouts.reference_from(report["rollout"], arrays)
+    return rollouts.reference_from(report["rollout"], observations.read(folder / "rollout.npz"))
 
 
 def _observation_set(config: RunConfig, obs_source: observation_sources.ObservationSource) -> observations.Feeds:

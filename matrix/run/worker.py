@@ -39,7 +39,6 @@ from ..inputs.contract import CONTRACT_BATCHES
 from ..judge.metrics import latency_stats
 from ..errors import error_line
 from .guarded import stage
-from ..outdir import write_atomic_with
 from .protocol import DONE, GO, OUTPUTS_FILE, START, TIMED, UNTIMED, CellSpec, Measurement, done_message, gate_message
 from ..results import ArtifactInfo, CellError
 from ..judge.rules import workaround_note
@@ -89,7 +88,7 @@ def _first_timeline() -> dict:
 
 def _save(cell_dir: Path, measurement: Measurement, arrays: dict) -> None:
     """Write both files whole, then swap them in: a kill mid-write never leaves half a file."""
-    write_atomic_with(cell_dir / OUTPUTS_FILE, lambda stream: np.savez(stream, **arrays))
+    observations.save(arrays, cell_dir / OUTPUTS_FILE)
     measurement.save(cell_dir)
 
 
