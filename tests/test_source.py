@@ -139,16 +139,27 @@ def test_the_columns_timeout_counts_its_work_not_its_wait_for_the_column(tmp_pat
     timeout_s = 3.0  # 20x the column's work here (0.15 s at load 2.4)
     time.sleep(timeout_s + 1)  # the checked process waits for its column longer than the column's --timeout...
     assert checked.column.process.poll() is None
-    inputs = source.ColumnInputs(model_loader.load(policy), _observations(tmp_path), 0, 2, 10, timeout_s, None, None)
-    outcome = source.execute(checked, inputs, tmp_path / "source", lambda stage: None)
+    outcome = source.execute(checked, column_inputs(policy, timeout_s), tmp_path / "source", lambda stage: None)
     assert outcome.measurement.error is None and outcome.measurement.latency  # ...and its column still runs whole
     assert len(imported_by(tmp_path)) == 1
 
 
-def _observations(folder: Path) -> Path:
-    path = folder / "observations.npz"
+@pytest.mark.slow
+def test_a_source_that_hangs_on_import_is_its_cells_timeout_where_it_hangs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    policy = mlp_with_source(tmp_path)
+    (tmp_path / "hangs_on_import.py").write_text("import threading\n\nthreading.Event().wait()\n")
+    spec = source.preflight(source.parse("python:hangs_on_import:act", None, None), None, 1)
+    assert spec.column is None  # no answer in time is not exit 2: the column starts a process of its own
+    outcome = source.execute(spec, column_inputs(policy, 3), tmp_path / "source", lambda stage: None)
+    assert (outcome.measurement.error.stage, outcome.measurement.error.message) == ("open", "timed out after 3 s (--timeout)")
+
+
+def column_inputs(policy: Path, timeout_s: float) -> source.ColumnInputs:
+    """The column's share of a run: 16 observations beside the policy, 10 timed calls, no memory cap, no episodes."""
+    path = policy.with_name("observations.npz")
     observations.save({"obs": np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)}, path)
-    return path
+    return source.ColumnInputs(model_loader.load(policy), path, 0, 2, 10, timeout_s, None, None)
 
 
 @pytest.mark.slow

@@ -155,7 +155,7 @@ class ColumnProcess:
     process group and dying with the runner (matrix.run.isolation). It checks the source first, then waits for
     the column's folder on its stdin; closing it (or the run ending without a column) ends its group."""
 
-    def __init__(self, spec: SourceSpec, memory_limit: int | None):
+    def __init__(self, spec: SourceSpec, memory_limit: int | None, check: bool = True):
         # Its stderr, the cell's log, lands in the column's folder, which does not exist yet: an unnamed file until then.
         self.log = tempfile.TemporaryFile(prefix="policy-matrix-source-", suffix=".log")  # noqa: SIM115
         # timeout_s=inf: a watchdog (hosts without a parent-death signal) must not end it while it waits for the
@@ -164,7 +164,7 @@ class ColumnProcess:
                                        timeout_s=float("inf"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=self.log, text=True, env=dict(os.environ))
         self._ended = weakref.finalize(self, _end, self.process, self.log)  # a run that never reaches its column
-        self._send({"python": spec.python, "source": spec.runner_spec()})
+        self._send({"python": spec.python, "source": spec.runner_spec(), "check": check})
 
     def _send(self, request: dict) -> None:
         try:
@@ -243,7 +243,8 @@ def execute(spec: SourceSpec, inputs: ColumnInputs, folder: Path, on_stage) -> c
         "rollout": inputs.rollout.as_dict() if inputs.rollout else None, "warmup": inputs.warmup, "iters": inputs.iters,
     }
     (folder / "source_spec.json").write_text(json.dumps(job_spec))
-    column = spec.column if spec.column is not None else ColumnProcess(spec, inputs.memory_limit)
+    # Without a checked process (its check hung), the column goes straight to loading, where its --timeout finds the hang.
+    column = spec.column if spec.column is not None else ColumnProcess(spec, inputs.memory_limit, check=False)
     ending = column.run(folder, guarded.Limits(inputs.timeout_s, inputs.memory_limit), on_stage)
     return cells.CellOutcome(cells._measurement(folder, ending), cells._arrays(folder), ending.duration_s)
 

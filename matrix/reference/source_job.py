@@ -14,8 +14,8 @@ module (torch, SB3: ~7 CPU s), and so does loading the policy. Started once, whi
 checked (matrix.reference.source.preflight), the training interpreter imports them once per run; between
 its check and its column it waits on its stdin, and its --timeout counts from the column's start.
 
-Its stdin, one JSON line each: {"python", "source"} (check this source in that interpreter), then
-{"folder"} when the column runs (end of input: the run ended without it). Its stdout: the check's answer,
+Its stdin, one JSON line each: {"python", "source", "check"} (this source in that interpreter, checked first when
+"check"), then {"folder"} when the column runs (end of input: the run ended without it). Its stdout: the check's answer,
 {"check": {"answer": the runner's answer or null, "stderr": its last words}} or {"check": {"start_error"}},
 then the stage lines of the guarded protocol. Reads FOLDER/source_spec.json; leaves FOLDER/measurement.json,
 FOLDER/outputs.npz (the protocol's cell files, rewritten after every stage) and FOLDER/source.json (what the
@@ -159,7 +159,8 @@ def main() -> None:
         print(json.dumps({"check": {"start_error": error.strerror or str(error)}}), flush=True)
         return
     try:
-        print(json.dumps({"check": check(runner, request["source"])}), flush=True)
+        if request["check"]:
+            print(json.dumps({"check": check(runner, request["source"])}), flush=True)
         column = sys.stdin.readline()  # idle until the run reaches its column
         if column:
             run_column(runner, Path(json.loads(column)["folder"]), request["source"])
