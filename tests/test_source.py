@@ -123,7 +123,7 @@ def imported_by(folder: Path) -> list[int]:
 @pytest.mark.slow
 def test_the_training_interpreter_imports_the_source_once_per_run(tmp_path, policy_matrix):
     # The check (a missing package is exit 2) and the column share one training interpreter: torch or SB3 is imported
-    # once per run (~7 CPU s), not once to check and again to run.
+    # once per run (2.5-7 CPU s), not once to check and again to run.
     policy = counted_source(tmp_path)
     done = policy_matrix(["run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:counted_policy:act"])
     assert done.returncode == 0, done.stderr

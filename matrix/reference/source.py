@@ -10,10 +10,10 @@ drives the run's seeded episodes and times `predict` per call at batch 1.
 
 The column's process is started while the options are checked (`preflight`): its training interpreter
 imports the framework and the user's module (a missing package is one line and exit 2 before anything
-runs), then waits, idle on its stdin, until the run reaches the column (`execute`). Importing torch or SB3
-costs ~7 CPU s; one process for both means once per run, not twice. It is under the memory cap from its
-start, its --timeout counts the column's work from the column's start, and it ends with the column, or
-with the run when the run ends without it.
+runs), then waits, idle on its stdin, until the run reaches the column (`execute`). Importing SB3 and
+torch costs 2.5-7 CPU s (idle to busy machine); one process for both imports them once per run, not
+twice. It is under the memory cap from its start, its --timeout counts the column's work from the
+column's start, and it ends with the column, or with the run when the run ends without it.
 
 A source is the user's own code and checkpoint: loading it executes code, as training did,
 unlike every other input of a run, which is never unpickled or executed.

@@ -10,7 +10,7 @@ source's preprocessing would see them (/255, normalised), for matrix.reference.s
 contract difference.
 
 Why one process serves both the check and the column: the check imports the framework and the user's
-module (torch, SB3: ~7 CPU s), and so does loading the policy. Started once, while the options are
+module (SB3 and torch: 2.5-7 CPU s), and so does loading the policy. Started once, while the options are
 checked (matrix.reference.source.preflight), the training interpreter imports them once per run; between
 its check and its column it waits on its stdin, and its --timeout counts from the column's start.
 
