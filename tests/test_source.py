@@ -11,12 +11,18 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
+import psutil
 import pytest
+from conftest import run_cli
 
-from matrix.reference import source
 from matrix.errors import InputError
+from matrix.inputs import model as model_loader
+from matrix.inputs import observations
+from matrix.reference import source
 from tests.source_policies import mlp_with_source
 
 FAST = ("--targets", "ort-cpu", "--variants", "fp32", "--iters", "10", "--warmup", "2", "--batch-sizes", "1",
@@ -90,6 +96,91 @@ def test_a_source_that_crashes_or_hangs_is_one_failed_cell_with_the_reason(tmp_p
     assert cell["verdict"] == "FAIL" and words in cell["reasons"][0]
     assert next(c for c in json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
                 if c["target"] == "ort-cpu")["verdict"] == "PASS"
+
+
+# A user's module that leaves the pid of each process importing it beside it, one line per import.
+COUNTED_MODULE = """import os
+from pathlib import Path
+
+from trained_policy import act
+
+with Path(__file__).with_name("imports.log").open("a") as log:
+    log.write(f"{os.getpid()}\\n")
+"""
+
+
+def counted_source(folder: Path) -> Path:
+    """policy.onnx with its training code, as counted_policy:act, whose imports are written to imports.log."""
+    policy = mlp_with_source(folder)
+    (folder / "counted_policy.py").write_text(COUNTED_MODULE)
+    return policy
+
+
+def imported_by(folder: Path) -> list[int]:
+    return [int(pid) for pid in (folder / "imports.log").read_text().split()]
+
+
+@pytest.mark.slow
+def test_the_training_interpreter_imports_the_source_once_per_run(tmp_path, policy_matrix):
+    # The check (a missing package is exit 2) and the column share one training interpreter: torch or SB3 is imported
+    # once per run (2.5-7 CPU s), not once to check and again to run.
+    policy = counted_source(tmp_path)
+    done = policy_matrix(["run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:counted_policy:act"])
+    assert done.returncode == 0, done.stderr
+    assert source_cell(tmp_path / "out")["verdict"] == "PASS"
+    assert len(imported_by(tmp_path)) == 1
+
+
+@pytest.mark.slow
+def test_the_columns_timeout_counts_its_work_not_its_wait_for_the_column(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    policy = counted_source(tmp_path)
+    checked = source.preflight(source.parse("python:counted_policy:act", None, None), None, 60)
+    timeout_s = 3.0  # 20x the column's work here (0.15 s at load 2.4)
+    time.sleep(timeout_s + 1)  # the checked process waits for its column longer than the column's --timeout...
+    assert checked.column.process.poll() is None
+    outcome = source.execute(checked, column_inputs(policy, timeout_s), tmp_path / "source", lambda stage: None)
+    assert outcome.measurement.error is None and outcome.measurement.latency  # ...and its column still runs whole
+    assert len(imported_by(tmp_path)) == 1
+
+
+@pytest.mark.slow
+def test_a_source_that_hangs_on_import_is_its_cells_timeout_where_it_hangs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    policy = mlp_with_source(tmp_path)
+    (tmp_path / "hangs_on_import.py").write_text("import threading\n\nthreading.Event().wait()\n")
+    spec = source.preflight(source.parse("python:hangs_on_import:act", None, None), None, 1)
+    assert spec.column is None  # no answer in time is not exit 2: the column starts a process of its own
+    outcome = source.execute(spec, column_inputs(policy, 3), tmp_path / "source", lambda stage: None)
+    assert (outcome.measurement.error.stage, outcome.measurement.error.message) == ("open", "timed out after 3 s (--timeout)")
+
+
+def column_inputs(policy: Path, timeout_s: float) -> source.ColumnInputs:
+    """The column's share of a run: 16 observations beside the policy, 10 timed calls, no memory cap, no episodes."""
+    path = policy.with_name("observations.npz")
+    observations.save({"obs": np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)}, path)
+    return source.ColumnInputs(model_loader.load(policy), path, 0, 2, 10, timeout_s, None, None)
+
+
+@pytest.mark.slow
+def test_a_run_that_ends_before_its_column_leaves_no_training_interpreter(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    policy = counted_source(tmp_path)
+    done = run_cli("run", policy, "--targets", "ort-cpu", "--source", "python:counted_policy:act",
+                   "--baseline", tmp_path / "no-such-results.json")  # refused after the source was checked
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    [checked_in] = imported_by(tmp_path)
+    gone_by = time.monotonic() + 30  # the kill is immediate; the deadline only bounds a broken case
+    while _running(checked_in):
+        assert time.monotonic() < gone_by, "the checked training interpreter outlived the run"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.slow

@@ -471,8 +471,7 @@ def _source_option(text: str | None, python: str | None, normalize: Path | None,
 
     spec = source.parse(text, python, normalize)
     source.check_model(info)
-    source.preflight(spec, memory_limit, timeout_s)
-    return spec
+    return source.preflight(spec, memory_limit, timeout_s)  # the spec with its checked column process, waiting
 
 
 def rollout_options(info, seed: int, given: dict, limits):

@@ -8,6 +8,13 @@ compares it with the ONNX graph's float64 reference on the same observations (ex
 parity), names a contract difference by fitting a few transforms (matrix/reference/source_fit.py),
 drives the run's seeded episodes and times `predict` per call at batch 1.
 
+The column's process is started while the options are checked (`preflight`): its training interpreter
+imports the framework and the user's module (a missing package is one line and exit 2 before anything
+runs), then waits, idle on its stdin, until the run reaches the column (`execute`). Importing SB3 and
+torch costs 2.5-7 CPU s (idle to busy machine); one process for both imports them once per run, not
+twice. It is under the memory cap from its start, its --timeout counts the column's work from the
+column's start, and it ends with the column, or with the run when the run ends without it.
+
 A source is the user's own code and checkpoint: loading it executes code, as training did,
 unlike every other input of a run, which is never unpickled or executed.
 """
@@ -16,10 +23,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +45,7 @@ from ..run.protocol import STAGES_AFTER_PARITY
 from .reference import Reference
 from ..results import Cell
 from .source_fit import DIVIDE_255, NORMALIZE, Bounds, Explanation, explain
-from .source_job import FACTS_FILE, RUNNER
+from .source_job import FACTS_FILE
 from ..judge.judge import Evidence, Judge, parity
 
 TARGET = "source"  # the column's target name in results; its variant is the framework (sb3, torch, ...)
@@ -50,6 +61,7 @@ class SourceSpec:
     target: str  # an absolute file path (sb3, torchscript) or MODULE:ATTR
     python: str  # the training interpreter
     normalize: str = ""  # observation statistics (VecNormalize pickle or .npz), absolute
+    column: ColumnProcess | None = field(default=None, compare=False, repr=False)  # checked by preflight, waiting
 
     @property
     def user_module(self) -> str | None:
@@ -99,39 +111,31 @@ def check_model(model: ModelInfo) -> None:
         raise InputError(f"--source needs a model with one observation input; {model.path.name} has {names}")
 
 
-def preflight(spec: SourceSpec, memory_limit: int | None, timeout_s: float) -> None:
+def preflight(spec: SourceSpec, memory_limit: int | None, timeout_s: float) -> SourceSpec:
     """Exit 2 with one line when the training interpreter cannot run this source at all: it does not
-    start, has no numpy, or lacks the framework or a package the user's module imports. The checkpoint
-    is loaded once, in the guarded source cell; a check that hangs is left to that cell's --timeout."""
-    request = json.dumps({"op": "check", "spec": spec.runner_spec()}) + "\n"
+    start, has no numpy, or lacks the framework or a package the user's module imports. The spec comes
+    back holding the checked column process, which waits for the column. The checkpoint is loaded once,
+    in the guarded source cell; a check that hangs is left to that cell's --timeout, in a process of its own."""
+    column = ColumnProcess(spec, memory_limit)
+    check = column.check_answer(timeout_s)
+    if check is None:  # a module that hangs on import: the source cell says so, as a FAIL
+        column.close()
+        return spec
     try:
-        process = isolation.start([spec.python, str(RUNNER)], memory_limit=memory_limit, timeout_s=timeout_s,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    except OSError as error:
-        raise InputError(f"--source-python {spec.python}: cannot start it ({error.strerror or error})") from None
-    try:
-        stdout, stderr = process.communicate(request, timeout=timeout_s)
-    except subprocess.TimeoutExpired:  # a module that hangs on import: the source cell says so, as a FAIL
-        isolation.kill_group(process)
-        return
-    _judge_check(spec, _last_json(stdout), stderr)
+        _judge_check(spec, check)
+    except InputError:
+        column.close()
+        raise
+    return replace(spec, column=column)
 
 
-def _last_json(stdout: str) -> dict | None:
-    for line in reversed(stdout.splitlines()):
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(answer, dict) and "ok" in answer:
-            return answer
-    return None
-
-
-def _judge_check(spec: SourceSpec, answer: dict | None, stderr: str) -> None:
+def _judge_check(spec: SourceSpec, check: dict) -> None:
     where = f"--source {spec.describe()['source']}"
+    if "start_error" in check:
+        raise InputError(f"--source-python {spec.python}: cannot start it ({check['start_error']})")
+    answer = check["answer"]
     if answer is None:
-        tail = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "no output")
+        tail = next((line.strip() for line in reversed(check["stderr"].splitlines()) if line.strip()), "no output")
         if "No module named 'numpy'" in tail:
             raise InputError(f"--source-python {spec.python}: lacks the package 'numpy' (the source runner needs it there)")
         raise InputError(f"--source-python {spec.python}: cannot run the source runner: {tail[:300]}")
@@ -144,6 +148,70 @@ def _judge_check(spec: SourceSpec, answer: dict | None, stderr: str) -> None:
     if missing:
         raise InputError(f"{where}: {spec.python} lacks the package {missing!r} "
                          "(install it in the training environment, or pass that environment's --source-python)")
+
+
+class ColumnProcess:
+    """The source column's guarded process (matrix.reference.source_job), started with the memory cap, in its own
+    process group and dying with the runner (matrix.run.isolation). It checks the source first, then waits for
+    the column's folder on its stdin; closing it (or the run ending without a column) ends its group."""
+
+    def __init__(self, spec: SourceSpec, memory_limit: int | None, check: bool = True):
+        # Its stderr, the cell's log, lands in the column's folder, which does not exist yet: an unnamed file until then.
+        self.log = tempfile.TemporaryFile(prefix="policy-matrix-source-", suffix=".log")  # noqa: SIM115
+        # timeout_s=inf: a watchdog (hosts without a parent-death signal) must not end it while it waits for the
+        # column; the column's --timeout is counted from the column's start (guarded.follow).
+        self.process = isolation.start([sys.executable, "-m", "matrix.reference.source_job"], memory_limit=memory_limit,
+                                       timeout_s=float("inf"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=self.log, text=True, env=dict(os.environ))
+        self._ended = weakref.finalize(self, _end, self.process, self.log)  # a run that never reaches its column
+        self._send({"python": spec.python, "source": spec.runner_spec(), "check": check})
+
+    def _send(self, request: dict) -> None:
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # it ended already: how is read from its exit and log
+            pass
+
+    def check_answer(self, timeout_s: float) -> dict | None:
+        """The check's answer (source_job.check), or what the job's log says when it ended without one; None when
+        none came within timeout_s."""
+        answers: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: answers.put(_check_message(self.process.stdout)), daemon=True).start()
+        try:
+            check = answers.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        return check if check is not None else {"answer": None, "stderr": self.log_text()}
+
+    def run(self, folder: Path, limits: guarded.Limits, on_stage) -> guarded.Ending:
+        """The column, under `limits` from now; its log is left in the folder."""
+        log = folder / "source.log"
+        self._send({"folder": str(folder.resolve())})
+        try:
+            return guarded.follow(self.process, log, limits, on_stage)
+        finally:
+            log.write_text(self.log_text())
+            self.close()
+
+    def log_text(self) -> str:
+        descriptor = self.log.fileno()  # read at an offset: the job's writes go on where they were
+        return os.pread(descriptor, os.fstat(descriptor).st_size, 0).decode(errors="replace")
+
+    def close(self) -> None:
+        self._ended()
+
+
+def _check_message(stdout) -> dict | None:
+    for message in guarded.protocol_messages(stdout):
+        if "check" in message:
+            return message["check"]
+    return None
+
+
+def _end(process, log) -> None:
+    isolation.kill_group(process)
+    log.close()
 
 
 # --- running the column ----------------------------------------------------------------------
@@ -168,15 +236,16 @@ def execute(spec: SourceSpec, inputs: ColumnInputs, folder: Path, on_stage) -> c
     for stale in ("measurement.json", "outputs.npz", FACTS_FILE):
         (folder / stale).unlink(missing_ok=True)
     job_spec = {
-        "source": spec.runner_spec(), "python": spec.python, "model": str(inputs.model.path.resolve()),
+        "model": str(inputs.model.path.resolve()),
         "observations": str(inputs.observations.resolve()), "chunk": inputs.chunk,
         "obs_input": inputs.model.inputs[0].name, "outputs": [o.name for o in inputs.model.outputs],
         "action_output": inputs.rollout.action_output if inputs.rollout else contract.action_output(inputs.model),
         "rollout": inputs.rollout.as_dict() if inputs.rollout else None, "warmup": inputs.warmup, "iters": inputs.iters,
     }
     (folder / "source_spec.json").write_text(json.dumps(job_spec))
-    ending = guarded.run_process([sys.executable, "-m", "matrix.reference.source_job", str(folder)], folder / "source.log",
-                                 dict(os.environ), guarded.Limits(inputs.timeout_s, inputs.memory_limit), on_stage)
+    # Without a checked process (its check hung), the column goes straight to loading, where its --timeout finds the hang.
+    column = spec.column if spec.column is not None else ColumnProcess(spec, inputs.memory_limit, check=False)
+    ending = column.run(folder, guarded.Limits(inputs.timeout_s, inputs.memory_limit), on_stage)
     return cells.CellOutcome(cells._measurement(folder, ending), cells._arrays(folder), ending.duration_s)
 
 

@@ -1,15 +1,25 @@
-"""The source column's worker: `python -m matrix.reference.source_job DIR`, run guarded like a cell.
+"""The source column's worker: `python -m matrix.reference.source_job`, run guarded like a cell.
 
-It starts matrix/reference/source_runner.py in the user's training interpreter (`--source-python`) and
-asks it, over one JSON line each way, to load the policy, predict the observation set at
-batch 1, drive the run's seeded episodes (the environment lives here, on the core's side, so
-the training interpreter needs no Gymnasium) and time `predict`. The runner is this process's
-child, in its process group and under its memory cap: the cell's --timeout ends both. It also
-evaluates the float64 reference on the observations as the source's preprocessing would see
-them (/255, normalised), for matrix.reference.source_fit to name a contract difference.
+It starts matrix/reference/source_runner.py in the user's training interpreter (`--source-python`),
+checks it, then waits; when the run reaches its column it asks the runner, over one JSON line each way,
+to load the policy, predict the observation set at batch 1, drive the run's seeded episodes (the
+environment lives here, on the core's side, so the training interpreter needs no Gymnasium) and time
+`predict`. The runner is this process's child, in its process group and under its memory cap: the
+cell's --timeout ends both. It also evaluates the float64 reference on the observations as the
+source's preprocessing would see them (/255, normalised), for matrix.reference.source_fit to name a
+contract difference.
 
-Reads DIR/source_spec.json; leaves DIR/measurement.json, DIR/outputs.npz (the protocol's
-cell files, rewritten after every stage) and DIR/source.json (what the source said about itself).
+Why one process serves both the check and the column: the check imports the framework and the user's
+module (SB3 and torch: 2.5-7 CPU s), and so does loading the policy. Started once, while the options are
+checked (matrix.reference.source.preflight), the training interpreter imports them once per run; between
+its check and its column it waits on its stdin, and its --timeout counts from the column's start.
+
+Its stdin, one JSON line each: {"python", "source", "check"} (this source in that interpreter, checked first when
+"check"), then {"folder"} when the column runs (end of input: the run ended without it). Its stdout: the check's answer,
+{"check": {"answer": the runner's answer or null, "stderr": its last words}} or {"check": {"start_error"}},
+then the stage lines of the guarded protocol. Reads FOLDER/source_spec.json; leaves FOLDER/measurement.json,
+FOLDER/outputs.npz (the protocol's cell files, rewritten after every stage) and FOLDER/source.json (what the
+source said about itself).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from targets.jsonl_process import JsonLinesProcess
+from targets.jsonl_process import LOG_TAIL_CHARS, JsonLinesProcess
 
 from ..inputs import model as model_loader
 from ..inputs import observations
@@ -41,8 +51,8 @@ ANSWERS_FILE = "source_answers.npz"
 
 
 class SourceJob:
-    def __init__(self, folder: Path):
-        self.folder = folder
+    def __init__(self, folder: Path, source: dict):
+        self.folder, self.source = folder, source
         self.spec = json.loads((folder / "source_spec.json").read_text())
         self.measurement = Measurement(worker_pid=os.getpid())
         self.arrays: dict[str, np.ndarray] = {}
@@ -66,7 +76,7 @@ class SourceJob:
 
     def run(self, runner: JsonLinesProcess) -> None:
         self.enter("open")
-        facts = runner.call("load", spec=self.spec["source"])
+        facts = runner.call("load", spec=self.source)
         (self.folder / FACTS_FILE).write_text(json.dumps(facts))
         self.measurement.runtime_version = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in facts["versions"].items())
         self.enter("parity")
@@ -116,9 +126,19 @@ class SourceJob:
         return step
 
 
-def main(folder: Path) -> None:
-    job = SourceJob(folder)
-    runner = JsonLinesProcess([job.spec["python"], str(RUNNER)], "the source's interpreter")
+def check(runner: JsonLinesProcess, source: dict) -> dict:
+    """The runner's answer to `check` (it imports the framework and the user's module), or its last words when it
+    ended without one (an interpreter without numpy)."""
+    try:
+        return {"answer": {"ok": True, "result": runner.call("check", spec=source)}}
+    except RuntimeError as error:
+        if runner.process.poll() is None:  # it answered with an error and waits for the next request
+            return {"answer": {"ok": False, "error": str(error)}}
+        return {"answer": None, "stderr": runner.log()[-LOG_TAIL_CHARS:]}
+
+
+def run_column(runner: JsonLinesProcess, folder: Path, source: dict) -> None:
+    job = SourceJob(folder, source)
     try:
         job.run(runner)
     except Exception as error:  # the user's code's (or its interpreter's) own words become the cell's reason
@@ -128,9 +148,25 @@ def main(folder: Path) -> None:
         job.measurement.error = CellError(stage=job.measurement.stage, message=text)
         traceback.print_exc(limit=8)
     finally:
-        runner.close()
         job.save()
 
 
+def main() -> None:
+    request = json.loads(sys.stdin.readline())
+    try:
+        runner = JsonLinesProcess([request["python"], str(RUNNER)], "the source's interpreter")
+    except OSError as error:
+        print(json.dumps({"check": {"start_error": error.strerror or str(error)}}), flush=True)
+        return
+    try:
+        if request["check"]:
+            print(json.dumps({"check": check(runner, request["source"])}), flush=True)
+        column = sys.stdin.readline()  # idle until the run reaches its column
+        if column:
+            run_column(runner, Path(json.loads(column)["folder"]), request["source"])
+    finally:
+        runner.close()
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main()

@@ -94,21 +94,27 @@ class Ending:
 def run_process(command: list[str], log_path: Path, env: dict, limits: Limits, on_stage) -> Ending:
     """Run `command` isolated (own group, memory cap, dies with the runner), follow its stage
     lines, and kill its whole group on a timeout or when the run itself is interrupted."""
-    started = time.perf_counter()
-    last_stage = [START]
-    timed_out = False
     with open(log_path, "w") as log:
         process = isolation.start(command, memory_limit=limits.memory_limit, timeout_s=limits.timeout_s,
                                   stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-        reader = threading.Thread(target=_follow, args=(process, last_stage, on_stage), daemon=True)
-        reader.start()
-        try:
-            process.wait(timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:  # on a timeout, and when the run itself is interrupted: no orphaned runtime
-            isolation.kill_group(process)
-        reader.join(timeout=5)
+        return follow(process, log_path, limits, on_stage)
+
+
+def follow(process, log_path: Path, limits: Limits, on_stage) -> Ending:
+    """Follow a started guarded process's stage lines until it ends; its --timeout counts from now (a process
+    started earlier and left waiting for its input is timed on its work). Its whole group is killed at the end."""
+    started = time.perf_counter()
+    last_stage = [START]
+    timed_out = False
+    reader = threading.Thread(target=_follow, args=(process, last_stage, on_stage), daemon=True)
+    reader.start()
+    try:
+        process.wait(timeout=limits.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:  # on a timeout, and when the run itself is interrupted: no orphaned runtime
+        isolation.kill_group(process)
+    reader.join(timeout=5)
     return Ending(process.returncode, time.perf_counter() - started, timed_out, last_stage[0], limits.timeout_s,
                   limits.memory_limit, log_path)
 
