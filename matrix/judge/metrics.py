@@ -68,7 +68,7 @@ def _agreement(result: OutputParity, differs: np.ndarray, margins: np.ndarray | 
     result.flips = int((differs & decisive).sum())
     result.near_ties = int((differs & ~decisive).sum())
     result.judged_rows = int(decisive.sum())
-    result.agreement = 1.0 - result.flips / result.judged_rows if result.judged_rows else 1.0
+    result.agreement = 1.0 - result.flips / result.judged_rows if result.judged_rows else None  # no row decides
 
 
 def abs_error(actual: np.ndarray, reference: np.ndarray) -> np.ndarray:

@@ -19,7 +19,8 @@ filters (decide.py) ask the same rules.
   no behaviour was measured; otherwise shown as information.
 - agreement: discrete outputs; near ties (reference margin <= tie margin) are
   left out of agreement entirely; any flip WARNs, flips that bring agreement
-  below the minimum FAIL. Judged only where no behaviour was measured.
+  below the minimum FAIL; every row a near tie WARNs (agreement not measured:
+  no row could confirm the runtime). Judged only where no behaviour was measured.
 - unquantized_int8: an "int8" artifact with nothing quantized WARNs (and never ships).
 - workarounds: a conversion workaround the tool applied is listed (no verdict).
 A cell whose drift or agreement was judged on synthetic observations says so in its reasons.
@@ -234,6 +235,9 @@ def drift(cell, context: Context) -> Findings:
 
 def agreement(cell, context: Context) -> Findings:
     found = Findings()
+    for p in (p for p in cell.parity if p.kind == "discrete" and p.judged_rows == 0):  # nothing confirms the runtime
+        found.warnings.append(f"{p.output}: agreement not measured: every row is a near tie (the reference's top-1 "
+                              f"minus top-2 logit at most the tie margin {context.tie_margin:g})")
     for p in (p for p in cell.parity if p.kind == "discrete" and p.flips):
         counted = f"{p.judged_rows} rows" if p.judged_rows is not None else "all rows"
         flips = (f"{p.output}: {p.flips} action flips above the tie margin (agreement {100 * p.agreement:.1f}% over "
