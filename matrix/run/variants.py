@@ -53,6 +53,7 @@ import onnx
 
 from . import guarded
 from ..inputs import model as model_loader
+from ..inputs.graph_facts import QUANTIZED_OPS, subgraphs
 from ..inputs.model import ModelInfo
 from ..outdir import write_atomic, write_atomic_with
 from targets.paths import cache_dir
@@ -346,10 +347,6 @@ def restore_interface(original: onnx.ModelProto, variant: onnx.ModelProto) -> on
     return variant
 
 
-QUANTIZED_OPS = {
-    "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
-    "DynamicQuantizeLSTM", "QGemm", "QAttention", "QLinearAdd", "QLinearMul",
-}
 WEIGHT_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN", "Attention", "Einsum"}
 INTEGER_WEIGHT_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
 
@@ -357,8 +354,8 @@ INTEGER_WEIGHT_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.Tens
 def quantization(proto: onnx.ModelProto) -> dict[str, int]:
     """What an "int8" ONNX file really holds: quantized ops and 8-bit weight tensors, and what stayed float,
     counted in every graph (If/Loop/Scan bodies too) and in Constant nodes as well as initializers."""
-    nodes = [node for graph in _graphs(proto.graph) for node in graph.node]
-    tensors = [*(t for graph in _graphs(proto.graph) for t in graph.initializer),
+    nodes = [node for graph in subgraphs(proto.graph) for node in graph.node]
+    tensors = [*(t for graph in subgraphs(proto.graph) for t in graph.initializer),
                *(a.t for n in nodes for a in n.attribute if a.type == onnx.AttributeProto.TENSOR)]
     weights = [t for t in tensors if len(t.dims) >= 2]  # scales, zero points and biases are not weights
     return {
@@ -367,16 +364,6 @@ def quantization(proto: onnx.ModelProto) -> dict[str, int]:
         "quantized_weights": sum(t.data_type in INTEGER_WEIGHT_TYPES for t in weights),
         "float_weights": sum(t.data_type not in INTEGER_WEIGHT_TYPES for t in weights),
     }
-
-
-def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """The graph and every subgraph its nodes hold (If branches, Loop and Scan bodies), depth first."""
-    found = [graph]
-    for node in graph.node:
-        for attribute in node.attribute:
-            for inner in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                found += _graphs(inner)
-    return found
 
 
 def _inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
