@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import variant_policies
 
 from matrix.inputs import graph_facts, model
 from matrix.inputs.examples import path as example
@@ -72,3 +73,14 @@ def test_a_users_fp16_or_int8_policy_passes_where_its_runtimes_run_it_right(tmp_
         assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
     assert done.returncode == 0, done.stderr
     assert any(item["id"] == "precision" and item["level"] == "warn" for item in results["lints"])
+
+
+@pytest.mark.parametrize("make", [user_dynamic_int8, variant_policies.user_qdq_int8])
+def test_an_int8_variant_that_quantizes_nothing_beyond_the_users_own_is_not_made(tmp_path, make):
+    """ORT's dynamic quantization of an already-quantized model adds no quantized op: counted against nothing,
+    its MatMulIntegers made the copy look quantized and it ran as "int8", the user's own model under a new name."""
+    from matrix.run import variants
+
+    paths, errors = variants.produce_all(model.load(make(tmp_path)), ["int8"], tmp_path / "variants")
+    assert "int8" not in paths
+    assert "quantized nothing beyond the model's own" in errors["int8"], errors

@@ -20,7 +20,8 @@ cannot convert (float-producing Casts first, then each node the checker or ORT
 names) stay float32 through the converter's `node_block_list`, and the variant
 says which (`kept_fp32`). A variant that still fails is the tool's problem: its
 cells are skipped with the reason, never failed on a runtime's account. An int8
-file in which nothing was quantized is not int8 either (`quantization`).
+file in which nothing was quantized is not int8 either (`quantization`), nor is one that quantized nothing
+beyond what a user's already-quantized model held (its fp32 cell is that int8 model, as given).
 
 A run makes fp32 itself (a copy of the loaded model: nothing is evaluated) and
 each other variant in its own guarded process (`produce_guarded`, see
@@ -58,7 +59,7 @@ from ..inputs.model import ModelInfo
 from ..outdir import write_atomic, write_atomic_with
 from targets.paths import cache_dir
 
-RECIPE = "fp16-keep-io-cast-io-or-blocked/int8-dynamic-u8u8/validated"  # part of the cache key: change it when a recipe changes
+RECIPE = "fp16-keep-io-cast-io-or-blocked/int8-dynamic-u8u8-beyond-own/validated"  # part of the cache key: change it when a recipe changes
 MAX_BLOCKED_NODES = 8  # how many nodes the fp16 mixed-precision search keeps in fp32 before it gives up
 
 
@@ -291,9 +292,13 @@ def _int8(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
             quantize_dynamic(source, out, weight_type=QuantType.QUInt8, nodes_to_exclude=list(keep_fp32))
         finally:
             logging.getLogger().setLevel(quiet)
-    counted = quantization(onnx.load(str(out)))
-    if not counted["quantized_ops"]:
+    counted, own = quantization(onnx.load(str(out))), quantization(model.proto)
+    if counted["quantized_ops"] <= own["quantized_ops"] and counted["quantized_weights"] <= own["quantized_weights"]:
         out.unlink()
+        if own["quantized_ops"] or own["quantized_weights"]:  # a user's int8 model: its as-given cell is the int8 one
+            raise VariantError(
+                f"dynamic quantization quantized nothing beyond the model's own ({own['quantized_ops']} quantized ops, "
+                f"{own['quantized_weights']} 8-bit weight tensors): the fp32 cell runs that int8 model as given")
         raise VariantError(
             f"dynamic quantization quantized nothing ({counted['float_ops']} weight ops and "
             f"{counted['float_weights']} weight tensors stayed float): this would be the fp32 model named int8"

@@ -1,12 +1,11 @@
 """The float64 reference evaluates GatherElements as the spec (and ONNX Runtime) do, where onnx.reference
 itself refuses: torch writes `axis=-1` for `gather(-1, ...)`, as in Stable-Baselines3's PPO log_prob."""
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import variant_policies
 from onnx import TensorProto, helper
 
 from matrix.inputs import model as model_loader
@@ -53,31 +52,11 @@ def test_indices_smaller_than_the_data_on_other_axes_and_negative_indices():
     np.testing.assert_array_equal(out, [[3.0], [4.0]])
 
 
-def qdq_policy(tmp_path):
-    """The bundled MLP as a user quantizes it with ONNX Runtime's static QDQ quantization at the model's own
-    opset (17): QuantizeLinear/DequantizeLinear pairs around float Gemms, int32 biases dequantized too."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-
-    source = Path(__file__).parents[2] / "matrix" / "example_policies" / "continuous_mlp.onnx"
-    rows = np.random.default_rng(0).normal(size=(16, 1, 17)).astype(np.float32)
-
-    class Calibration(CalibrationDataReader):
-        def __init__(self):
-            self.rows = iter(rows)
-
-        def get_next(self):
-            return next(({"obs": row} for row in self.rows), None)
-
-    path = tmp_path / "qdq.onnx"
-    quantize_static(source, path, Calibration(), quant_format=QuantFormat.QDQ)
-    return path
-
-
 def test_the_reference_dequantizes_a_qdq_model_below_opset_19_as_onnx_runtime_does(tmp_path):
     """Compared with ONNX Runtime running the graph as written (no optimization): its default fuses each
     DequantizeLinear-Gemm-QuantizeLinear into an int8 kernel whose signed weights saturate on x86 (measured:
     0.28 off this reference, and 0.28 off its own unoptimized run), which is the runtime's doing, for a cell."""
-    path = qdq_policy(tmp_path)
+    path = variant_policies.user_qdq_int8(tmp_path)
     assert {n.op_type for n in onnx.load(path).graph.node} >= {"QuantizeLinear", "DequantizeLinear"}
     obs = np.random.default_rng(1).normal(size=(32, 17)).astype(np.float32)
     as_written = ort.SessionOptions()
