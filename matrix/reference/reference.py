@@ -5,7 +5,8 @@ widened to float64, so the reference is exact up to float64 rounding rather
 than another float32 implementation. An explicit `Cast to=FLOAT16/BFLOAT16` is
 the model's own choice of precision, so it keeps its rounding (cast there,
 then widened). For discrete actions the evaluator also
-exposes the logits feeding ArgMax/ArgMin, to know each decision's margin; an
+exposes the logits feeding ArgMax/ArgMin (or the value a final Round rounds), to
+know each decision's margin; an
 action that concatenates several decisions (SB3's MultiDiscrete: one ArgMax per
 dimension, Unsqueezed and Concatenated) gets each element its own decision's margin.
 Slow by design: an oracle, not a runtime.
@@ -26,8 +27,10 @@ from ..inputs.observations import Feeds, run_in_batches
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 NARROW_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}  # an explicit Cast to these keeps its rounding
-DECISION_OPS = {"ArgMax", "ArgMin"}
-PASS_THROUGH_OPS = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+DECISION_OPS = {"ArgMax", "ArgMin", "Round"}  # Round: a float decision per element (SB3's MultiBinary: Round(probs))
+# Between a decision and the output: ops that move its values but not which one won (torch.distributions' Expand
+# to the batch shape, as SB3's Bernoulli writes it, included: a margin used only where its size is the output's).
+PASS_THROUGH_OPS = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand"}
 LOGITS_PREFIX = "policy_matrix_logits:"
 PART_PREFIX = "policy_matrix_part:"  # a concatenated decision as the Concat takes it: the shape its margins take
 
@@ -218,6 +221,8 @@ def _expose(graph: onnx.GraphProto, decision: onnx.NodeProto, logits: str, part:
 
 
 def _margin(logits: np.ndarray, axis: int, op: str) -> np.ndarray:
+    if op == "Round":  # how far each value is from the boundary where rounding turns (x.5)
+        return np.abs(logits - np.floor(logits) - 0.5)
     values = -logits if op == "ArgMin" else logits
     top2 = -np.sort(-values, axis=axis).take([0, 1], axis=axis) if values.shape[axis] > 1 else None
     if top2 is None:
