@@ -84,3 +84,28 @@ def test_an_int8_variant_that_quantizes_nothing_beyond_the_users_own_is_not_made
     paths, errors = variants.produce_all(model.load(make(tmp_path)), ["int8"], tmp_path / "variants")
     assert "int8" not in paths
     assert "quantized nothing beyond the model's own" in errors["int8"], errors
+
+
+def float64_regressor(folder: Path) -> Path:
+    """skl2onnx's regressor converted with DoubleTensorType (or torch's .double() module): float64 weights and I/O,
+    which onnxconverter-common leaves as they are (it converts float32 only)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(np.random.default_rng(0).normal(size=(3, 2)), "coefficient")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["double_input", "coefficient"], ["variable"])], "regressor",
+        [helper.make_tensor_value_info("double_input", TensorProto.DOUBLE, [None, 3])],
+        [helper.make_tensor_value_info("variable", TensorProto.DOUBLE, [None, 2])], [weights])
+    path = folder / "float64.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_an_fp16_variant_that_converts_nothing_is_not_made(tmp_path):
+    """It ran as "fp16" with every weight still float64: the original under a new name."""
+    from matrix.run import variants
+
+    paths, errors = variants.produce_all(model.load(float64_regressor(tmp_path)), ["fp16"], tmp_path / "variants")
+    assert "fp16" not in paths
+    assert errors["fp16"] == ("fp16 conversion converted nothing to float16 (weights: 1 float64): this would be the "
+                              "model as given named fp16")

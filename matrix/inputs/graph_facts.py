@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -209,12 +210,19 @@ def computes_in(proto: onnx.ModelProto) -> tuple[str, str]:
     if quantizing:
         count = sum(node.op_type in QUANTIZING_OPS for node in nodes)
         return "int8", f"{count} quantization ops ({', '.join(quantizing)})"
-    half_weights = sum(tensor.data_type in HALF_TYPES for graph in subgraphs(proto.graph) for tensor in _tensors(graph))
+    types = weight_types(proto)
+    half_weights = types["float16"] + types["bfloat16"]
     half_casts = sum(node.op_type == "Cast" and any(a.name == "to" and a.i in HALF_TYPES for a in node.attribute)
                      for node in nodes)
     if half_weights or half_casts:
         return "fp16", f"{half_weights} float16 weight tensors, {half_casts} float16 Cast nodes"
     return "fp32", ""
+
+
+def weight_types(proto: onnx.ModelProto) -> Counter[str]:
+    """How many weight tensors (initializers and Constant values, in every subgraph) hold each dtype, by numpy's name."""
+    return Counter(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name
+                   for graph in subgraphs(proto.graph) for tensor in _tensors(graph))
 
 
 def subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:

@@ -19,7 +19,8 @@ interface restored by explicit Casts, then in mixed precision: the nodes it
 cannot convert (float-producing Casts first, then each node the checker or ORT
 names) stay float32 through the converter's `node_block_list`, and the variant
 says which (`kept_fp32`). A variant that still fails is the tool's problem: its
-cells are skipped with the reason, never failed on a runtime's account. An int8
+cells are skipped with the reason, never failed on a runtime's account, and so is
+an fp16 file holding no float16 weight the original did not (a float64 model). An int8
 file in which nothing was quantized is not int8 either (`quantization`), nor is one that quantized nothing
 beyond what a user's already-quantized model held (its fp32 cell is that int8 model, as given).
 
@@ -54,12 +55,12 @@ import onnx
 
 from . import guarded
 from ..inputs import model as model_loader
-from ..inputs.graph_facts import QUANTIZED_OPS, subgraphs
+from ..inputs.graph_facts import QUANTIZED_OPS, subgraphs, weight_types
 from ..inputs.model import ModelInfo
 from ..outdir import write_atomic, write_atomic_with
 from targets.paths import cache_dir
 
-RECIPE = "fp16-keep-io-cast-io-or-blocked/int8-dynamic-u8u8-beyond-own/validated"  # part of the cache key: change it when a recipe changes
+RECIPE = "fp16-keep-io-cast-io-or-blocked-halved/int8-dynamic-u8u8-beyond-own/validated"  # part of the cache key: change it when a recipe changes
 MAX_BLOCKED_NODES = 8  # how many nodes the fp16 mixed-precision search keeps in fp32 before it gives up
 
 
@@ -215,6 +216,7 @@ def _fp16(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     for _ in range(MAX_BLOCKED_NODES + 2):
         converted, error = _convert_fp16(model.proto, source, blocked)
         if converted is not None:
+            _check_halved(model.proto, converted)
             onnx.save(converted, str(out))
             return blocked
         first_error = first_error or error
@@ -225,6 +227,16 @@ def _fp16(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     if blocked:
         raise VariantError(f"{_first_line(first_error)} (also with {', '.join(blocked)} kept in fp32)") from None
     raise first_error
+
+
+def _check_halved(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """An fp16 variant holds float16 weights the original did not: the converter leaves float64 (skl2onnx's
+    DoubleTensorType, a torch .double() module) as it is, and that file would be the original named fp16."""
+    before, after = weight_types(original), weight_types(converted)
+    if after["float16"] <= before["float16"]:
+        held = ", ".join(f"{count} {dtype}" for dtype, count in sorted(after.items())) or "none"
+        raise VariantError(f"fp16 conversion converted nothing to float16 (weights: {held}): this would be the model "
+                           "as given named fp16")
 
 
 def _convert_fp16(original: onnx.ModelProto, source: onnx.ModelProto, blocked: list[str]):
