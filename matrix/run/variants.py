@@ -313,7 +313,7 @@ def _int8(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
                 f"{own['quantized_weights']} 8-bit weight tensors): the fp32 cell runs that int8 model as given")
         raise VariantError(
             f"dynamic quantization quantized nothing ({counted['float_ops']} weight ops and "
-            f"{counted['float_weights']} weight tensors stayed float): this would be the fp32 model named int8"
+            f"{counted['float_weights']} weight tensors stayed float): this would be the model as given named int8"
         )
     return list(keep_fp32)
 
