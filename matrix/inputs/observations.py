@@ -100,11 +100,11 @@ def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path, finit
     with np.errstate(over="ignore", invalid="ignore"):  # a value beyond the input's dtype: refused below
         cast = array.astype(spec.dtype, copy=False)
     _check_finite(cast, spec, axis, path)
-    _check_held(array, cast, spec, axis, path)
+    check_held(array, cast, spec.name, axis, path)
     return cast
 
 
-def _check_held(recorded: np.ndarray, cast: np.ndarray, spec: TensorSpec, axis: int | None, path: Path) -> None:
+def check_held(recorded: np.ndarray, cast: np.ndarray, name: str, axis: int | None, path: Path) -> None:
     """An integer input holds whole numbers in its range: [0, 1] floats for uint8 pixels (SB3's CnnPolicy divides
     by 255 inside) would all become 0, and 300 would become 44, silently."""
     if cast.dtype.kind not in "iub" or cast.dtype == recorded.dtype:
@@ -114,7 +114,7 @@ def _check_held(recorded: np.ndarray, cast: np.ndarray, spec: TensorSpec, axis: 
     if changed.size:
         at = tuple(changed[0])
         where = f" at row {at[axis]}" if axis is not None else ""
-        raise InputError(f"{path}: {spec.name!r} holds {recorded[at]:g}{where}, which a {spec.dtype} input cannot hold: "
+        raise InputError(f"{path}: {name!r} holds {recorded[at]:g}{where}, which a {cast.dtype} input cannot hold: "
                          "record observations as the policy receives them")
 
 
