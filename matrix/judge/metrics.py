@@ -11,8 +11,8 @@ Definitions (stated in the report too):
 - discrete outputs (integers, or any output the reference knows decision margins
   of: an ArgMax cast to float, a Round of a probability, as SB3's MultiBinary
   writes): a row is a near tie when the reference's top-1 minus top-2 logit (a
-  rounded value's distance from the rounding boundary) is at most the tie margin (`--tie-margin`, its own threshold, not the drift
-  tolerance); near ties are left out of agreement entirely (numerator and
+  rounded value's distance from the rounding boundary) is at most the tie margin
+  (`--tie-margin`, its own threshold, not the drift tolerance); near ties are left out of agreement entirely (numerator and
   denominator): agreement = 1 - flips / judged rows, a flip being a disagreement
   on a row that is not a near tie. Disagreements on near ties are reported.
 """

@@ -4,11 +4,11 @@ Every float tensor of the graph (initializers, constants, casts, inputs) is
 widened to float64, so the reference is exact up to float64 rounding rather
 than another float32 implementation. An explicit `Cast to=FLOAT16/BFLOAT16` is
 the model's own choice of precision, so it keeps its rounding (cast there,
-then widened). For discrete actions the evaluator also
-exposes the logits feeding ArgMax/ArgMin (or the value a final Round rounds), to
-know each decision's margin; an
-action that concatenates several decisions (SB3's MultiDiscrete: one ArgMax per
-dimension, Unsqueezed and Concatenated) gets each element its own decision's margin.
+then widened). For discrete actions the evaluator also exposes the logits
+feeding ArgMax/ArgMin (or the value a final Round rounds), to know each
+decision's margin; an action that concatenates several decisions (SB3's
+MultiDiscrete: one ArgMax per dimension, Unsqueezed and Concatenated) gets each
+element its own decision's margin.
 Slow by design: an oracle, not a runtime.
 """
 
@@ -37,7 +37,7 @@ PART_PREFIX = "policy_matrix_part:"  # a concatenated decision as the Concat tak
 
 @dataclass(frozen=True)
 class Decision:
-    """One ArgMax/ArgMin behind a discrete output: the extra outputs the evaluator is asked for, and its axis."""
+    """One ArgMax/ArgMin/Round behind a discrete output: the extra outputs the evaluator is asked for, and its axis."""
 
     logits: str
     axis: int
