@@ -49,12 +49,22 @@ def _flex_candidates(proto: onnx.ModelProto, match) -> list[str]:
     return [_name(n) for n in proto.graph.node if n.op_type in ("Softsign", "Softplus", "Erf", "Mod")]
 
 
+def _computed_weight(proto: onnx.ModelProto, match) -> list[str]:
+    """The node computing the tensor a converter looked up among initializers, then the nodes reading it."""
+    tensor = match.group("tensor")
+    if tensor in {t.name for t in proto.graph.initializer}:
+        return []
+    makers = [_name(n) for n in proto.graph.node if tensor in n.output]
+    return makers + [_name(n) for n in proto.graph.node if tensor in n.input] if makers else []
+
+
 @dataclass(frozen=True)
 class KnownMessage:
     targets: tuple[str, ...]  # target-name prefixes this message comes from
     pattern: re.Pattern
     cause: str  # str.format with the pattern's named groups
     nodes: NodeFinder
+    needs_nodes: bool = False  # a pattern this general is this cause only where the model has such nodes
 
 
 KNOWN: tuple[KnownMessage, ...] = (
@@ -76,6 +86,10 @@ KNOWN: tuple[KnownMessage, ...] = (
     KnownMessage(("coreml",), re.compile(r"onnx2torch has no (?P<op>\w+) converter for schema version (?P<version>\d+), "
                                          r"only for (?P<versions>\d+(?:, \d+)*)"),
                  "onnx2torch converts {op} only at schema versions {versions}, not {version}", _by_op("op")),
+    KnownMessage(("coreml",), re.compile(r"KeyError: '(?P<tensor>[^']+)'"),
+                 "onnx2torch reads a layer's weights from initializers only, and {tensor} is computed by a node "
+                 "(torch's exporter writes an Identity where parameters are equal): simplifying the graph folds it "
+                 "(--assist's simplify)", _computed_weight, needs_nodes=True),
     KnownMessage(("coreml",), re.compile(r"broadcast_to"),
                  "coremltools has no broadcast_to, which torch's expand from a dead shape subgraph becomes: "
                  "simplify the graph at a fixed batch", _expand),
@@ -102,6 +116,8 @@ def explain(target: str, message: str, proto: onnx.ModelProto) -> str | None:
             continue
         cause = known.cause.format(**match.groupdict())
         nodes = list(dict.fromkeys(known.nodes(proto, match)))
+        if known.needs_nodes and not nodes:
+            continue
         return f"cause: {cause}" + (f"; node{'s' if len(nodes) > 1 else ''}: {', '.join(nodes)}" if nodes else "")
     return None
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from matrix.inputs.examples import path as example
 
 OPSET = 17
 
@@ -80,3 +84,23 @@ def stateful_detector() -> onnx.ModelProto:
          helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 8])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 1]),
          helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 8])], inits))
+
+
+def user_qdq_int8(folder: Path) -> Path:
+    """The bundled MLP as a user quantizes it with ONNX Runtime's static QDQ quantization at the model's own
+    opset (17): QuantizeLinear/DequantizeLinear pairs around float Gemms, int32 biases dequantized too."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    source = example("continuous_mlp")
+    rows = np.random.default_rng(0).normal(size=(16, 1, 17)).astype(np.float32)
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.rows = iter(rows)
+
+        def get_next(self):
+            return next(({"obs": row} for row in self.rows), None)
+
+    path = folder / "qdq.onnx"
+    quantize_static(source, path, Calibration(), quant_format=QuantFormat.QDQ)
+    return path

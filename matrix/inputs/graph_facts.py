@@ -5,12 +5,15 @@
   h/c), and the axis their batch sits on (any axis: an LSTM's is 1);
 - action bounds without metadata: a final Tanh ([-1, 1]), Sigmoid ([0, 1]), a Clip
   with constant bounds, or a Min/Max pair with constants (SB3's clip);
-- initializers that hold NaN or Inf.
+- initializers that hold NaN or Inf;
+- the precision the graph computes in as given (`computes_in`): int8 where it quantizes (a user's ORT
+  dynamic or QDQ quantization), fp16 where its weights or casts are float16, else fp32.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -188,3 +191,45 @@ def _min_max_bounds(node: onnx.NodeProto, producers: dict, constants: dict) -> t
     if low is None or high is None:
         return None
     return low, high, "graph: final Min/Max clip"
+
+
+# Ops that compute on quantized values (ONNX's and ONNX Runtime's contrib ops), and what quantizes or dequantizes.
+QUANTIZED_OPS = {
+    "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+    "DynamicQuantizeLSTM", "QGemm", "QAttention", "QLinearAdd", "QLinearMul",
+}
+QUANTIZING_OPS = QUANTIZED_OPS | {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+HALF_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+
+
+def computes_in(proto: onnx.ModelProto) -> tuple[str, str]:
+    """("int8" | "fp16" | "fp32", what says so): the lowest precision the graph computes in as it was handed over.
+    A model already quantized or halved by its user is that precision in its as-given cell too."""
+    nodes = [node for graph in subgraphs(proto.graph) for node in graph.node]
+    quantizing = sorted({node.op_type for node in nodes if node.op_type in QUANTIZING_OPS})
+    if quantizing:
+        count = sum(node.op_type in QUANTIZING_OPS for node in nodes)
+        return "int8", f"{count} quantization ops ({', '.join(quantizing)})"
+    types = weight_types(proto)
+    half_weights = types["float16"] + types["bfloat16"]
+    half_casts = sum(node.op_type == "Cast" and any(a.name == "to" and a.i in HALF_TYPES for a in node.attribute)
+                     for node in nodes)
+    if half_weights or half_casts:
+        return "fp16", f"{half_weights} float16 weight tensors, {half_casts} float16 Cast nodes"
+    return "fp32", ""
+
+
+def weight_types(proto: onnx.ModelProto) -> Counter[str]:
+    """How many weight tensors (initializers and Constant values, in every subgraph) hold each dtype, by numpy's name."""
+    return Counter(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).name
+                   for graph in subgraphs(proto.graph) for tensor in _tensors(graph))
+
+
+def subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """The graph and every subgraph its nodes hold (If branches, Loop and Scan bodies), depth first."""
+    found = [graph]
+    for node in graph.node:
+        for attribute in node.attribute:
+            for inner in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                found += subgraphs(inner)
+    return found

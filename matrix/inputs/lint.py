@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .contract import action_output
-from .graph_facts import action_bounds, non_finite_initializers
+from .graph_facts import action_bounds, computes_in, non_finite_initializers
 from .model import ModelInfo
 from .batch_axes import fed_whole, is_symbolic
 
@@ -37,6 +37,7 @@ def lint(model: ModelInfo) -> list[Lint]:
         _side_inputs(model),
         _recurrent_state(model),
         _finite_initializers(model),
+        _precision(model),
     ]
 
 
@@ -133,3 +134,11 @@ def _finite_initializers(model: ModelInfo) -> Lint:
         return Lint("finite-weights", "ok", "every initializer is finite")
     listed = "; ".join(f"initializer {name} has {n} non-finite value{'s' if n > 1 else ''}" for name, n in found)
     return Lint("finite-weights", "error", listed)
+
+
+def _precision(model: ModelInfo) -> Lint:
+    precision, evidence = computes_in(model.proto)
+    if precision == "fp32":
+        return Lint("precision", "ok", "computes in float32 as given")
+    return Lint("precision", "warn", f"computes in {precision} as given ({evidence}): its fp32 cell runs it as it is and "
+                f"is judged at {precision}'s default tolerance; the fp16 and int8 variants convert it further")

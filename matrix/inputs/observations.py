@@ -98,10 +98,25 @@ def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path, finit
     if not finite:  # a model that is no policy (an ONNX node test's Cast) may be fed NaN and inf: the reference too
         return array.astype(spec.dtype, copy=False)
     _check_finite(array, spec, axis, path)  # before the cast too: a NaN cast to an integer input is a number
-    with np.errstate(over="ignore"):  # a value beyond the input's dtype becomes inf: refused below
-        array = array.astype(spec.dtype, copy=False)
-    _check_finite(array, spec, axis, path)
-    return array
+    with np.errstate(over="ignore", invalid="ignore"):  # a value beyond the input's dtype: refused below
+        cast = array.astype(spec.dtype, copy=False)
+    _check_finite(cast, spec, axis, path)
+    check_held(array, cast, spec.name, axis, path)
+    return cast
+
+
+def check_held(recorded: np.ndarray, cast: np.ndarray, name: str, axis: int | None, path: Path) -> None:
+    """An integer input holds whole numbers in its range: [0, 1] floats for uint8 pixels (SB3's CnnPolicy divides
+    by 255 inside) would all become 0, and 300 would become 44, silently."""
+    if cast.dtype.kind not in "iub" or cast.dtype == recorded.dtype:
+        return
+    with np.errstate(invalid="ignore"):
+        changed = np.argwhere(cast.astype(recorded.dtype) != recorded)
+    if changed.size:
+        at = tuple(changed[0])
+        where = f" at row {at[axis]}" if axis is not None else ""
+        raise InputError(f"{path}: {name!r} holds {recorded[at]:g}{where}, which a {cast.dtype} input cannot hold: "
+                         "record observations as the policy receives them")
 
 
 def first_non_finite(array: np.ndarray) -> tuple[int, ...] | None:

@@ -42,10 +42,16 @@ class Judge:
     min_agreement: float = rules.DEFAULT_MIN_AGREEMENT
     return_tolerance: rules.ReturnTolerance = field(default_factory=rules.ReturnTolerance)
     observations: ObservationSource = ObservationSource(SYNTHETIC, "synthetic rows")
+    model_precision: str = "fp32"  # what the model computes in as given (graph_facts.computes_in)
 
     def context(self, target: str, variant: str) -> rules.Context:
-        """The rules' view of one cell. A pinned release (ort-cpu@1.20.1) takes its own tolerance keys first, then ort-cpu's."""
-        return rules.Context(tolerance=self.tolerances.get(target, variant), min_agreement=self.min_agreement,
+        """The rules' view of one cell. A pinned release (ort-cpu@1.20.1) takes its own tolerance keys first, then
+        ort-cpu's; the defaults are those of the variant, or of the model's own precision where that is lower (a
+        user's fp16 model rounds every activation to fp16 in its as-given cell, whoever runs it)."""
+        order = rules.PRECISION_ORDER
+        lower = variant in order and order.index(self.model_precision) > order.index(variant)
+        defaults_of = self.model_precision if lower else variant
+        return rules.Context(tolerance=self.tolerances.get(target, variant, defaults_of), min_agreement=self.min_agreement,
                              tie_margin=self.tie_margin, return_tolerance=self.return_tolerance,
                              synthetic_inputs=self.observations.synthetic)
 

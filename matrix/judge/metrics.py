@@ -8,9 +8,11 @@ Definitions (stated in the report too):
   zero from turning rounding noise into huge relative errors;
 - tolerance_used = max |y - y_ref| / (atol + rtol * |y_ref|): above 1 the output is
   beyond its tolerance (numpy's allclose rule);
-- discrete outputs: a row is a near tie when the reference's top-1 minus top-2 logit
-  is at most the tie margin (`--tie-margin`, its own threshold, not the drift
-  tolerance); near ties are left out of agreement entirely (numerator and
+- discrete outputs (integers, or any output the reference knows decision margins
+  of: an ArgMax cast to float, a Round of a probability, as SB3's MultiBinary
+  writes): a row is a near tie when the reference's top-1 minus top-2 logit (a
+  rounded value's distance from the rounding boundary) is at most the tie margin
+  (`--tie-margin`, its own threshold, not the drift tolerance); near ties are left out of agreement entirely (numerator and
   denominator): agreement = 1 - flips / judged rows, a flip being a disagreement
   on a row that is not a near tie. Disagreements on near ties are reported.
 """
@@ -46,7 +48,7 @@ def parity(
         rel = diff / np.fmax(np.abs(reference.astype(np.float64)).ravel(), REL_FLOOR)
     result = OutputParity(
         output=name,
-        kind="discrete" if reference.dtype.kind in "iub" else "continuous",
+        kind="discrete" if reference.dtype.kind in "iub" or margins is not None else "continuous",
         max_abs=_finite_max(diff),
         mean_abs=float(np.mean(diff)) if diff.size else 0.0,
         p99_abs=_percentile(diff, 99),
@@ -68,7 +70,7 @@ def _agreement(result: OutputParity, differs: np.ndarray, margins: np.ndarray | 
     result.flips = int((differs & decisive).sum())
     result.near_ties = int((differs & ~decisive).sum())
     result.judged_rows = int(decisive.sum())
-    result.agreement = 1.0 - result.flips / result.judged_rows if result.judged_rows else 1.0
+    result.agreement = 1.0 - result.flips / result.judged_rows if result.judged_rows else None  # no row decides
 
 
 def abs_error(actual: np.ndarray, reference: np.ndarray) -> np.ndarray:

@@ -19,7 +19,8 @@ filters (decide.py) ask the same rules.
   no behaviour was measured; otherwise shown as information.
 - agreement: discrete outputs; near ties (reference margin <= tie margin) are
   left out of agreement entirely; any flip WARNs, flips that bring agreement
-  below the minimum FAIL. Judged only where no behaviour was measured.
+  below the minimum FAIL; every row a near tie WARNs (agreement not measured:
+  no row could confirm the runtime). Judged only where no behaviour was measured.
 - unquantized_int8: an "int8" artifact with nothing quantized WARNs (and never ships).
 - workarounds: a conversion workaround the tool applied is listed (no verdict).
 A cell whose drift or agreement was judged on synthetic observations says so in its reasons.
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 
+PRECISION_ORDER = ("fp32", "fp16", "int8")  # each computes less exactly than the one before
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "int8": 2.5e-1}  # atol: absolute max |y - y_ref|
 # rtol: the share of |y_ref| added to atol. fp32 ~ a few dozen float32 roundings; fp16 ~ one fp16 step
 # (2^-10); int8 one percent of the value on top of its absolute quantization error.
@@ -92,19 +94,21 @@ class Tolerances:
                 (rtols if is_rtol else overrides)[_normalise(key)] = number
         return cls(overrides, rtols)
 
-    def get(self, target: str, variant: str) -> Tolerance:
-        atol = _lookup(self.overrides, target, variant, DEFAULT_TOLERANCE)
-        return Tolerance(atol, _lookup(self.rtol_overrides, target, variant, DEFAULT_RTOL))
+    def get(self, target: str, variant: str, defaults_of: str | None = None) -> Tolerance:
+        """The cell's atol and rtol: overrides by `variant`, else the defaults of `defaults_of` (the variant's own)."""
+        defaults_of = defaults_of or variant
+        atol = _lookup(self.overrides, target, variant, DEFAULT_TOLERANCE, defaults_of)
+        return Tolerance(atol, _lookup(self.rtol_overrides, target, variant, DEFAULT_RTOL, defaults_of))
 
 
-def _lookup(overrides: dict[str, float], target: str, variant: str, defaults: dict[str, float]) -> float:
+def _lookup(overrides: dict[str, float], target: str, variant: str, defaults: dict[str, float], defaults_of: str) -> float:
     """A pinned release's own keys (`ort-cpu@1.20.1:fp32`, `ort-cpu@1.20.1`) first, then its target's, then any target's."""
     base = target.partition("@")[0]
     names = [target, base] if base != target else [target]
     for key in (*(f"{name}:{variant}" for name in names), *(f"{name}:*" for name in names), f"*:{variant}"):
         if key in overrides:
             return overrides[key]
-    return defaults.get(variant, defaults["fp32"])
+    return defaults.get(defaults_of, defaults["fp32"])
 
 
 def _normalise(key: str) -> str:
@@ -234,6 +238,9 @@ def drift(cell, context: Context) -> Findings:
 
 def agreement(cell, context: Context) -> Findings:
     found = Findings()
+    for p in (p for p in cell.parity if p.kind == "discrete" and p.judged_rows == 0):  # nothing confirms the runtime
+        found.warnings.append(f"{p.output}: agreement not measured: every row is a near tie (the reference's top-1 "
+                              f"minus top-2 logit at most the tie margin {context.tie_margin:g})")
     for p in (p for p in cell.parity if p.kind == "discrete" and p.flips):
         counted = f"{p.judged_rows} rows" if p.judged_rows is not None else "all rows"
         flips = (f"{p.output}: {p.flips} action flips above the tie margin (agreement {100 * p.agreement:.1f}% over "

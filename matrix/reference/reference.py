@@ -4,8 +4,11 @@ Every float tensor of the graph (initializers, constants, casts, inputs) is
 widened to float64, so the reference is exact up to float64 rounding rather
 than another float32 implementation. An explicit `Cast to=FLOAT16/BFLOAT16` is
 the model's own choice of precision, so it keeps its rounding (cast there,
-then widened). For discrete actions the evaluator also
-exposes the logits feeding ArgMax/ArgMin, to know each decision's margin.
+then widened). For discrete actions the evaluator also exposes the logits
+feeding ArgMax/ArgMin (or the value a final Round rounds), to know each
+decision's margin; an action that concatenates several decisions (SB3's
+MultiDiscrete: one ArgMax per dimension, Unsqueezed and Concatenated) gets each
+element its own decision's margin.
 Slow by design: an oracle, not a runtime.
 """
 
@@ -24,9 +27,22 @@ from ..inputs.observations import Feeds, run_in_batches
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 NARROW_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}  # an explicit Cast to these keeps its rounding
-DECISION_OPS = {"ArgMax", "ArgMin"}
-PASS_THROUGH_OPS = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+DECISION_OPS = {"ArgMax", "ArgMin", "Round"}  # Round: a float decision per element (SB3's MultiBinary: Round(probs))
+# Between a decision and the output: ops that move its values but not which one won (torch.distributions' Expand
+# to the batch shape, as SB3's Bernoulli writes it, included: a margin used only where its size is the output's).
+PASS_THROUGH_OPS = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand"}
 LOGITS_PREFIX = "policy_matrix_logits:"
+PART_PREFIX = "policy_matrix_part:"  # a concatenated decision as the Concat takes it: the shape its margins take
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One ArgMax/ArgMin/Round behind a discrete output: the extra outputs the evaluator is asked for, and its axis."""
+
+    logits: str
+    axis: int
+    op: str
+    part: str | None = None  # set for one of several decisions a Concat joins into the output
 
 
 @dataclass
@@ -39,11 +55,21 @@ def compute(model: ModelInfo, feeds: Feeds, batch: int) -> Reference:
     wide = to_float64(_tensor_outputs_only(model.proto, model.excluded_outputs))
     decisions = _expose_logits(wide)
     evaluator = evaluator_for(wide)
-    names = [spec.name for spec in model.outputs] + [logits for logits, _, _ in decisions.values()]
+    extra = [name for parts, _ in decisions.values() for d in parts for name in (d.logits, d.part) if name]
+    names = [spec.name for spec in model.outputs] + extra
     wide_feeds = {name: _widen(array) for name, array in feeds.items()}
     results = run_in_batches(lambda f: dict(zip(names, evaluator.run(names, f))), wide_feeds, batch, model.batch_axes)
-    margins = {output: _margin(results.pop(logits), axis, op) for output, (logits, axis, op) in decisions.items()}
+    margins = {output: _margins(results, parts, concat_axis) for output, (parts, concat_axis) in decisions.items()}
     return Reference(outputs=results, margins=margins)
+
+
+def _margins(results: Feeds, parts: list[Decision], concat_axis: int | None) -> np.ndarray:
+    """Each decision's margins, taken out of `results`; joined as the Concat joins the decisions."""
+    if concat_axis is None:
+        (decision,) = parts
+        return _margin(results.pop(decision.logits), decision.axis, decision.op)
+    pieces = [_margin(results.pop(d.logits), d.axis, d.op).reshape(results.pop(d.part).shape) for d in parts]
+    return np.concatenate(pieces, axis=concat_axis)
 
 
 def evaluator_for(proto: onnx.ModelProto):
@@ -158,26 +184,44 @@ def _widen(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float64) if array.dtype.kind == "f" else array
 
 
-def _expose_logits(graph_model: onnx.ModelProto) -> dict[str, tuple[str, int, str]]:
-    """Map each discrete output to (extra output name, axis, op) and add those outputs."""
+def _expose_logits(graph_model: onnx.ModelProto) -> dict[str, tuple[list[Decision], int | None]]:
+    """Map each discrete output to its decisions and the axis a Concat joins them on (None: one decision),
+    and add the outputs those decisions need."""
     graph = graph_model.graph
     producers = {out: node for node in graph.node for out in node.output}
     found = {}
-    for output in graph.output:
-        node = producers.get(output.name)
-        while node is not None and node.op_type in PASS_THROUGH_OPS:
-            node = producers.get(node.input[0])
-        if node is None or node.op_type not in DECISION_OPS:
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        logits = f"{LOGITS_PREFIX}{output.name}"
-        graph.node.append(onnx.helper.make_node("Identity", [node.input[0]], [logits]))
-        graph.output.append(onnx.helper.make_empty_tensor_value_info(logits))
-        found[output.name] = (logits, axis, node.op_type)
+    for output in list(graph.output):
+        node = _behind_pass_through(output.name, producers)
+        if node is not None and node.op_type in DECISION_OPS:
+            found[output.name] = ([_expose(graph, node, f"{LOGITS_PREFIX}{output.name}")], None)
+        elif node is not None and node.op_type == "Concat":
+            joined = [_behind_pass_through(name, producers) for name in node.input]
+            if joined and all(part is not None and part.op_type in DECISION_OPS for part in joined):
+                parts = [_expose(graph, part, f"{LOGITS_PREFIX}{output.name}:{k}", (name, f"{PART_PREFIX}{output.name}:{k}"))
+                         for k, (part, name) in enumerate(zip(joined, node.input))]
+                found[output.name] = (parts, next(a.i for a in node.attribute if a.name == "axis"))
     return found
 
 
+def _behind_pass_through(tensor: str, producers: dict[str, onnx.NodeProto]) -> onnx.NodeProto | None:
+    node = producers.get(tensor)
+    while node is not None and node.op_type in PASS_THROUGH_OPS:
+        node = producers.get(node.input[0])
+    return node
+
+
+def _expose(graph: onnx.GraphProto, decision: onnx.NodeProto, logits: str, part: tuple[str, str] | None = None) -> Decision:
+    """Add the logits feeding `decision` as an output named `logits` (and `part`: a Concat input, as a named output)."""
+    for source, name in [(decision.input[0], logits), *([part] if part else [])]:
+        graph.node.append(onnx.helper.make_node("Identity", [source], [name]))
+        graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    axis = next((a.i for a in decision.attribute if a.name == "axis"), 0)
+    return Decision(logits, axis, decision.op_type, part[1] if part else None)
+
+
 def _margin(logits: np.ndarray, axis: int, op: str) -> np.ndarray:
+    if op == "Round":  # how far each value is from the boundary where rounding turns (x.5)
+        return np.abs(logits - np.floor(logits) - 0.5)
     values = -logits if op == "ArgMin" else logits
     top2 = -np.sort(-values, axis=axis).take([0, 1], axis=axis) if values.shape[axis] > 1 else None
     if top2 is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_25
 
 
 class GatherElements(OpRun):
@@ -24,4 +25,21 @@ class GatherElements(OpRun):
         return (np.take_along_axis(data[window], wrapped.astype(np.int64), axis=axis),)
 
 
-CORRECTED_OPS = [GatherElements]
+class DequantizeLinear(DequantizeLinear_25):
+    """onnx 1.23 implements DequantizeLinear from opset 19 on only, so a model quantized at its own opset
+    (ONNX Runtime's QDQ quantization of an opset-17 policy writes DequantizeLinear-13) had no reference. Opsets
+    10 and 13 are the same arithmetic, `(x - zero_point) * scale` along `axis`; here it is done in float64,
+    where onnx's own goes through float32, which rounds a QDQ bias (int32) above 2**24. Blocked and float8/4
+    inputs (opset 21 on) stay onnx's own."""
+
+    def _run(self, x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=None):
+        if block_size or x.dtype.kind not in "iu":
+            return super()._run(x, x_scale, x_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype)
+        along_axis = [1] * x.ndim
+        if x_scale.size > 1:  # per-axis scales and zero points
+            along_axis[axis] = -1
+        zero = 0.0 if x_zero_point is None else x_zero_point.astype(np.float64).reshape(along_axis)
+        return (((x.astype(np.float64) - zero) * x_scale.reshape(along_axis)).astype(x_scale.dtype),)
+
+
+CORRECTED_OPS = [GatherElements, DequantizeLinear]

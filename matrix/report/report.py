@@ -96,7 +96,7 @@ def table(results: RunResults) -> list[dict]:
             "candidate": cell.candidate, "settings": cell.configuration.settings_label, "verdict": cell.verdict,
             "runtime": cell.runtime_version, "max_abs_drift": cell.max_drift, "tolerance": cell.tolerance,
             "vs_ort_cpu_fp32": max((p.vs_dev_runtime_max_abs for p in cell.parity if p.vs_dev_runtime_max_abs is not None), default=None),
-            "action_agreement": min((p.agreement for p in discrete), default=None),
+            "action_agreement": min((p.agreement for p in discrete if p.agreement is not None), default=None),
             "action_flips": sum(p.flips or 0 for p in discrete) if discrete else None,
             **latency,
             "cold_start_ms": cell.cold_start_ms,

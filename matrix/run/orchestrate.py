@@ -37,7 +37,7 @@ from targets.base import RunService, Target
 
 from .. import __version__, outdir, userfiles, validated
 from . import action_range, cells, forkserver, grid, guarded, isolation, rollouts, variants
-from ..inputs import batch_axes, observations, observation_sources
+from ..inputs import batch_axes, graph_facts, observations, observation_sources
 from ..decide import decide
 from ..reference import reference, reference_job
 from ..errors import InputError, Terminated
@@ -97,7 +97,8 @@ class RunConfig:
 
     def judge(self) -> Judge:
         """The run's one Judge: every cell, fix attempt, candidate and release is judged by it."""
-        return Judge(self.tolerances, self.tie_margin, self.min_agreement, self.return_tolerance, self.observation_source)
+        return Judge(self.tolerances, self.tie_margin, self.min_agreement, self.return_tolerance, self.observation_source,
+                     graph_facts.computes_in(self.model.proto)[0])
 
     @property
     def limits(self) -> guarded.Limits:

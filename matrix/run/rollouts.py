@@ -37,7 +37,7 @@ from .. import userfiles, validated
 from ..errors import InputError
 from ..inputs.batch_axes import batch_dim, without_batch
 from ..inputs.model import ModelInfo, TensorSpec
-from ..inputs.observations import Feeds, first_non_finite
+from ..inputs.observations import Feeds, check_held, first_non_finite
 from ..judge.rules import RETURN_FLOOR
 
 Step = Callable[[Feeds], Feeds]
@@ -339,11 +339,13 @@ def load_trajectory(path: Path, plan: RolloutPlan, limit_bytes: int | None = Non
     per_step = int(np.prod(recorded.shape[1:], dtype=np.int64))
     if per_step != int(np.prod(plan.obs_shape)):
         raise InputError(f"{path}: observations of shape {list(recorded.shape[1:])}, the model expects {plan.obs_shape}")
-    with np.errstate(over="ignore"):  # a value beyond the input's dtype becomes inf: refused below
-        steps = recorded.reshape([len(recorded), *plan.obs_shape]).astype(plan.obs_dtype)
+    shaped = recorded.reshape([len(recorded), *plan.obs_shape])
+    with np.errstate(over="ignore", invalid="ignore"):  # a value beyond the input's dtype: refused below
+        steps = shaped.astype(plan.obs_dtype)
     for values in (recorded, steps):  # as --obs: no state, and every cell would FAIL on it
         if (bad := first_non_finite(values)) is not None:
             raise InputError(f"{path}: holds a non-finite value at step {bad[0]} (as {values.dtype}): observations must be finite")
+    check_held(shaped, steps, plan.obs_input, 0, path)
     return steps
 
 

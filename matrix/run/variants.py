@@ -19,8 +19,10 @@ interface restored by explicit Casts, then in mixed precision: the nodes it
 cannot convert (float-producing Casts first, then each node the checker or ORT
 names) stay float32 through the converter's `node_block_list`, and the variant
 says which (`kept_fp32`). A variant that still fails is the tool's problem: its
-cells are skipped with the reason, never failed on a runtime's account. An int8
-file in which nothing was quantized is not int8 either (`quantization`).
+cells are skipped with the reason, never failed on a runtime's account, and so is
+an fp16 file holding no float16 weight the original did not (a float64 model). An int8
+file in which nothing was quantized is not int8 either (`quantization`), nor is one that quantized nothing
+beyond what a user's already-quantized model held (its fp32 cell is that int8 model, as given).
 
 A run makes fp32 itself (a copy of the loaded model: nothing is evaluated) and
 each other variant in its own guarded process (`produce_guarded`, see
@@ -53,11 +55,12 @@ import onnx
 
 from . import guarded
 from ..inputs import model as model_loader
+from ..inputs.graph_facts import QUANTIZED_OPS, subgraphs, weight_types
 from ..inputs.model import ModelInfo
 from ..outdir import write_atomic, write_atomic_with
 from targets.paths import cache_dir
 
-RECIPE = "fp16-keep-io-cast-io-or-blocked/int8-dynamic-u8u8/validated"  # part of the cache key: change it when a recipe changes
+RECIPE = "fp16-keep-io-cast-io-or-blocked-halved/int8-dynamic-u8u8-beyond-own/validated"  # part of the cache key: change it when a recipe changes
 MAX_BLOCKED_NODES = 8  # how many nodes the fp16 mixed-precision search keeps in fp32 before it gives up
 
 
@@ -220,6 +223,7 @@ def _fp16(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     for _ in range(MAX_BLOCKED_NODES + 2):
         converted, error = _convert_fp16(model.proto, source, blocked)
         if converted is not None:
+            _check_halved(model.proto, converted)
             onnx.save(converted, str(out))
             return blocked
         first_error = first_error or error
@@ -230,6 +234,16 @@ def _fp16(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     if blocked:
         raise VariantError(f"{_first_line(first_error)} (also with {', '.join(blocked)} kept in fp32)") from None
     raise first_error
+
+
+def _check_halved(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
+    """An fp16 variant holds float16 weights the original did not: the converter leaves float64 (skl2onnx's
+    DoubleTensorType, a torch .double() module) as it is, and that file would be the original named fp16."""
+    before, after = weight_types(original), weight_types(converted)
+    if after["float16"] <= before["float16"]:
+        held = ", ".join(f"{count} {dtype}" for dtype, count in sorted(after.items())) or "none"
+        raise VariantError(f"fp16 conversion converted nothing to float16 (weights: {held}): this would be the model "
+                           "as given named fp16")
 
 
 def _convert_fp16(original: onnx.ModelProto, source: onnx.ModelProto, blocked: list[str]):
@@ -297,12 +311,16 @@ def _int8(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
             quantize_dynamic(source, out, weight_type=QuantType.QUInt8, nodes_to_exclude=list(keep_fp32))
         finally:
             logging.getLogger().setLevel(quiet)
-    counted = quantization(onnx.load(str(out)))
-    if not counted["quantized_ops"]:
+    counted, own = quantization(onnx.load(str(out))), quantization(model.proto)
+    if counted["quantized_ops"] <= own["quantized_ops"] and counted["quantized_weights"] <= own["quantized_weights"]:
         out.unlink()
+        if own["quantized_ops"] or own["quantized_weights"]:  # a user's int8 model: its as-given cell is the int8 one
+            raise VariantError(
+                f"dynamic quantization quantized nothing beyond the model's own ({own['quantized_ops']} quantized ops, "
+                f"{own['quantized_weights']} 8-bit weight tensors): the fp32 cell runs that int8 model as given")
         raise VariantError(
             f"dynamic quantization quantized nothing ({counted['float_ops']} weight ops and "
-            f"{counted['float_weights']} weight tensors stayed float): this would be the fp32 model named int8"
+            f"{counted['float_weights']} weight tensors stayed float): this would be the model as given named int8"
         )
     return list(keep_fp32)
 
@@ -353,10 +371,6 @@ def restore_interface(original: onnx.ModelProto, variant: onnx.ModelProto) -> on
     return variant
 
 
-QUANTIZED_OPS = {
-    "MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
-    "DynamicQuantizeLSTM", "QGemm", "QAttention", "QLinearAdd", "QLinearMul",
-}
 WEIGHT_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "LSTM", "GRU", "RNN", "Attention", "Einsum"}
 INTEGER_WEIGHT_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4, onnx.TensorProto.UINT4}
 
@@ -364,8 +378,8 @@ INTEGER_WEIGHT_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.Tens
 def quantization(proto: onnx.ModelProto) -> dict[str, int]:
     """What an "int8" ONNX file really holds: quantized ops and 8-bit weight tensors, and what stayed float,
     counted in every graph (If/Loop/Scan bodies too) and in Constant nodes as well as initializers."""
-    nodes = [node for graph in _graphs(proto.graph) for node in graph.node]
-    tensors = [*(t for graph in _graphs(proto.graph) for t in graph.initializer),
+    nodes = [node for graph in subgraphs(proto.graph) for node in graph.node]
+    tensors = [*(t for graph in subgraphs(proto.graph) for t in graph.initializer),
                *(a.t for n in nodes for a in n.attribute if a.type == onnx.AttributeProto.TENSOR)]
     weights = [t for t in tensors if len(t.dims) >= 2]  # scales, zero points and biases are not weights
     return {
@@ -374,16 +388,6 @@ def quantization(proto: onnx.ModelProto) -> dict[str, int]:
         "quantized_weights": sum(t.data_type in INTEGER_WEIGHT_TYPES for t in weights),
         "float_weights": sum(t.data_type not in INTEGER_WEIGHT_TYPES for t in weights),
     }
-
-
-def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """The graph and every subgraph its nodes hold (If branches, Loop and Scan bodies), depth first."""
-    found = [graph]
-    for node in graph.node:
-        for attribute in node.attribute:
-            for inner in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                found += _graphs(inner)
-    return found
 
 
 def _inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

@@ -76,6 +76,18 @@ def test_near_ties_are_left_out_of_agreement_one_flip_in_254_is_a_warn():
     assert verdict == "WARN" and "agreement 99.6% over 254 rows; 2 near ties left out" in reasons[0]
 
 
+def test_a_discrete_action_whose_every_row_is_a_near_tie_is_not_a_pass():
+    """An untrained SB3 CnnPolicy (uint8 pixels / 255): all 128 synthetic rows had top-1 minus top-2 logit below
+    1e-3, so no row could confirm the runtime; the grid said "agree 100.0%" and the cell PASSed."""
+    reference = np.array([0, 1, 1, 1])
+    parity = metrics.parity("action", reference.copy(), reference, None, np.full(4, 5e-4), tie_margin=1e-3)
+    assert (parity.judged_rows, parity.agreement) == (0, None)
+    verdict, reasons = rules.verdict(_cell(parity=[parity]), Context())
+    assert verdict == "WARN"
+    assert reasons[0] == ("action: agreement not measured: every row is a near tie (the reference's top-1 minus "
+                          "top-2 logit at most the tie margin 0.001)")
+
+
 # --- behaviour: paired returns -----------------------------------------------------------------------
 
 def _rollout(returns: list[float], reference: list[float]) -> Rollout:

@@ -34,3 +34,25 @@ def test_every_known_message_states_a_target_a_pattern_and_a_cause():
     for known in messages.KNOWN:
         assert known.targets and known.pattern.pattern and known.cause
         assert set(known.pattern.groupindex) >= {field for field in ("op", "version") if "{" + field + "}" in known.cause}
+
+
+def test_a_parameter_torch_shares_through_an_identity_is_named_as_onnx2torchs_cause():
+    """torch's exporter writes one initializer for parameters with equal values (SB3's zero-initialised CNN biases)
+    and an Identity for each repeat; onnx2torch's Conv looks the bias up among initializers and raises a bare
+    KeyError (seen: SB3 CnnPolicy on uint8 pixels, untrained)."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    zeros = numpy_helper.from_array(np.zeros(4, np.float32), "cnn.2.bias")
+    weight = numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "cnn.4.weight")
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["cnn.2.bias"], ["cnn.4.bias"], name="Identity_2"),
+         helper.make_node("Conv", ["obs", "cnn.4.weight", "cnn.4.bias"], ["out"], name="/cnn/cnn.4/Conv")], "g",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4, 2, 2])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 4, 2, 2])], [zeros, weight])
+    line = messages.explain("coreml", "prepare: RuntimeError: KeyError: 'cnn.4.bias'", helper.make_model(graph))
+    assert line == ("cause: onnx2torch reads a layer's weights from initializers only, and cnn.4.bias is computed by "
+                    "a node (torch's exporter writes an Identity where parameters are equal): simplifying the graph "
+                    "folds it (--assist's simplify); nodes: Identity_2, /cnn/cnn.4/Conv")
+    for other in ("KeyError: 'not_in_the_graph'", "KeyError: 'cnn.4.weight'"):  # unknown, or an initializer
+        assert messages.explain("coreml", other, helper.make_model(graph)) is None

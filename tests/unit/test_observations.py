@@ -127,6 +127,36 @@ def test_a_nan_is_refused_before_it_is_cast_to_an_integer_input(load_policy, tmp
         observations.load(tmp_path / "obs.npy", discrete_obs)
 
 
+@pytest.mark.parametrize("recorded, words", [
+    (np.full((4, 3, 8, 8), 0.64, np.float32), "holds 0.64 at row 0, which a uint8 input cannot hold"),  # [0, 1] floats
+    (np.full((4, 3, 8, 8), 300, np.int64), "holds 300 at row 0, which a uint8 input cannot hold"),
+])
+def test_pixels_a_uint8_input_cannot_hold_are_refused_not_cast(load_policy, tmp_path, recorded, words):
+    """SB3's CnnPolicy takes uint8 pixels (it divides by 255 inside): [0, 1] floats were cast to all zeros and 300 to 44,
+    silently, and every cell judged on images no one recorded."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Cast", ["obs"], ["action"], to=TensorProto.FLOAT)], "pixels",
+                              [helper.make_tensor_value_info("obs", TensorProto.UINT8, ["batch", 3, 8, 8])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 3, 8, 8])])
+    pixels = load_policy(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    np.save(tmp_path / "obs.npy", recorded)
+    with pytest.raises(InputError) as raised:
+        observations.load(tmp_path / "obs.npy", pixels)
+    assert words in str(raised.value) and "record observations as the policy receives them" in str(raised.value)
+    np.save(tmp_path / "obs.npy", np.full((4, 3, 8, 8), 255.0))  # whole numbers in range load as they are
+    assert observations.load(tmp_path / "obs.npy", pixels)["obs"].max() == 255
+
+
+def test_a_trajectory_of_pixels_a_uint8_input_cannot_hold_is_refused(tmp_path):
+    from matrix.run.rollouts import RolloutPlan, load_trajectory
+
+    plan = RolloutPlan(obs_input="obs", obs_shape=[3, 8, 8], obs_dtype="uint8", action_output="action")
+    np.save(tmp_path / "t.npy", np.full((5, 3, 8, 8), 0.5, np.float32))
+    with pytest.raises(InputError, match="'obs' holds 0.5 at row 0, which a uint8 input cannot hold"):
+        load_trajectory(tmp_path / "t.npy", plan)
+
+
 def test_a_header_that_declares_more_rows_than_the_file_holds_is_refused(mlp, tmp_path):
     path = tmp_path / "obs.npy"
     np.save(path, np.ones((4, 17), np.float32))

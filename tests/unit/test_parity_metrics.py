@@ -65,7 +65,8 @@ def test_discrete_agreement_flips_and_near_ties_follow_the_tie_margin():
     # the near-tie row is out of agreement entirely: 2 of the 3 decisive rows agree
     assert (result.agreement, result.flips, result.near_ties, result.judged_rows) == (pytest.approx(2 / 3), 1, 1, 3)
     looser = parity("action", actual, reference, None, margins, tie_margin=1.0)
-    assert (looser.flips, looser.near_ties, looser.judged_rows, looser.agreement) == (0, 2, 0, 1.0)
+    # no row decides: agreement is not measured (0 of 0 rows), never 100 %
+    assert (looser.flips, looser.near_ties, looser.judged_rows, looser.agreement) == (0, 2, 0, None)
 
 
 def test_without_one_margin_per_decision_every_disagreement_is_a_flip():
