@@ -265,3 +265,19 @@ def save(model: onnx.ModelProto, folder: Path, name: str) -> Path:
     path = Path(folder) / f"{name}.onnx"
     onnx.save(model, str(path))
     return path
+
+
+def pixels_scaled_in_graph(scale_op: str = "Mul") -> onnx.ModelProto:
+    """A pixel actor that takes float32 pixels and scales them to [0, 1] first, as torch exports `obs * (1 / 255)`
+    (Mul) or SB3's `obs.float() / 255` (Cast, then Div): obs [N, 3, 8, 8] -> scale -> Flatten -> Gemm -> Tanh."""
+    rng = np.random.default_rng(8)
+    scale = np.float32(1 / 255) if scale_op == "Mul" else np.float32(255)
+    nodes = [
+        helper.make_node("Cast", ["obs"], ["obs_float"], to=TensorProto.FLOAT),
+        helper.make_node(scale_op, ["obs_float", "scale"], ["unit"]),
+        helper.make_node("Flatten", ["unit"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "head_w", "head_b"], ["head"]),
+        helper.make_node("Tanh", ["head"], ["action"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(scale), "scale"), *_weights(rng, "head", 3 * 8 * 8, 2, scale=4.0)]
+    return _model(nodes, [_float("obs", ["batch", 3, 8, 8])], [_float("action", ["batch", 2])], inits)

@@ -6,6 +6,7 @@
 - action bounds without metadata: a final Tanh ([-1, 1]), Sigmoid ([0, 1]), a Clip
   with constant bounds, or a Min/Max pair with constants (SB3's clip);
 - initializers that hold NaN or Inf;
+- pixel inputs: a float input the graph scales from 8-bit values first (`Div(x, 255)` or `Mul(x, 1/255)`);
 - the precision the graph computes in as given (`computes_in`): int8 where it quantizes (a user's ORT
   dynamic or QDQ quantization), fp16 where its weights or casts are float16, else fp32.
 """
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # model.py infers batch axes from the state pairs found here
 
 STATE_NAME = re.compile(r"(state|hidden|memory|carry|^h$|^c$|^h_|^c_|_h$|_c$|^hx|^cx)", re.IGNORECASE)
 PASS_THROUGH = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast"}
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ def action_bounds(model: ModelInfo, action: str) -> tuple[float, float, str] | N
 def non_finite_initializers(model: ModelInfo) -> list[tuple[str, int]]:
     found = []
     for tensor in _tensors(model.proto.graph):
-        if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+        if tensor.data_type in FLOAT_TYPES:
             bad = int((~np.isfinite(numpy_helper.to_array(tensor).astype(np.float64))).sum())
             if bad:
                 found.append((tensor.name, bad))
@@ -191,6 +193,49 @@ def _min_max_bounds(node: onnx.NodeProto, producers: dict, constants: dict) -> t
     if low is None or high is None:
         return None
     return low, high, "graph: final Min/Max clip"
+
+
+PIXEL_SCALE = 255.0  # what a policy trained on 8-bit images divides them by (SB3's preprocess_obs: obs.float() / 255)
+LAYOUT_OPS = PASS_THROUGH | {"Transpose"}  # what may sit between the input and its scaling (SB3: a Cast to float)
+
+
+def pixel_inputs(proto: onnx.ModelProto) -> dict[str, str]:
+    """Float inputs the graph scales from pixels to [0, 1] before anything else, by name -> the scaling op in words.
+    A policy exported with a float dummy input (SB3's export guide) takes pixels as float32 and divides by 255
+    inside: values outside [0, 255] are images it never sees."""
+    graph = proto.graph
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    constants = _constants(graph)
+    floats = [value.name for value in graph.input
+              if value.name not in constants and value.type.tensor_type.elem_type in FLOAT_TYPES]
+    found = {name: _scaling_op(name, consumers, constants) for name in floats}
+    return {name: said for name, said in found.items() if said}
+
+
+def _scaling_op(tensor: str, consumers: dict, constants: dict) -> str:
+    """"Div by 255" or "Mul by 1/255" where `tensor` (through layout-only ops) is so scaled, else ""."""
+    for node in consumers.get(tensor, []):
+        if node.op_type in LAYOUT_OPS:
+            said = _scaling_op(node.output[0], consumers, constants)
+        elif node.op_type == "Div" and node.input[0] == tensor:
+            said = "Div by 255" if _is_constant(constants, node.input[1], PIXEL_SCALE) else ""
+        elif node.op_type == "Mul":
+            other = next((name for name in node.input if name != tensor), "")
+            said = "Mul by 1/255" if _is_constant(constants, other, 1 / PIXEL_SCALE) else ""
+        else:
+            said = ""
+        if said:
+            return said
+    return ""
+
+
+def _is_constant(constants: dict, name: str, value: float) -> bool:
+    """Whether `name` is a constant holding `value` only, within float16's rounding of 1/255 (1/256 is not)."""
+    array = constants.get(name)
+    return array is not None and array.size > 0 and bool(np.allclose(array.astype(np.float64), value, rtol=1e-3, atol=0))
 
 
 # Ops that compute on quantized values (ONNX's and ONNX Runtime's contrib ops), and what quantizes or dequantizes.

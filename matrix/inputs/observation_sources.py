@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import ModelInfo
-from .observations import Feeds
+from .observations import Feeds, pixels_said
 
 RECORDED, VISITED, TRAJECTORY, SPACE, SYNTHETIC = "recorded", "visited", "trajectory", "space", "synthetic"
 
@@ -47,7 +47,9 @@ def choose(recorded: Path | None, plan, model: ModelInfo, seed: int) -> Observat
     """The strongest source this run has; `plan` is the rollout plan (None without --env/--trajectory)."""
     if recorded:
         return ObservationSource(RECORDED, f"recorded observations from {Path(recorded).name}")
-    synthetic = f"synthetic rows (seeded normal samples and edge values, seed {seed}): not states the policy visits"
+    pixels = pixels_said(model)
+    synthetic = (f"synthetic rows (seeded normal samples and edge values{'; ' + pixels if pixels else ''}, seed {seed}): "
+                 "not states the policy visits")
     if plan is None:
         return ObservationSource(SYNTHETIC, synthetic, "pass --obs or --env for the policy's own states")
     if plan.open_loop:

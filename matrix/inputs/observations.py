@@ -1,7 +1,9 @@
 """The observation set every cell sees: recorded by the user, or seeded.
 
 A seeded set is normal samples of the declared shape and dtype plus edge cases
-(zeros, saturating magnitudes, tiny values) where runtimes tend to disagree.
+(zeros, saturating magnitudes, tiny values) where runtimes tend to disagree; an
+8-bit integer input, and a float input its graph divides by 255 first (pixels,
+graph_facts.pixel_inputs), get whole numbers in [0, 255] instead, the ends first.
 The set is saved with the results so any run can be reproduced.
 
 Each input is split into chunks along its own batch axis (batch_axes.py: axis 0
@@ -23,10 +25,12 @@ from targets.base import head  # noqa: F401 (the first observations along each b
 
 from .. import outdir, userfiles
 from .batch_axes import BatchAxes, batch_dim
+from .graph_facts import pixel_inputs
 from ..errors import InputError
 from .model import ModelInfo, TensorSpec
 
 EDGE_VALUES = (0.0, 1.0, -1.0, 5.0, -5.0, 1e-6, 10.0, -10.0)
+PIXEL_LEVELS = 256  # 8-bit values: a uint8 input's whole range, and the pixels a graph divides by 255
 
 
 def batch_multiple(model: ModelInfo) -> int:
@@ -39,25 +43,34 @@ def seeded(model: ModelInfo, count: int, seed: int) -> Feeds:
     rng = np.random.default_rng(seed)
     step = batch_multiple(model)
     count = max(step, count - count % step)
-    return {spec.name: _sample(spec, count, model.batch_axes.get(spec.name), rng) for spec in model.inputs}
+    pixels = pixel_inputs(model.proto)
+    return {spec.name: _sample(spec, count, model.batch_axes.get(spec.name), rng, spec.name in pixels)
+            for spec in model.inputs}
 
 
-def _sample(spec: TensorSpec, count: int, axis: int | None, rng: np.random.Generator) -> np.ndarray:
+def pixels_said(model: ModelInfo) -> str:
+    """The seeded pixel inputs in words, for the observation source's line ("" when none)."""
+    return "; ".join(f"{name!r}: whole numbers in [0, {PIXEL_LEVELS - 1}], the pixels its graph divides by 255 ({op})"
+                     for name, op in pixel_inputs(model.proto).items())
+
+
+def _sample(spec: TensorSpec, count: int, axis: int | None, rng: np.random.Generator, pixels: bool) -> np.ndarray:
     """`count` observations of the declared shape along the batch axis; without one (axis None), one
     tensor of the declared shape (fed whole). An open dim other than the batch is 1."""
     rest = [d if isinstance(d, int) else 1 for i, d in enumerate(spec.shape) if i != axis]
-    rows = _values(spec, [count, *rest] if axis is not None else rest, rng)
+    rows = _values(spec, [count, *rest] if axis is not None else rest, rng, pixels)
     return np.ascontiguousarray(np.moveaxis(rows, 0, axis)) if axis is not None else rows
 
 
-def _values(spec: TensorSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray:
-    """Normal samples, the first rows set to edge values (integers: the range's ends)."""
+def _values(spec: TensorSpec, shape: list[int], rng: np.random.Generator, pixels: bool) -> np.ndarray:
+    """Normal samples, the first rows set to edge values; integers and pixels: whole numbers, the first rows
+    the range's ends."""
     count = shape[0] if shape else 1
     dtype = np.dtype(spec.dtype)
     if dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(dtype)
-    if dtype.kind in "iu":
-        high = 256 if dtype.itemsize == 1 else 16
+    if dtype.kind in "iu" or pixels:
+        high = PIXEL_LEVELS if pixels or dtype.itemsize == 1 else 16
         values = rng.integers(0, high, size=shape)
         if count >= 2:
             values[0], values[1] = 0, high - 1

@@ -195,3 +195,29 @@ def test_save_then_read_round_trips(tmp_path):
     back = observations.read(tmp_path / "o.npz")
     assert back.keys() == feeds.keys() and all(np.array_equal(back[k], feeds[k]) for k in feeds)
     assert [p.name for p in tmp_path.iterdir()] == ["o.npz"]
+
+
+# --- seeded rows where the graph says the input is pixels -------------------------------------------
+
+@pytest.mark.parametrize("scale_op, said", [("Mul", "Mul by 1/255"), ("Div", "Div by 255")])
+def test_a_float_input_the_graph_divides_by_255_gets_pixel_values(load_policy, scale_op, said):
+    """SB3's CnnPolicy exported with a float dummy input (its docs' way) divides by 255 inside: N(0, 1) rows became
+    images of -0.004..0.004 the policy never sees. Its rows are what a uint8 input gets: whole numbers in [0, 255]."""
+    from matrix.inputs import graph_facts
+    from matrix.inputs.observation_sources import choose
+
+    model = load_policy(policies.pixels_scaled_in_graph(scale_op))
+    assert graph_facts.pixel_inputs(model.proto) == {"obs": said}
+    rows = observations.seeded(model, 32, seed=0)["obs"]
+    assert rows.dtype == np.float32 and rows.min() == 0 and rows.max() == 255 and np.array_equal(rows, rows.round())
+    assert rows[0].max() == 0 and rows[1].min() == 255  # the range's ends, as a uint8 input's edge rows
+    assert "'obs': whole numbers in [0, 255]" in choose(None, None, model, 0).detail
+
+
+def test_an_input_used_as_it_is_keeps_normal_samples(load_policy):
+    from matrix.inputs import graph_facts
+
+    for proto in (examples.pixel_cnn(), examples.continuous_mlp()):
+        model = load_policy(proto)
+        assert graph_facts.pixel_inputs(model.proto) == {}
+        assert observations.seeded(model, 32, seed=0)["obs"].min() < 0
