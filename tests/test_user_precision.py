@@ -52,12 +52,41 @@ def test_the_precision_a_model_computes_in_is_read_from_its_graph(tmp_path):
 
 def test_an_as_given_cell_is_judged_at_the_tolerance_of_what_the_model_computes_in(tmp_path):
     info = model.load(user_fp16(tmp_path))
-    judge = Judge(model_precision=graph_facts.computes_in(info.proto)[0])
+    judge = Judge(model_precisions={"": graph_facts.computes_in(info.proto)[0]})
     assert judge.context("ort-cpu", "fp32").tolerance.atol == DEFAULT_TOLERANCE["fp16"]
     assert judge.context("ort-cpu", "int8").tolerance.atol == DEFAULT_TOLERANCE["int8"]  # never tighter than its own
     found = {item.id: (item.level, item.message) for item in lint(info)}
     assert found["precision"][0] == "warn" and "computes in fp16" in found["precision"][1]
     assert {item.id: item.level for item in lint(model.load(example("continuous_mlp")))}["precision"] == "ok"
+
+
+def test_each_model_of_a_run_is_judged_at_the_precision_it_computes_in(tmp_path):
+    """One Judge per run, the precision a fact per model it reads by the cell's candidate: a user's fp16 candidate
+    was judged at the first model's fp32 tolerance."""
+    from matrix.run.orchestrate import RunConfig
+
+    first, candidate = model.load(example("continuous_mlp")), model.load(user_fp16(tmp_path))
+    judge = RunConfig(first, ["ort-cpu"], ["fp32"], tmp_path, candidates=[candidate]).judge()
+    assert judge.context("ort-cpu", "fp32").tolerance.atol == DEFAULT_TOLERANCE["fp32"]
+    assert judge.context("ort-cpu", "fp32", candidate="user_fp16.onnx").tolerance.atol == DEFAULT_TOLERANCE["fp16"]
+    alone = RunConfig(candidate, ["ort-cpu"], ["fp32"], tmp_path, candidates=[first]).judge()
+    assert alone.context("ort-cpu", "fp32").tolerance.atol == DEFAULT_TOLERANCE["fp16"]
+    assert alone.context("ort-cpu", "fp32", candidate="continuous_mlp.onnx").tolerance.atol == DEFAULT_TOLERANCE["fp32"]
+
+
+@pytest.mark.slow
+def test_a_users_fp16_candidate_passes_where_its_runtime_runs_it_right(tmp_path, policy_matrix):
+    """Before: its as-given cell FAILed on ort-cpu at the first model's fp32 1e-4 (drift 6.5e-4, the same the
+    first model's own fp16 variant PASSes with at 2e-2)."""
+    out = tmp_path / "out"
+    done = policy_matrix(["run", example("continuous_mlp"), "--candidate", user_fp16(tmp_path), "--targets", "ort-cpu",
+                          *FAST, "--out", out])
+    assert done.returncode == 0, done.stderr
+    cells = {cell["candidate"]: cell for cell in json.loads((out / "results.json").read_text())["cells"]}
+    assert cells[""]["verdict"] == "PASS" and cells[""]["tolerance"] == DEFAULT_TOLERANCE["fp32"]
+    fp16 = cells["user_fp16.onnx"]
+    assert fp16["verdict"] == "PASS" and fp16["tolerance"] == DEFAULT_TOLERANCE["fp16"], fp16["reasons"]
+    assert fp16["parity"][0]["max_abs"] > DEFAULT_TOLERANCE["fp32"]  # its fp16 rounding, judged as such
 
 
 @pytest.mark.slow

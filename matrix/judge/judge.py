@@ -9,6 +9,7 @@ run's `Evidence`. The rules themselves are matrix/judge/rules.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,15 +43,18 @@ class Judge:
     min_agreement: float = rules.DEFAULT_MIN_AGREEMENT
     return_tolerance: rules.ReturnTolerance = field(default_factory=rules.ReturnTolerance)
     observations: ObservationSource = ObservationSource(SYNTHETIC, "synthetic rows")
-    model_precision: str = "fp32"  # what the model computes in as given (graph_facts.computes_in)
+    # What each model of the run computes in as given (graph_facts.computes_in), by the cells' `candidate`
+    # ("": the first model); a model not named computes in fp32.
+    model_precisions: Mapping[str, str] = field(default_factory=dict)
 
-    def context(self, target: str, variant: str) -> rules.Context:
-        """The rules' view of one cell. A pinned release (ort-cpu@1.20.1) takes its own tolerance keys first, then
-        ort-cpu's; the defaults are those of the variant, or of the model's own precision where that is lower (a
-        user's fp16 model rounds every activation to fp16 in its as-given cell, whoever runs it)."""
-        order = rules.PRECISION_ORDER
-        lower = variant in order and order.index(self.model_precision) > order.index(variant)
-        defaults_of = self.model_precision if lower else variant
+    def context(self, target: str, variant: str, candidate: str = "") -> rules.Context:
+        """The rules' view of one cell of the model `candidate` names. A pinned release (ort-cpu@1.20.1) takes its own
+        tolerance keys first, then ort-cpu's; the defaults are those of the variant, or of the model's own precision
+        where that is lower (a user's fp16 model rounds every activation to fp16 in its as-given cell, whoever runs
+        it, and so does a user's fp16 candidate)."""
+        order, precision = rules.PRECISION_ORDER, self.model_precisions.get(candidate, "fp32")
+        lower = variant in order and order.index(precision) > order.index(variant)
+        defaults_of = precision if lower else variant
         return rules.Context(tolerance=self.tolerances.get(target, variant, defaults_of), min_agreement=self.min_agreement,
                              tie_margin=self.tie_margin, return_tolerance=self.return_tolerance,
                              synthetic_inputs=self.observations.synthetic)
@@ -60,9 +64,10 @@ class Judge:
         return {"tolerances": self.tolerances.overrides, "rtol": self.tolerances.rtol_overrides,
                 "tie_margin": self.tie_margin, "min_agreement": self.min_agreement}
 
-    def cell(self, outcome, evidence: Evidence, *, host: str, target: str, variant: str, predicts: bool) -> Cell:
-        """What the worker measured (a cells.CellOutcome), judged."""
-        context = self.context(target, variant)
+    def cell(self, outcome, evidence: Evidence, *, host: str, target: str, variant: str, predicts: bool,
+             candidate: str = "") -> Cell:
+        """What the worker measured (a cells.CellOutcome) on the model `candidate` names, judged."""
+        context = self.context(target, variant, candidate)
         m = _unfinished(outcome.measurement, outcome.duration_s)
         cell = Cell(
             host=host, target=target, variant=variant, verdict="SKIP", predicts=predicts,

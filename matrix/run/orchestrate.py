@@ -97,8 +97,10 @@ class RunConfig:
 
     def judge(self) -> Judge:
         """The run's one Judge: every cell, fix attempt, candidate and release is judged by it."""
+        precisions = {name: graph_facts.computes_in(model.proto)[0]
+                      for name, model in [("", self.model), *((c.path.name, c) for c in self.candidates)]}
         return Judge(self.tolerances, self.tie_margin, self.min_agreement, self.return_tolerance, self.observation_source,
-                     graph_facts.computes_in(self.model.proto)[0])
+                     precisions)
 
     @property
     def limits(self) -> guarded.Limits:
@@ -660,7 +662,7 @@ class CellRunner:
 
     def _judge(self, target: Target, spec: CellSpec, outcome: cells.CellOutcome) -> Cell:
         cell = self.judge.cell(outcome, self.evidence, host=self.host, target=target.name, variant=spec.variant,
-                               predicts=target.predicts)  # a pinned release's own tolerance keys first (rules.Tolerances)
+                               predicts=target.predicts, candidate=spec.candidate)  # a pinned release's own keys first
         if spec.candidate:
             cell.notes.append(f"candidate: judged against {self.config.model.path.name}'s float64 reference")
         return cell
