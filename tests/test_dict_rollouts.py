@@ -135,6 +135,15 @@ def test_observations_that_cannot_feed_the_inputs_are_one_line_and_exit_2(export
     assert done.returncode == 2 and len(done.lines) == 1 and words in done.lines[0], done.lines[-5:]
 
 
+def test_the_source_column_refuses_a_dict_policy_in_words(exported, beside_env, policy_matrix):
+    (beside_env / "goal_ppo.zip").write_bytes(b"")
+    done = policy_matrix([exported, "--targets", "ort-cpu", "--env", "goal_env:GoalPointMass", "--source", "sb3:goal_ppo.zip",
+                          "--out", beside_env / "out"])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-5:]
+    assert "--source needs a model with one observation input; goal_ppo.onnx has ['observation', " in done.lines[0]
+    assert "does not feed a Dict observation's inputs" in done.lines[0]
+
+
 def test_cli_drives_the_dict_env_and_samples_visited_states_per_input(exported, beside_env, policy_matrix):
     done = policy_matrix(["run", exported, *FAST, "--targets", "ort-cpu", "--precisions", "fp32,int8",
                           "--env", "goal_env:GoalPointMass", "--episodes", "3", "--n-obs", "30", "--out", beside_env / "out"])
