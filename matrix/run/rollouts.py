@@ -31,7 +31,6 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -273,16 +272,21 @@ def _action_kind(space) -> str:
     raise InputError(f"action space {space} is not supported (Box, Discrete, MultiDiscrete)")
 
 
-def by_input(observation, plan: RolloutPlan) -> dict:
+def by_input(observation, names: list[str]) -> dict:
     """The environment's observation per observation input: a Dict's entries by name, else the whole for the one input."""
-    if isinstance(observation, Mapping):
-        return {name: observation[name] for name in plan.observation_names}
-    return {plan.observations[0].input: observation}
+    if isinstance(observation, dict):  # what a Dict space gives (a dict, not any Mapping: this runs every step)
+        return {name: observation[name] for name in names}
+    return {names[0]: observation}
 
 
-def to_feeds(given: dict, plan: RolloutPlan) -> Feeds:
+def feed_layout(plan: RolloutPlan) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """Per observation input: its name, dtype and shape at batch 1, made once per episode for to_feeds."""
+    return [(o.input, np.dtype(o.dtype), (1, *o.shape)) for o in plan.observations]
+
+
+def to_feeds(given: dict, layout: list[tuple[str, np.dtype, tuple[int, ...]]]) -> Feeds:
     """Each input's part (by_input): Box -> the model's dtype and declared shape at batch 1; Discrete -> its integer."""
-    return {o.input: np.asarray(given[o.input]).astype(o.dtype).reshape([1, *o.shape]) for o in plan.observations}
+    return {name: np.asarray(given[name]).astype(dtype).reshape(shape) for name, dtype, shape in layout}
 
 
 def to_env_action(output: np.ndarray, space, clip: bool, kind: str = "") -> tuple[np.ndarray | int, bool]:
@@ -352,12 +356,13 @@ def set_initial_state(plan: RolloutPlan, path: Path, limit_bytes: int | None = N
 def run_episode(step: Step, env, plan: RolloutPlan, seed: int) -> Episode:
     observation, _ = env.reset(seed=seed)
     state = initial_state(plan)
-    seen, actions, rewards, clipped_steps = {name: [] for name in plan.observation_names}, [], [], 0
-    kind = _action_kind(env.action_space)  # once: the loop's own cost is part of every step
+    names, layout = plan.observation_names, feed_layout(plan)  # once: the loop's own cost is part of every step
+    seen, actions, rewards, clipped_steps = {name: [] for name in names}, [], [], 0
+    kind = _action_kind(env.action_space)
     done = False
     while not done:
-        given = by_input(observation, plan)
-        outputs = step({**to_feeds(given, plan), **state})
+        given = by_input(observation, names)
+        outputs = step({**to_feeds(given, layout), **state})
         state = {s.input: outputs[s.output] for s in plan.states}
         action, clipped = to_env_action(outputs[plan.action_output], env.action_space, plan.clip_actions, kind)
         for name, value in given.items():
