@@ -194,15 +194,3 @@ def test_the_plan_travels_as_plain_data(exported):
     again = rollouts.RolloutPlan.from_dict(json.loads(json.dumps(plan.as_dict())))  # as a worker reads spec.json
     assert again == plan and again.observations[2] == rollouts.ObservationInput("desired_goal", [2], "float32")
 
-
-def test_samples_inside_a_dict_space_are_drawn_per_key_within_its_bounds(exported, beside_env):
-    """Where visited states cannot be the set (a recurrent state input beside them), each input is sampled inside
-    its own Dict entry's Box."""
-    from matrix.inputs import observation_sources
-
-    seeded = observations.seeded(model_loader.load(exported), 64, 0)
-    feeds = observation_sources.inside_space(seeded, _plan(exported), 0)
-    assert {name: (values.shape, values.dtype) for name, values in feeds.items()} == {
-        "observation": ((64, 4), np.float32), "achieved_goal": ((64, 2), np.float32), "desired_goal": ((64, 2), np.float32)}
-    assert np.abs(feeds["desired_goal"]).max() <= 1.0 < np.abs(feeds["observation"][:, 2:]).max() <= 2.0  # each entry's bounds
-    assert not np.array_equal(feeds["achieved_goal"], feeds["desired_goal"])
