@@ -207,8 +207,8 @@ class Behaviour(Group):
 
     options = (
         click.option("--env", default=None,
-                  help="Gymnasium id (e.g. CartPole-v1) or module:Class: every predicting cell drives episodes with its runtime in the loop "
-                       "(a Dict observation: each key feeds the input of that name)."),
+                  help="Gymnasium id (e.g. CartPole-v1) or module:Class: every predicting cell drives episodes with its runtime "
+                       "in the loop (a Dict observation: each key feeds the input of that name)."),
         click.option("--episodes", default=None, type=int, help="Episodes per cell with --env.  [default: 10]"),
         click.option("--env-kwargs", default=None, help="JSON object of keyword arguments for the environment."),
         click.option("--clip-actions/--no-clip-actions", default=None,

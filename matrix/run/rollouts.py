@@ -372,7 +372,8 @@ def run_episode(step: Step, env, plan: RolloutPlan, seed: int) -> Episode:
         rewards.append(float(reward))
         clipped_steps += clipped
         done = terminated or truncated
-    return Episode(seed, {name: np.stack(values) for name, values in seen.items()}, np.stack(actions), np.asarray(rewards), clipped_steps, kind != "continuous")
+    observed = {name: np.stack(values) for name, values in seen.items()}
+    return Episode(seed, observed, np.stack(actions), np.asarray(rewards), clipped_steps, kind != "continuous")
 
 
 def run_episodes(step: Step, plan: RolloutPlan, on_episode: Callable[[int], None] = lambda done: None) -> list[Episode]:
@@ -420,7 +421,8 @@ def _recorded_steps(path: Path, recorded: np.ndarray, observed: ObservationInput
         steps = shaped.astype(observed.dtype)
     for values in (recorded, steps):  # as --obs: no state, and every cell would FAIL on it
         if (bad := first_non_finite(values)) is not None:
-            raise InputError(f"{where}: holds a non-finite value at step {bad[0]} (as {values.dtype}): observations must be finite")
+            raise InputError(f"{where}: holds a non-finite value at step {bad[0]} (as {values.dtype}): "
+                             "observations must be finite")
     check_held(shaped, steps, observed.input, 0, path)
     return steps
 
