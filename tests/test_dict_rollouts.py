@@ -141,7 +141,7 @@ def test_the_source_column_refuses_a_dict_policy_in_words(exported, beside_env, 
                           "--out", beside_env / "out"])
     assert done.returncode == 2 and len(done.lines) == 1, done.lines[-5:]
     assert "--source needs a model with one observation input; goal_ppo.onnx has ['observation', " in done.lines[0]
-    assert "does not feed a Dict observation's inputs" in done.lines[0]
+    assert "no Dict observation's inputs; --env drives the runtimes without it" in done.lines[0]
 
 
 def test_cli_drives_the_dict_env_and_samples_visited_states_per_input(exported, beside_env, policy_matrix):
