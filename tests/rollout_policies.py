@@ -7,6 +7,8 @@
   over seeds 0..9, close to a trained TD3's).
 - Recurrent: a one-unit state that toggles each step; the action is the state,
   so actions alternate 0, 1, 0, 1 only if the runner carries the state.
+- Goal seeker: a PD controller for tests/goal_env.py's point mass, fed by its Dict
+  observation (one input per key) and a step-count state that holds the first action at 0.
 """
 
 from __future__ import annotations
@@ -113,3 +115,38 @@ def recurrent_toggle(path: Path) -> Path:
          numpy_helper.from_array(np.array([1], np.int64), "axis1")],
     )
     return _save(graph, path, {"action_space": "discrete", "action_n": "2"})
+
+
+GOAL_GAINS = {"kp": 4.0, "kd": 4.0}
+
+
+def goal_seeker(path: Path) -> Path:
+    """observation[B,4] (x, y, vx, vy), achieved_goal[B,2], desired_goal[B,2], h_in[B,1] ->
+    action[B,2] = clip(kp (desired - achieved) - kd velocity, -1, 1) * min(h_in, 1), h_out = h_in + 1:
+    the first action of an episode is 0, every later one pushes to the goal, only if the runner carries the state."""
+    inits = {
+        "pick_velocity": np.array([[0, 0], [0, 0], [1, 0], [0, 1]], np.float32),
+        "kp": np.array([GOAL_GAINS["kp"]], np.float32), "kd": np.array([GOAL_GAINS["kd"]], np.float32),
+        "one": np.array([1.0], np.float32), "low": np.array(-1.0, np.float32), "high": np.array(1.0, np.float32),
+    }
+    node = helper.make_node
+    nodes = [
+        node("Sub", ["desired_goal", "achieved_goal"], ["error"]), node("Mul", ["error", "kp"], ["pull"]),
+        node("MatMul", ["observation", "pick_velocity"], ["velocity"]), node("Mul", ["velocity", "kd"], ["damping"]),
+        node("Sub", ["pull", "damping"], ["command"]), node("Clip", ["command", "low", "high"], ["bounded"]),
+        node("Min", ["h_in", "one"], ["started"]), node("Mul", ["bounded", "started"], ["action"]),
+        node("Add", ["h_in", "one"], ["h_out"]),
+    ]
+    for i, n in enumerate(nodes):
+        n.name = f"{n.op_type.lower()}_{i}"
+    graph = helper.make_graph(
+        nodes, "goal_seeker",
+        [helper.make_tensor_value_info("observation", TensorProto.FLOAT, ["batch", 4]),
+         helper.make_tensor_value_info("achieved_goal", TensorProto.FLOAT, ["batch", 2]),
+         helper.make_tensor_value_info("desired_goal", TensorProto.FLOAT, ["batch", 2]),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, ["batch", 1])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2]),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, ["batch", 1])],
+        [numpy_helper.from_array(value, name) for name, value in inits.items()],
+    )
+    return _save(graph, path, {"action_space": "continuous", "action_low": "-1.0", "action_high": "1.0"})

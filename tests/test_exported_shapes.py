@@ -256,10 +256,10 @@ def test_a_tanh_policy_driving_a_wider_action_space_gets_an_action_range_lint(tm
 
 
 def test_observed_actions_that_saturate_inside_the_space_count_as_its_reach(tmp_path):
-    plan = rollouts.RolloutPlan(obs_input="obs", obs_shape=[3], obs_dtype="float32", action_output="action",
+    plan = rollouts.RolloutPlan(observations=[rollouts.ObservationInput("obs", [3], "float32")], action_output="action",
                                 env="Pendulum-v1", action_low=[-2.0], action_high=[2.0])
     actions = np.concatenate([np.full(30, 1.0), np.linspace(-1.0, 1.0, 70)]).reshape(-1, 1)
-    saturated = rollouts.ReferenceRollout([rollouts.Episode(0, np.zeros((100, 3)), actions, np.zeros(100), 0, False)])
+    saturated = rollouts.ReferenceRollout([rollouts.Episode(0, {"obs": np.zeros((100, 3))}, actions, np.zeros(100), 0, False)])
     found = action_range.reach_lint(model.load(policies.save(policies.unnamed_batch_regressor(), tmp_path, "regressor")), plan, saturated)
     assert found.level == "warn" and "reach only [-2, 1] (observed" in found.message and "covers 75%" in found.message
 

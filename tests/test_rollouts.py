@@ -66,9 +66,9 @@ def test_divergence_is_the_first_step_beyond_epsilon_or_where_one_episode_ended(
     drifting = reference.copy()
     drifting[6:, 2] = 1e-4 * np.arange(1, 5)  # small drift: still the same trajectory
     drifting[8:, 0] = 0.5
-    assert rollouts.divergence_step(drifting, reference) == 8
-    assert rollouts.divergence_step(reference.copy(), reference) is None
-    assert rollouts.divergence_step(reference[:7], reference) == 7  # ended early, identical until then
+    assert rollouts.divergence_step({"obs": drifting}, {"obs": reference}) == 8
+    assert rollouts.divergence_step({"obs": reference.copy()}, {"obs": reference}) is None
+    assert rollouts.divergence_step({"obs": reference[:7]}, {"obs": reference}) == 7  # ended early, identical until then
 
 
 def test_action_agreement_counts_common_steps():
@@ -80,7 +80,7 @@ def test_action_agreement_counts_common_steps():
 
 def test_plan_finds_the_recurrent_state_pair(policy_dir):
     the_plan = plan(policy_dir / "recurrent.onnx", "CartPole-v1")
-    assert the_plan.obs_input == "obs" and the_plan.action_output == "action"
+    assert the_plan.observation_names == ["obs"] and the_plan.action_output == "action"
     assert [(s.input, s.output, s.shape) for s in the_plan.states] == [("h_in", "h_out", [1])]
     assert plan(policy_dir / "cartpole.onnx", "CartPole-v1").states == []
     lints = {item.id: item.message for item in lint(model_loader.load(policy_dir / "recurrent.onnx"))}
@@ -108,7 +108,7 @@ def test_a_perturbed_policy_diverges_where_its_first_different_action_lands(poli
     record = summarise(policy_dir / "cartpole_perturbed.onnx", policy_dir / "cartpole.onnx", "CartPole-v1")
     reference = rollouts.reference_rollout(model_loader.load(policy_dir / "cartpole.onnx"), plan(policy_dir / "cartpole.onnx", "CartPole-v1"))
     for outcome, episode in zip(record.episodes, reference.episodes):
-        perturbed = [policies.cartpole_action(o, policies.PERTURBED_GAINS) for o in episode.observations]
+        perturbed = [policies.cartpole_action(o, policies.PERTURBED_GAINS) for o in episode.observations["obs"]]
         first_different = next(t for t, (a, b) in enumerate(zip(perturbed, episode.actions)) if a != b)
         assert outcome.divergence_step == first_different + 1  # the next observation is the first that differs
         assert outcome.action_agreement < 1.0

@@ -207,7 +207,8 @@ class Behaviour(Group):
 
     options = (
         click.option("--env", default=None,
-                  help="Gymnasium id (e.g. CartPole-v1) or module:Class: every predicting cell drives episodes with its runtime in the loop."),
+                  help="Gymnasium id (e.g. CartPole-v1) or module:Class: every predicting cell drives episodes with its runtime "
+                       "in the loop (a Dict observation: each key feeds the input of that name)."),
         click.option("--episodes", default=None, type=int, help="Episodes per cell with --env.  [default: 10]"),
         click.option("--env-kwargs", default=None, help="JSON object of keyword arguments for the environment."),
         click.option("--clip-actions/--no-clip-actions", default=None,
@@ -216,7 +217,8 @@ class Behaviour(Group):
                   help="How much worse the paired mean return may be than the reference's: 5% or 0.05 (a fraction of "
                        "|reference mean return|, at most 1; default 5%) or abs:10 (return units)."),
         click.option("--trajectory", type=click.Path(path_type=Path),
-                  help="Recorded observations [T, *obs] (.npy) replayed open loop instead of an env: per-step drift along it."),
+                  help="Recorded observations [T, *obs] (.npy; several observation inputs: .npz, one array per input) replayed "
+                       "open loop instead of an env: per-step drift along it."),
         click.option("--initial-state", type=click.Path(path_type=Path),
                   help="Recurrent state each episode starts from (.npz: one array per state input); default zeros."),
     )

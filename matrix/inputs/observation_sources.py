@@ -54,10 +54,10 @@ def choose(recorded: Path | None, plan, model: ModelInfo, seed: int) -> Observat
         return ObservationSource(SYNTHETIC, synthetic, "pass --obs or --env for the policy's own states")
     if plan.open_loop:
         return ObservationSource(TRAJECTORY, f"observations of the trajectory {Path(plan.trajectory).name}, sampled evenly")
-    if [spec.name for spec in model.inputs] != [plan.obs_input]:
+    if [spec.name for spec in model.inputs] != plan.observation_names:
         return ObservationSource(SPACE, f"samples inside {plan.env}'s observation space (uniform where bounded, normal "
                                  f"where not; other inputs seeded, seed {seed})", "the rollouts record only the observation "
-                                 "input, and the model has others (recurrent state or side inputs)")
+                                 "inputs, and the model has others (recurrent state)")
     return ObservationSource(VISITED, f"states the float64 reference visited in {plan.episodes} episodes of {plan.env} "
                              f"(seeds {plan.seed}..{plan.seed + plan.episodes - 1}), sampled evenly over episodes and steps")
 
@@ -91,29 +91,38 @@ def _shares(lengths: list[int], count: int) -> list[int]:
     return shares
 
 
-def visited_feeds(episode_observations: list[np.ndarray], plan, count: int, multiple: int = 1) -> Feeds:
-    """The observation set from the reference's episodes (or a trajectory as one run), in the model's dtype and shape."""
-    runs = [np.asarray(obs).reshape([len(obs), *plan.obs_shape]) for obs in episode_observations if len(obs)]
-    return {plan.obs_input: sample_evenly(runs, count, multiple).astype(plan.obs_dtype)}
+def visited_feeds(episode_observations: list[Feeds], plan, count: int, multiple: int = 1) -> Feeds:
+    """The observation set from the reference's episodes (or a trajectory as one run), one array per observation
+    input in the model's dtype and shape. The rows are the same steps for every input: which steps are taken
+    depends only on the runs' lengths."""
+    runs = [run for run in episode_observations if len(next(iter(run.values())))]
+    return {o.input: sample_evenly([np.asarray(run[o.input]).reshape([len(run[o.input]), *o.shape]) for run in runs],
+                                   count, multiple).astype(o.dtype)
+            for o in plan.observations}
 
 
 def inside_space(feeds: Feeds, plan, seed: int) -> Feeds:
-    """`feeds` (seeded rows) with the observation input drawn inside the environment's Box bounds instead."""
-    from ..run.rollouts import make_env
+    """`feeds` (seeded rows) with each observation input drawn inside its part of the environment's observation
+    space (a Dict's entry of its name, else the whole) instead."""
+    from ..run.rollouts import make_env, observation_spaces
 
     env = make_env(plan.env, plan.env_kwargs)
     try:
-        space = env.observation_space
-        low = np.broadcast_to(np.asarray(getattr(space, "low", -np.inf), np.float64), space.shape or ()).reshape(plan.obs_shape)
-        high = np.broadcast_to(np.asarray(getattr(space, "high", np.inf), np.float64), space.shape or ()).reshape(plan.obs_shape)
+        parts = observation_spaces(env.observation_space, plan)
     finally:
         env.close()
-    rows = len(feeds[plan.obs_input])
     rng = np.random.default_rng(seed)
+    return {**feeds, **{o.input: _inside(parts[o.input], o, len(feeds[o.input]), rng) for o in plan.observations}}
+
+
+def _inside(space, observed, rows: int, rng: np.random.Generator) -> np.ndarray:
+    """Uniform inside the Box bounds where both are finite, a clipped normal sample where not."""
+    low = np.broadcast_to(np.asarray(getattr(space, "low", -np.inf), np.float64), space.shape or ()).reshape(observed.shape)
+    high = np.broadcast_to(np.asarray(getattr(space, "high", np.inf), np.float64), space.shape or ()).reshape(observed.shape)
     bounded = np.isfinite(low) & np.isfinite(high)
-    values = np.where(bounded, rng.uniform(np.where(bounded, low, 0), np.where(bounded, high, 1), (rows, *plan.obs_shape)),
-                      np.clip(rng.standard_normal((rows, *plan.obs_shape)), low, high))
-    return {**feeds, plan.obs_input: values.astype(plan.obs_dtype)}
+    values = np.where(bounded, rng.uniform(np.where(bounded, low, 0), np.where(bounded, high, 1), (rows, *observed.shape)),
+                      np.clip(rng.standard_normal((rows, *observed.shape)), low, high))
+    return values.astype(observed.dtype)
 
 
 def feeds_sha256(feeds: Feeds) -> str:

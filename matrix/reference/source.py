@@ -108,7 +108,9 @@ def _interpreter(python: str | None) -> str:
 def check_model(model: ModelInfo) -> None:
     if len(model.inputs) != 1:
         names = [spec.name for spec in model.inputs]
-        raise InputError(f"--source needs a model with one observation input; {model.path.name} has {names}")
+        raise InputError(f"--source needs a model with one observation input; {model.path.name} has {names} (the source "
+                         "column feeds one array: no recurrent state, no Dict observation's inputs; --env drives the "
+                         "runtimes without it)")
 
 
 def preflight(spec: SourceSpec, memory_limit: int | None, timeout_s: float) -> SourceSpec:

@@ -9,6 +9,12 @@ sees the same initial states. A recurrent policy (an input/output state pair)
 carries its state from step to step, starting from zeros or the values given
 (`--initial-state`).
 
+The observation inputs are every input but the state inputs: one for a Box or
+Discrete observation, one per key for a Dict observation (SB3's MultiInputPolicy,
+goal-conditioned HER policies, image + proprioception), each key feeding the
+input of the same name. A single input is the one-key case throughout: what is
+recorded per step (and sampled, replayed, compared) is one array per input.
+
 Without an environment, a recorded observation sequence is replayed open loop
 (`--trajectory`) and the drift of each step's action is reported along it.
 
@@ -65,12 +71,17 @@ class StatePair:
 
 
 @dataclass
+class ObservationInput:
+    input: str  # the ONNX input; with a Dict observation space, also the key that feeds it
+    shape: list[int]  # without the batch dimension
+    dtype: str
+
+
+@dataclass
 class RolloutPlan:
     """What a worker needs to drive episodes; travels in the cell's spec.json."""
 
-    obs_input: str
-    obs_shape: list[int]  # without the batch dimension
-    obs_dtype: str
+    observations: list[ObservationInput]  # the inputs the environment's observation feeds, in the model's order
     action_output: str
     env: str = ""
     env_kwargs: dict = field(default_factory=dict)
@@ -85,7 +96,8 @@ class RolloutPlan:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RolloutPlan":
-        return cls(**{**data, "states": [StatePair(**s) for s in data.get("states", [])]})
+        return cls(**{**data, "observations": [ObservationInput(**o) for o in data["observations"]],
+                      "states": [StatePair(**s) for s in data.get("states", [])]})
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -93,6 +105,10 @@ class RolloutPlan:
     @property
     def open_loop(self) -> bool:
         return bool(self.trajectory)
+
+    @property
+    def observation_names(self) -> list[str]:
+        return [o.input for o in self.observations]
 
     def describe(self) -> dict:
         """The run's options entry: what a reader needs to reproduce the episodes."""
@@ -113,14 +129,14 @@ def state_pairs(model: ModelInfo) -> list[StatePair]:
 
 
 def plan_for(model: ModelInfo, **settings) -> RolloutPlan:
-    """The rollout plan for this model; InputError when it cannot take one observation at a time."""
+    """The rollout plan for this model (every input but the recurrent state inputs is fed by the observation);
+    InputError when it cannot take one observation at a time."""
     states = state_pairs(model)
     state_inputs = {s.input for s in states}
-    obs_candidates = [spec for spec in model.inputs if spec.name not in state_inputs]
-    if len(obs_candidates) != 1:
-        names = [spec.name for spec in obs_candidates]
-        raise InputError(f"rollouts need one observation input besides recurrent state pairs, found {names}")
-    obs = obs_candidates[0]
+    observed = [ObservationInput(spec.name, _fixed_dims(spec, model), spec.dtype)
+                for spec in model.inputs if spec.name not in state_inputs]
+    if not observed:
+        raise InputError("rollouts need an observation input besides recurrent state inputs")
     for spec in model.inputs:
         batch = batch_dim(spec, model.batch_axes)
         if isinstance(batch, int) and batch != 1:
@@ -130,8 +146,7 @@ def plan_for(model: ModelInfo, **settings) -> RolloutPlan:
     if not actions:
         raise InputError("rollouts need an action output besides recurrent state outputs")
     action = "action" if "action" in actions else actions[0]
-    return RolloutPlan(obs_input=obs.name, obs_shape=_fixed_dims(obs, model), obs_dtype=obs.dtype, action_output=action,
-                       states=states, **settings)
+    return RolloutPlan(observations=observed, action_output=action, states=states, **settings)
 
 
 def _fixed_dims(spec: TensorSpec, model: ModelInfo) -> list[int]:
@@ -176,8 +191,7 @@ def make_env(env: str, kwargs: dict):
 def check(plan: RolloutPlan, limit_bytes: int | None = None) -> None:
     """Fail early, with one line, when the environment and the model do not fit together."""
     if plan.open_loop:
-        recorded = load_trajectory(Path(plan.trajectory), plan, limit_bytes)
-        if not len(recorded):
+        if not trajectory_length(load_trajectory(Path(plan.trajectory), plan, limit_bytes)):
             raise InputError(f"{plan.trajectory}: the trajectory holds no observations")
         return
     if plan.episodes < 1:
@@ -206,17 +220,44 @@ def _described(error: Exception) -> str:
 
 
 def _check_spaces(env, plan: RolloutPlan) -> None:
-    if env.observation_space.shape is None:
-        raise InputError(f"--env {plan.env!r}: observation space {env.observation_space} is not supported (Box, Discrete)")
-    obs_size = int(np.prod(env.observation_space.shape or (1,)))
-    if obs_size != int(np.prod(plan.obs_shape)):
-        raise InputError(
-            f"--env {plan.env!r}: observations have shape {env.observation_space.shape}, "
-            f"the model's {plan.obs_input!r} expects {plan.obs_shape}"
-        )
+    from gymnasium import spaces
+
+    parts = observation_spaces(env.observation_space, plan)
+    keyed = isinstance(env.observation_space, spaces.Dict)
+    for observed in plan.observations:
+        space = parts[observed.input]
+        if space.shape is None:  # a Tuple, a Graph, Text: no one array to feed
+            raise InputError(f"--env {plan.env!r}: observation space {space} is not supported (Box, Discrete, or a Dict of them)")
+        if int(np.prod(space.shape or (1,))) != int(np.prod(observed.shape)):
+            what = f"its Dict entry {observed.input!r} has shape" if keyed else "observations have shape"
+            raise InputError(f"--env {plan.env!r}: {what} {space.shape}, the model's {observed.input!r} expects {observed.shape}")
     if _action_kind(env.action_space) == "continuous":
         plan.action_low = env.action_space.low.astype(np.float64).ravel().tolist()
         plan.action_high = env.action_space.high.astype(np.float64).ravel().tolist()
+
+
+def observation_spaces(space, plan: RolloutPlan) -> dict:
+    """The part of the environment's observation space that feeds each observation input: a Dict's entry whose key
+    is the input's name, else the whole space for the one input; InputError naming both sides where they differ."""
+    from gymnasium import spaces
+
+    names = plan.observation_names
+    if isinstance(space, spaces.Dict):
+        keys = list(space.spaces)
+        nested = [key for key, part in space.spaces.items() if part.shape is None]
+        if nested:  # a Dict or Tuple inside the Dict: no one array per key to feed
+            raise InputError(f"--env {plan.env!r}: its Dict observation's entry {nested[0]!r} is {space[nested[0]]}: nested "
+                             "Dict/Tuple observations are not supported (flatten them into one Box per key, as the export does)")
+        if set(keys) != set(names):
+            unmatched = [f"no key for input {name!r}" for name in names if name not in keys]
+            unmatched += [f"no input for key {key!r}" for key in keys if key not in names][:5]
+            raise InputError(f"--env {plan.env!r}: its Dict observation has keys {keys[:20]}, the model's observation inputs "
+                             f"are {names}: {', '.join(unmatched)} (each key feeds the input of the same name)")
+        return {name: space[name] for name in names}
+    if len(names) != 1:
+        raise InputError(f"--env {plan.env!r}: its observation space {space} is one value, but the model has "
+                         f"{len(names)} observation inputs {names}: a Dict observation space feeds one input per key")
+    return {names[0]: space}
 
 
 def _action_kind(space) -> str:
@@ -231,9 +272,21 @@ def _action_kind(space) -> str:
     raise InputError(f"action space {space} is not supported (Box, Discrete, MultiDiscrete)")
 
 
-def to_feed(observation, plan: RolloutPlan) -> np.ndarray:
-    """Box -> the model's dtype and declared shape at batch 1; Discrete -> its integer."""
-    return np.asarray(observation).astype(plan.obs_dtype).reshape([1, *plan.obs_shape])
+def by_input(observation, names: list[str]) -> dict:
+    """The environment's observation per observation input: a Dict's entries by name, else the whole for the one input."""
+    if isinstance(observation, dict):  # what a Dict space gives (a dict, not any Mapping: this runs every step)
+        return {name: observation[name] for name in names}
+    return {names[0]: observation}
+
+
+def feed_layout(plan: RolloutPlan) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """Per observation input: its name, dtype and shape at batch 1, made once per episode for to_feeds."""
+    return [(o.input, np.dtype(o.dtype), (1, *o.shape)) for o in plan.observations]
+
+
+def to_feeds(given: dict, layout: list[tuple[str, np.dtype, tuple[int, ...]]]) -> Feeds:
+    """Each input's part (by_input): Box -> the model's dtype and declared shape at batch 1; Discrete -> its integer."""
+    return {name: np.asarray(given[name]).astype(dtype).reshape(shape) for name, dtype, shape in layout}
 
 
 def to_env_action(output: np.ndarray, space, clip: bool, kind: str = "") -> tuple[np.ndarray | int, bool]:
@@ -258,7 +311,7 @@ def to_env_action(output: np.ndarray, space, clip: bool, kind: str = "") -> tupl
 @dataclass
 class Episode:
     seed: int
-    observations: np.ndarray  # [T, ...] the observations the policy acted on (as the env gave them)
+    observations: dict[str, np.ndarray]  # per observation input, [T, ...]: what the policy acted on (as the env gave it)
     actions: np.ndarray  # [T, ...] the actions the env received
     rewards: np.ndarray  # [T]
     clipped_steps: int = 0
@@ -303,20 +356,24 @@ def set_initial_state(plan: RolloutPlan, path: Path, limit_bytes: int | None = N
 def run_episode(step: Step, env, plan: RolloutPlan, seed: int) -> Episode:
     observation, _ = env.reset(seed=seed)
     state = initial_state(plan)
-    seen, actions, rewards, clipped_steps = [], [], [], 0
-    kind = _action_kind(env.action_space)  # once: the loop's own cost is part of every step
+    names, layout = plan.observation_names, feed_layout(plan)  # once: the loop's own cost is part of every step
+    seen, actions, rewards, clipped_steps = {name: [] for name in names}, [], [], 0
+    kind = _action_kind(env.action_space)
     done = False
     while not done:
-        outputs = step({plan.obs_input: to_feed(observation, plan), **state})
+        given = by_input(observation, names)
+        outputs = step({**to_feeds(given, layout), **state})
         state = {s.input: outputs[s.output] for s in plan.states}
         action, clipped = to_env_action(outputs[plan.action_output], env.action_space, plan.clip_actions, kind)
-        seen.append(np.asarray(observation, dtype=np.float64))
+        for name, value in given.items():
+            seen[name].append(np.array(value))  # a copy: an env may hand out one array it changes in place
         actions.append(np.asarray(action, dtype=np.float64))
         observation, reward, terminated, truncated, _ = env.step(action)
         rewards.append(float(reward))
         clipped_steps += clipped
         done = terminated or truncated
-    return Episode(seed, np.stack(seen), np.stack(actions), np.asarray(rewards), clipped_steps, kind != "continuous")
+    observed = {name: np.stack(values) for name, values in seen.items()}
+    return Episode(seed, observed, np.stack(actions), np.asarray(rewards), clipped_steps, kind != "continuous")
 
 
 def run_episodes(step: Step, plan: RolloutPlan, on_episode: Callable[[int], None] = lambda done: None) -> list[Episode]:
@@ -331,30 +388,56 @@ def run_episodes(step: Step, plan: RolloutPlan, on_episode: Callable[[int], None
         env.close()
 
 
-def load_trajectory(path: Path, plan: RolloutPlan, limit_bytes: int | None = None) -> np.ndarray:
-    """Recorded observations [T, *obs_shape] (or [T, 1, *obs_shape]) in the model's dtype."""
+def load_trajectory(path: Path, plan: RolloutPlan, limit_bytes: int | None = None) -> Feeds:
+    """Recorded observations per observation input, [T, *shape] (or [T, 1, *shape]) in the model's dtype: an .npy
+    for the one input, or an .npz with one array per observation input, by name (a Dict observation's keys)."""
     recorded = userfiles.read_arrays(path, "trajectory", limit_bytes)  # headers checked before any data is read
-    if not isinstance(recorded, np.ndarray) or recorded.ndim < 1:
-        raise InputError(f"{path}: expected one array of observations [T, *obs_shape]")
+    names = plan.observation_names
+    if isinstance(recorded, np.ndarray):
+        if len(names) != 1:
+            raise InputError(f"{path}: one array, but the model has the observation inputs {names}: save one array "
+                             "per input by name, np.savez('trajectory.npz', **{input: [T, ...]})")
+        recorded = {names[0]: recorded}
+    elif set(recorded) != set(names):
+        raise InputError(f"{path}: holds the arrays {sorted(name[:100] for name in recorded)[:20]}, the model's observation "
+                         f"inputs are {names}: one array per input, by name")
+    steps = {o.input: _recorded_steps(path, recorded[o.input], o, len(names) > 1) for o in plan.observations}
+    if len({len(values) for values in steps.values()}) > 1:
+        raise InputError(f"{path}: the inputs hold different numbers of steps "
+                         f"({', '.join(f'{name} {len(values)}' for name, values in steps.items())})")
+    return steps
+
+
+def _recorded_steps(path: Path, recorded: np.ndarray, observed: ObservationInput, named: bool) -> np.ndarray:
+    """One input's recorded observations in its dtype and shape; InputError where it cannot take them."""
+    where = f"{path} ({observed.input!r})" if named else str(path)
+    if recorded.ndim < 1:
+        raise InputError(f"{where}: expected one array of observations [T, *obs_shape]")
     per_step = int(np.prod(recorded.shape[1:], dtype=np.int64))
-    if per_step != int(np.prod(plan.obs_shape)):
-        raise InputError(f"{path}: observations of shape {list(recorded.shape[1:])}, the model expects {plan.obs_shape}")
-    shaped = recorded.reshape([len(recorded), *plan.obs_shape])
+    if per_step != int(np.prod(observed.shape)):
+        raise InputError(f"{where}: observations of shape {list(recorded.shape[1:])}, the model expects {observed.shape}")
+    shaped = recorded.reshape([len(recorded), *observed.shape])
     with np.errstate(over="ignore", invalid="ignore"):  # a value beyond the input's dtype: refused below
-        steps = shaped.astype(plan.obs_dtype)
+        steps = shaped.astype(observed.dtype)
     for values in (recorded, steps):  # as --obs: no state, and every cell would FAIL on it
         if (bad := first_non_finite(values)) is not None:
-            raise InputError(f"{path}: holds a non-finite value at step {bad[0]} (as {values.dtype}): observations must be finite")
-    check_held(shaped, steps, plan.obs_input, 0, path)
+            raise InputError(f"{where}: holds a non-finite value at step {bad[0]} (as {values.dtype}): "
+                             "observations must be finite")
+    check_held(shaped, steps, observed.input, 0, path)
     return steps
+
+
+def trajectory_length(recorded: Feeds) -> int:
+    return len(next(iter(recorded.values())))
 
 
 def replay(step: Step, plan: RolloutPlan) -> np.ndarray:
     """Open loop: each recorded observation in order, state carried; the action of each step."""
     state = initial_state(plan)
     actions = []
-    for observation in load_trajectory(Path(plan.trajectory), plan):
-        outputs = step({plan.obs_input: observation[None], **state})
+    recorded = load_trajectory(Path(plan.trajectory), plan)
+    for t in range(trajectory_length(recorded)):
+        outputs = step({**{name: values[t : t + 1] for name, values in recorded.items()}, **state})
         state = {s.input: outputs[s.output] for s in plan.states}
         actions.append(np.asarray(outputs[plan.action_output], dtype=np.float64)[0])
     return np.stack(actions)
@@ -407,7 +490,7 @@ def reference_from(measured: dict, arrays: dict[str, np.ndarray]) -> ReferenceRo
 def episode_arrays(episodes: list[Episode]) -> dict[str, np.ndarray]:
     arrays = {}
     for i, episode in enumerate(episodes):
-        arrays[f"rollout/{i}/observations"] = episode.observations
+        arrays.update({f"rollout/{i}/observations/{name}": values for name, values in episode.observations.items()})
         arrays[f"rollout/{i}/actions"] = episode.actions
         arrays[f"rollout/{i}/rewards"] = episode.rewards
     return arrays
@@ -415,10 +498,14 @@ def episode_arrays(episodes: list[Episode]) -> dict[str, np.ndarray]:
 
 def episodes_from(arrays: dict[str, np.ndarray], measured: dict) -> list[Episode]:
     return [
-        Episode(seed, arrays[f"rollout/{i}/observations"], arrays[f"rollout/{i}/actions"], arrays[f"rollout/{i}/rewards"],
-                measured["clipped_steps"][i], measured["discrete"])
+        Episode(seed, _prefixed(arrays, f"rollout/{i}/observations/"), arrays[f"rollout/{i}/actions"],
+                arrays[f"rollout/{i}/rewards"], measured["clipped_steps"][i], measured["discrete"])
         for i, seed in enumerate(measured["seeds"])
     ]
+
+
+def _prefixed(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {name.removeprefix(prefix): values for name, values in arrays.items() if name.startswith(prefix)}
 
 
 def drive(step: Step, plan: RolloutPlan, on_progress: Callable[[str], None]) -> tuple[dict, dict[str, np.ndarray]]:
@@ -438,15 +525,20 @@ def drive(step: Step, plan: RolloutPlan, on_progress: Callable[[str], None]) -> 
 
 # --- comparison with the reference ---------------------------------------------------------------
 
-def divergence_step(observations: np.ndarray, reference: np.ndarray, epsilon: float = DIVERGENCE_EPSILON) -> int | None:
-    """First step whose observation is farther than epsilon from the reference's; where no
-    observation differs but one episode ended earlier, the step where it ended; None if never."""
-    common = min(len(observations), len(reference))
-    distance = np.abs(observations[:common] - reference[:common]).reshape(common, -1).max(axis=1, initial=0.0)
+def divergence_step(observations: dict[str, np.ndarray], reference: dict[str, np.ndarray],
+                    epsilon: float = DIVERGENCE_EPSILON) -> int | None:
+    """First step whose observation (any element of any input) is farther than epsilon from the reference's; where
+    no observation differs but one episode ended earlier, the step where it ended; None if never."""
+    length, reference_length = trajectory_length(observations), trajectory_length(reference)
+    common = min(length, reference_length)
+    distance = np.zeros(common)
+    for name, values in observations.items():  # as float64: pixels are unsigned, their difference is not
+        apart = np.abs(values[:common].astype(np.float64) - reference[name][:common]).reshape(common, -1)
+        distance = np.maximum(distance, apart.max(axis=1, initial=0.0))
     beyond = np.flatnonzero(distance > epsilon)
     if beyond.size:
         return int(beyond[0])
-    return None if len(observations) == len(reference) else common
+    return None if length == reference_length else common
 
 
 def action_agreement(actions: np.ndarray, reference: np.ndarray, discrete: bool) -> float | None:

@@ -149,9 +149,9 @@ def test_pixels_a_uint8_input_cannot_hold_are_refused_not_cast(load_policy, tmp_
 
 
 def test_a_trajectory_of_pixels_a_uint8_input_cannot_hold_is_refused(tmp_path):
-    from matrix.run.rollouts import RolloutPlan, load_trajectory
+    from matrix.run.rollouts import ObservationInput, RolloutPlan, load_trajectory
 
-    plan = RolloutPlan(obs_input="obs", obs_shape=[3, 8, 8], obs_dtype="uint8", action_output="action")
+    plan = RolloutPlan(observations=[ObservationInput("obs", [3, 8, 8], "uint8")], action_output="action")
     np.save(tmp_path / "t.npy", np.full((5, 3, 8, 8), 0.5, np.float32))
     with pytest.raises(InputError, match="'obs' holds 0.5 at row 0, which a uint8 input cannot hold"):
         load_trajectory(tmp_path / "t.npy", plan)

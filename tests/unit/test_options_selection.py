@@ -165,9 +165,14 @@ def test_divergence_is_the_first_step_beyond_epsilon_or_where_an_episode_ended()
     moved = reference.copy()
     moved[3, 1] = 2 * rollouts.DIVERGENCE_EPSILON
     moved[4] = 1.0
-    assert rollouts.divergence_step(moved, reference) == 3
-    assert rollouts.divergence_step(reference + rollouts.DIVERGENCE_EPSILON / 2, reference) is None
-    assert rollouts.divergence_step(reference[:3], reference) == 3  # ended early, no step apart before
+    assert rollouts.divergence_step({"obs": moved}, {"obs": reference}) == 3
+    assert rollouts.divergence_step({"obs": reference + rollouts.DIVERGENCE_EPSILON / 2}, {"obs": reference}) is None
+    assert rollouts.divergence_step({"obs": reference[:3]}, {"obs": reference}) == 3  # ended early, no step apart before
+    # several inputs (a Dict observation): the first step where any of them leaves the reference's
+    image = np.zeros((5, 2, 2), np.uint8)
+    brighter = image.copy()
+    brighter[2, 1, 0] = 1  # one pixel one level brighter
+    assert rollouts.divergence_step({"obs": reference, "image": image}, {"obs": reference, "image": brighter}) == 2
 
 
 def test_action_agreement_and_step_drift():

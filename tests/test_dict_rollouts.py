@@ -1,0 +1,197 @@
+"""Behaviour in the loop for a policy with a Dict observation space: Stable-Baselines3's MultiInputPolicy on a
+goal-reaching point mass (tests/goal_env.py: HER's observation / achieved_goal / desired_goal), exported from the
+framework's own interpreter as users export it: a wrapper that takes one tensor per key and builds the dict the
+policy takes, torch.onnx.export with dynamo=False and the keys as input names. Each Dict key feeds the ONNX input
+of the same name; what the rollouts record, sample and replay is one array per input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import load_results
+from source_policies import cached_policies
+
+from matrix.errors import InputError
+from matrix.frameworks import environments, load
+from matrix.inputs import model as model_loader
+from matrix.inputs import observations
+from matrix.run import rollouts
+
+pytestmark = pytest.mark.slow
+
+GOAL_ENV = Path(__file__).with_name("goal_env.py")
+KEYS = ["observation", "achieved_goal", "desired_goal"]
+FAST = ("--iters", "5", "--warmup", "1", "--batch-sizes", "1")
+
+EXPORT = '''
+import torch as th
+from stable_baselines3 import PPO
+
+from goal_env import GoalPointMass
+
+KEYS = ["observation", "achieved_goal", "desired_goal"]
+
+
+class OnnxableMultiInputPolicy(th.nn.Module):
+    """One tensor per Dict key in, the dict the policy takes built inside: ONNX inputs are tensors, named by key."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, observation, achieved_goal, desired_goal):
+        obs = {"observation": observation, "achieved_goal": achieved_goal, "desired_goal": desired_goal}
+        return self.policy(obs, deterministic=True)[0]
+
+
+env = GoalPointMass()
+model = PPO("MultiInputPolicy", env, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
+model.learn(64)
+with th.no_grad():  # a policy that pushes hard enough to move the point mass (an untrained one barely does)
+    model.policy.action_net.weight.mul_(100)
+examples = tuple(th.zeros(1, *env.observation_space[key].shape) for key in KEYS)
+th.onnx.export(OnnxableMultiInputPolicy(model.policy), examples, "goal_ppo.onnx", opset_version=17, input_names=KEYS,
+               output_names=["action"], dynamic_axes={**{key: {0: "batch"} for key in KEYS}, "action": {0: "batch"}},
+               dynamo=False)
+'''
+
+
+def _export(folder: Path, python: Path) -> None:
+    shutil.copy(GOAL_ENV, folder / "goal_env.py")
+    (folder / "export.py").write_text(EXPORT)
+    done = subprocess.run([str(python), "export.py"], cwd=folder, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SB3_LOGDIR": str(folder / "sb3-log")})  # SB3's logger folder, not /tmp
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def exported() -> Path:
+    python = environments.python(load("sb3"))
+    if python is None:
+        pytest.skip("needs the SB3 framework environment: policy-matrix setup frameworks")
+    return cached_policies("sb3-goal-dict", EXPORT + GOAL_ENV.read_text(), python, _export) / "goal_ppo.onnx"
+
+
+@pytest.fixture
+def beside_env(tmp_path, monkeypatch) -> Path:
+    """The user's folder: the environment module beside them, where `--env goal_env:...` imports it from."""
+    shutil.copy(GOAL_ENV, tmp_path / "goal_env.py")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _plan(policy: Path, env: str = "goal_env:GoalPointMass", episodes: int = 3, **settings) -> rollouts.RolloutPlan:
+    return rollouts.plan_for(model_loader.load(policy), env=env, episodes=episodes, seed=0, **settings)
+
+
+def ort_step(path: Path) -> rollouts.Step:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return lambda feeds: {"action": session.run(["action"], feeds)[0]}
+
+
+def test_each_dict_key_feeds_the_input_of_its_name_and_the_returns_pair_with_the_reference(exported, beside_env):
+    plan = _plan(exported)
+    assert plan.observation_names == KEYS
+    rollouts.check(plan)
+    measured, arrays = rollouts.drive(ort_step(exported), plan, lambda progress: None)
+    reference = rollouts.reference_rollout(model_loader.load(exported), plan)
+    record = rollouts.summarise(measured, arrays, reference, plan)
+    returns = [e.episode_return for e in record.episodes]
+    assert [e.seed for e in record.episodes] == [0, 1, 2] and len(set(returns)) == 3  # three different episodes
+    assert np.allclose(returns, [e.reference_return for e in record.episodes], rtol=1e-5)
+    assert record.action_agreement == 1.0 and all(e.divergence_step is None for e in record.episodes)
+    for episode in reference.episodes:  # what the policy saw, one array per input, [T, *shape], as the env gave it
+        assert {name: values.shape[1:] for name, values in episode.observations.items()} == \
+            {"observation": (4,), "achieved_goal": (2,), "desired_goal": (2,)}
+        assert np.array_equal(episode.observations["observation"][:, :2], episode.observations["achieved_goal"])
+        assert np.ptp(episode.observations["achieved_goal"], axis=0).max() > 0.05  # the point mass moved
+        assert len(set(map(tuple, episode.observations["desired_goal"]))) == 1  # one goal per episode
+
+
+def test_a_key_the_model_has_no_input_for_is_named_with_both_sides(exported, beside_env):
+    plan = _plan(exported, env_kwargs={"goal_key": "goal"})
+    with pytest.raises(InputError) as refused:
+        rollouts.check(plan)
+    assert ("its Dict observation has keys ['achieved_goal', 'goal', 'observation'], the model's observation inputs are "
+            "['observation', 'achieved_goal', 'desired_goal']: no key for input 'desired_goal', no input for key 'goal' "
+            "(each key feeds the input of the same name)") in str(refused.value)
+
+
+@pytest.mark.parametrize("env, words", [
+    ("goal_env:NestedGoalPointMass", "its Dict observation's entry 'goals' is Dict("),
+    ("Pendulum-v1", "is one value, but the model has 3 observation inputs ['observation', 'achieved_goal', 'desired_goal']: "
+                    "a Dict observation space feeds one input per key"),
+])
+def test_observations_that_cannot_feed_the_inputs_are_one_line_and_exit_2(exported, beside_env, env, words, policy_matrix):
+    done = policy_matrix([exported, "--targets", "ort-cpu", "--env", env, "--out", beside_env / "out"])
+    assert done.returncode == 2 and len(done.lines) == 1 and words in done.lines[0], done.lines[-5:]
+
+
+def test_the_source_column_refuses_a_dict_policy_in_words(exported, beside_env, policy_matrix):
+    (beside_env / "goal_ppo.zip").write_bytes(b"")
+    done = policy_matrix([exported, "--targets", "ort-cpu", "--env", "goal_env:GoalPointMass", "--source", "sb3:goal_ppo.zip",
+                          "--out", beside_env / "out"])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-5:]
+    assert "--source needs a model with one observation input; goal_ppo.onnx has ['observation', " in done.lines[0]
+    assert "no Dict observation's inputs; --env drives the runtimes without it" in done.lines[0]
+
+
+def test_cli_drives_the_dict_env_and_samples_visited_states_per_input(exported, beside_env, policy_matrix):
+    done = policy_matrix(["run", exported, *FAST, "--targets", "ort-cpu", "--precisions", "fp32,int8",
+                          "--env", "goal_env:GoalPointMass", "--episodes", "3", "--n-obs", "30", "--out", beside_env / "out"])
+    assert done.returncode in (0, 1), done.stderr
+    data = load_results(beside_env / "out")
+    assert data["model"]["observation_kind"] == "visited"
+    cells = {cell["variant"]: cell["rollout"] for cell in data["cells"]}
+    fp32, int8 = cells["fp32"], cells["int8"]
+    assert [e["seed"] for e in fp32["episodes"]] == [0, 1, 2]
+    reference_returns = [e["reference_return"] for e in fp32["episodes"]]
+    assert [e["episode_return"] for e in fp32["episodes"]] == pytest.approx(reference_returns, rel=1e-5)
+    assert [e["reference_return"] for e in int8["episodes"]] == reference_returns  # paired: the same seeded episodes
+    assert int8["action_agreement"] < 1.0  # int8 drifts on its own states, and the loop shows it
+    visited = observations.read(beside_env / "out" / "observations.npz")
+    assert {name: values.shape for name, values in visited.items()} == {"observation": (30, 4), "achieved_goal": (30, 2),
+                                                                       "desired_goal": (30, 2)}
+    assert np.array_equal(visited["observation"][:, :2], visited["achieved_goal"])  # the same steps in every input
+    reference = observations.read(beside_env / "out" / "reference" / "rollout.npz")
+    first_goal = reference["rollout/0/observations/desired_goal"][0]
+    assert np.array_equal(visited["desired_goal"][0], first_goal)  # sampled from the reference's own episodes
+    assert "### Behaviour (goal\\_env:GoalPointMass" in (beside_env / "out" / "summary.md").read_text()
+
+
+def test_a_trajectory_replays_one_array_per_input(exported, beside_env, policy_matrix):
+    plan = _plan(exported)
+    recorded = rollouts.reference_rollout(model_loader.load(exported), plan).episodes[0].observations
+    np.savez(beside_env / "trajectory.npz", **recorded)
+    data = load_results(_ran(policy_matrix, exported, beside_env / "out", "--trajectory", beside_env / "trajectory.npz"))
+    assert data["cells"][0]["rollout"]["mode"] == "open-loop"
+    assert len(data["cells"][0]["rollout"]["step_drift"]) == len(recorded["observation"])
+    assert data["cells"][0]["rollout"]["max_step_drift"] < 1e-5
+    np.save(beside_env / "one.npy", recorded["observation"])
+    with pytest.raises(InputError, match=r"one array, but the model has the observation inputs \['observation', "):
+        rollouts.load_trajectory(beside_env / "one.npy", plan)
+    np.savez(beside_env / "renamed.npz", goal=recorded["desired_goal"], observation=recorded["observation"],
+             achieved_goal=recorded["achieved_goal"])
+    with pytest.raises(InputError, match=r"holds the arrays \['achieved_goal', 'goal', 'observation'\]"):
+        rollouts.load_trajectory(beside_env / "renamed.npz", plan)
+
+
+def _ran(policy_matrix, policy: Path, out: Path, *args) -> Path:
+    done = policy_matrix(["run", policy, *FAST, "--targets", "ort-cpu", "--precisions", "fp32", "--out", out, *args])
+    assert done.returncode in (0, 1), done.stderr
+    return out
+
+
+def test_the_plan_travels_as_plain_data(exported):
+    plan = _plan(exported)
+    again = rollouts.RolloutPlan.from_dict(json.loads(json.dumps(plan.as_dict())))  # as a worker reads spec.json
+    assert again == plan and again.observations[2] == rollouts.ObservationInput("desired_goal", [2], "float32")
+
