@@ -425,3 +425,20 @@ def test_coreml_conversion_of_an_opset23_export_works_after_conversion_to_17(tmp
     assert "operation_type='Cast', version=23" in cell.error.message
     assert cell.fixes[0].preparation == "opset17" and cell.fixes[0].verdict == "CONVERTED"  # `coreml` converts, never predicts
     assert "opset 23 -&gt; 17" in _fixes_section(out)  # the step, escaped like every string in the report
+
+
+def test_a_model_saved_at_an_ir_version_the_runtime_predates_names_both_versions_and_assist_lowers_it(tmp_path, policy_matrix):
+    """onnx 1.23 saves IR 14 whatever the opset, and onnxruntime-node/-web 1.30 read IR 13 at most: the cell said
+    only "Unsupported model IR version: 14, max supported IR version: 13". Its cause names both versions and the IR
+    the model's opsets need, and --assist's opset17 (opset 17's IR 8) makes it PASS."""
+    proto = examples.continuous_mlp()
+    proto.ir_version = 14
+    model = write(proto, tmp_path, "ir14")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-node", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    cell = schema.load(out / "results.json").cells[0]
+    assert "Unsupported model IR version: 14, max supported IR version: 13" in cell.error.message
+    assert ("cause: this onnxruntime reads ONNX files up to IR version 13 and the model is saved at IR 14, while its "
+            "opsets (ai.onnx 17) need only IR 8: set the model's ir_version to 8 before saving") in cell.reasons
+    assert [(f.preparation, f.verdict) for f in cell.fixes] == [("opset17", "PASS")], cell.reasons

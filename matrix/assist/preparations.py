@@ -5,7 +5,8 @@ and each says what it changed (node names included), or nothing when it does
 not apply:
 - `simplify`: onnxsim with the inputs fixed at the deployment batch (folds dead
   shape subgraphs such as SB3's Shape/ConstantOfShape/Expand/Reshape);
-- `opset17`: onnx.version_converter to opset 17 (runtimes/converters that lag);
+- `opset17`: onnx.version_converter to opset 17 at IR 8 (runtimes/converters that lag; a graph
+  already at opset <= 17 gets IR 8 only);
 - rewrites: `argmax-cut` (the graph returns the logits; the host takes the
   argmax), `minmax-clip` (Min/Max with a constant -> Clip, nested Clips fused),
   `reshape-allowzero` (allowzero=1 -> 0 when the shape has no zero),
@@ -52,6 +53,7 @@ from ..inputs.model import ModelInfo
 from ..results import Cell, FixAttempt
 
 TARGET_OPSET = 17
+TARGET_IR = 8  # opset 17's
 DEPLOYMENT_BATCH = 1
 
 
@@ -96,13 +98,18 @@ def _fixed_shape(value: onnx.ValueInfoProto, batch: int) -> list[int]:
 
 
 def _opset17(prepared: Prepared) -> bool:
-    if _opset(prepared.proto) <= TARGET_OPSET:
+    """Opset 17 at its IR 8; a graph already at opset 17 or below only gets IR 8 (onnx >= 1.23 saves IR 14 at
+    any opset, which runtimes from before it refuse)."""
+    before, ir_before = _opset(prepared.proto), prepared.proto.ir_version
+    if before <= TARGET_OPSET and ir_before <= TARGET_IR:
         return False
-    before = _opset(prepared.proto)
-    converted = onnx.version_converter.convert_version(prepared.proto, TARGET_OPSET)
-    converted.ir_version = min(converted.ir_version, 8)  # opset 17's IR
-    prepared.proto = converted
-    prepared.steps.append(f"onnx.version_converter: opset {before} -> {TARGET_OPSET} (IR {converted.ir_version})")
+    if before > TARGET_OPSET:
+        prepared.proto = onnx.version_converter.convert_version(prepared.proto, TARGET_OPSET)
+    prepared.proto.ir_version = min(prepared.proto.ir_version, TARGET_IR)
+    if before > TARGET_OPSET:
+        prepared.steps.append(f"onnx.version_converter: opset {before} -> {TARGET_OPSET} (IR {prepared.proto.ir_version})")
+    else:
+        prepared.steps.append(f"IR {ir_before} -> {TARGET_IR} (opset {before} needs no later IR)")
     return True
 
 
