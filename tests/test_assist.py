@@ -255,6 +255,23 @@ def test_assist_tries_fixes_on_every_settings_value_each_under_its_own_settings(
     assert results.decision[0].chosen is not None and results.decision[0].chosen.fix, done.stderr
 
 
+def test_diagnose_follows_every_settings_value_each_under_its_own_settings(tmp_path, policy_matrix):
+    """With --settings no cell has the target's defaults, and --diagnose silently diagnosed none of them. Each is
+    diagnosed under its own settings, in a folder of its own."""
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--diagnose",
+                          "--settings", "ort-cpu:threads=1,2", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    cells = {cell.configuration.settings_label: cell for cell in schema.load(out / "results.json").cells}
+    assert sorted(cells) == ["threads=1", "threads=2"], done.stderr
+    for label, cell in cells.items():
+        assert cell.diagnosis and cell.diagnosis.first, (label, cell.reasons)
+        assert any(r.startswith("first divergent node:") for r in cell.reasons), cell.reasons
+    specs = [p.read_text() for p in (out / "diagnosis").rglob("spec.json")]
+    assert len(specs) == 2 and any('"threads": "2"' in spec for spec in specs), specs
+
+
 def test_with_a_candidate_the_first_model_is_diagnosed_and_fixed_and_the_candidate_says_it_is_not(tmp_path, policy_matrix):
     """With --candidate, --assist tried nothing at all (its filter read the last cell, a candidate's, for every cell),
     and a candidate's cells, never diagnosed or prepared, said nothing about it. The first model's cells are

@@ -46,14 +46,14 @@ def after_cells(results: RunResults, context: AssistContext, diagnose_cells: boo
     for cell in results.cells:
         _explain(cell, context.model)
     # Diagnosis and preparations rerun the first model (the context's): a candidate's cells are not what
-    # they would explain. Diagnosis runs with default settings; a fix attempt with its cell's own. The
-    # --source column is the training framework, not a runtime: no graph preparation changes what it computes.
+    # they would explain. Both run under the cell's own settings. The --source column is the training
+    # framework, not a runtime: no graph preparation changes what it computes.
     runtime_cells = [c for c in results.cells if c.target != SOURCE_TARGET]
     if diagnose_cells:
-        for cell in [c for c in runtime_cells if c.configuration.first_model_with_defaults and diagnose.wants_diagnosis(c)]:
+        for cell in [c for c in runtime_cells if c.configuration.first_model_as_exported and diagnose.wants_diagnosis(c)]:
             _diagnose(cell, context, console)
     if assist:
-        for cell in [c for c in runtime_cells if _first_model_as_exported(c) and preparations.wants_fixes(c)]:
+        for cell in [c for c in runtime_cells if c.configuration.first_model_as_exported and preparations.wants_fixes(c)]:
             _fix(cell, context, console)
         results.run_options["assist"] = True  # the decision then says what it found, never "try --assist"
     for cell in (c for c in runtime_cells if c.candidate):  # said where it would have run, not left to silence
@@ -69,11 +69,6 @@ def _say_not_run_on_candidate(cell: Cell, diagnose_cells: bool, assist: bool) ->
         cell.reasons.append(f"fix: none tried on a candidate (--assist prepares the first model's graph); {rerun}")
 
 
-def _first_model_as_exported(cell: Cell) -> bool:
-    configuration = cell.configuration
-    return not (configuration.candidate or configuration.preparation or configuration.device)
-
-
 def _explain(cell: Cell, model: ModelInfo) -> None:
     if cell.verdict != "FAIL" or cell.error is None:
         return
@@ -87,8 +82,8 @@ def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
     if not target.runs_onnx_as_is:
         cell.reasons.append(f"diagnosis: {cell.target} converts the graph, so its intermediates are not exposed here")
         return
-    console.print(f"[bold]diagnose[/]: {cell.target} {cell.variant}: intermediates against float64")
-    folder = context.out / "diagnosis" / _slug(f"{cell.host}-{cell.target}-{cell.variant}")
+    console.print(f"[bold]diagnose[/]: {cell.configuration.label}: intermediates against float64")
+    folder = context.out / "diagnosis" / _cell_slug(cell)
     try:
         cell.diagnosis = diagnose.diagnose_cell(cell, context.template, context.model, folder,
                                                 context.env_for(target), context.limits)
@@ -103,7 +98,7 @@ def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
 def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
     console.print(f"[bold]assist[/]: {cell.configuration.label}: trying graph preparations")
     target = registry.get(cell.target)
-    folder = context.out / "fixes" / _slug("-".join(part for part in (cell.host, cell.target, cell.variant, cell.configuration.settings_label) if part))
+    folder = context.out / "fixes" / _cell_slug(cell)
 
     try:
         env = context.env_for(target)
@@ -130,6 +125,11 @@ def fix_judge(context: AssistContext, predicts: bool):
         return context.judge.cell(outcome, evidence, host=failing.host, target=failing.target, variant=failing.variant,
                                   predicts=predicts)
     return judge
+
+
+def _cell_slug(cell: Cell) -> str:
+    """A folder name per cell of the first model: its settings are part of it (each runs under its own)."""
+    return _slug("-".join(part for part in (cell.host, cell.target, cell.variant, cell.configuration.settings_label) if part))
 
 
 def _slug(text: str) -> str:
