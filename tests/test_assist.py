@@ -21,7 +21,7 @@ from web_fixtures import softsign_mlp
 import targets
 from matrix.inputs import examples
 from matrix import messages
-from matrix.assist import preparations
+from matrix.assist import int8_weights, preparations
 from matrix import results as schema
 from matrix.assist.diagnose import expose_intermediates
 from matrix.assist.preparations import Prepared
@@ -459,3 +459,58 @@ def test_a_model_saved_at_an_ir_version_the_runtime_predates_names_both_versions
     assert ("cause: this onnxruntime reads ONNX files up to IR version 13 and the model is saved at IR 14, while its "
             "opsets (ai.onnx 17) need only IR 8: set the model's ir_version to 8 before saving") in cell.reasons
     assert [(f.preparation, f.verdict) for f in cell.fixes] == [("opset17", "PASS")], cell.reasons
+
+
+def _quantized_mlp(tmp_path: Path, how: str) -> Path:
+    """The bundled MLP quantized by onnxruntime.quantization as a user does: dynamic with signed weights (QInt8),
+    or static QDQ at its defaults (S8S8)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    source, out = examples.path("continuous_mlp"), tmp_path / f"{how}.onnx"
+    if how == "dynamic":
+        quantize_dynamic(source, out, weight_type=QuantType.QInt8)
+        return out
+    name, width = examples.continuous_mlp().graph.input[0].name, observations(examples.continuous_mlp()).shape[1]
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.rows = iter({name: np.random.default_rng(i).normal(size=(1, width)).astype(np.float32)} for i in range(16))
+
+        def get_next(self):
+            return next(self.rows, None)
+
+    quantize_static(source, out, Calibration(), quant_format=QuantFormat.QDQ)
+    return out
+
+
+@pytest.mark.parametrize("how", ["dynamic", "qdq"])
+def test_unsigned_weights_compute_what_the_signed_ones_did(how, tmp_path):
+    """u8-weights stores each signed weight as uint8 + 128 and its zero point + 128: the reference evaluator (which
+    computes the integer ops exactly) gives the same outputs for both graphs."""
+    from matrix.reference import reference
+
+    original = onnx.load(_quantized_mlp(tmp_path, how))
+    result = prepared(onnx.load(_quantized_mlp(tmp_path, how)), "u8-weights")
+    assert not int8_weights.signed_weights(result.proto) and len(int8_weights.signed_weights(original)) == 3
+    obs = {original.graph.input[0].name: observations(original, 32)}
+    same = [reference.evaluator_for(proto).run(None, obs)[0] for proto in (original, result.proto)]
+    np.testing.assert_array_equal(*same)
+
+
+@pytest.mark.skipif(not int8_weights.saturating_cpu(), reason="this CPU has VNNI (or is not x86-64): onnxruntime's u8s8 kernels do not saturate here")
+@pytest.mark.parametrize("how", ["dynamic", "qdq"])
+def test_signed_int8_weights_on_an_x86_cpu_without_vnni_name_the_saturation_and_unsigned_weights_pass(how, tmp_path, policy_matrix):
+    """A user's int8 MLP (onnxruntime.quantization, signed weights) FAILed on ort-cpu by ~0.3 while tract agreed with
+    the reference: onnxruntime's u8s8 kernels (VPMADDUBSW) saturate on x86-64 without VNNI. The cell names that cause
+    and the fix onnxruntime's quantization guide gives, and --assist's u8-weights (the same weights as uint8, zero
+    points + 128: the same numbers) makes it PASS."""
+    model = _quantized_mlp(tmp_path, how)
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu,tract", "--precisions", "fp32", "--assist", "--out", out,
+                          "--iters", "5", "--warmup", "1"])  # the default 128 rows: 64 saturate less (0.24, a WARN)
+    assert done.returncode == 1, done.stderr
+    cell, tract = sorted(schema.load(out / "results.json").cells, key=lambda c: c.target)
+    assert tract.verdict == "PASS" and not any(r.startswith("cause:") for r in tract.reasons), tract.reasons
+    cause = next((r for r in cell.reasons if r.startswith("cause: onnxruntime's x86-64 kernels")), None)
+    assert cause is not None and "without VNNI" in cause and "weight_type=QuantType.QUInt8" in cause, cell.reasons
+    assert [(f.preparation, f.verdict) for f in cell.fixes if f.verdict == "PASS"][:1] == [("u8-weights", "PASS")], cell.reasons

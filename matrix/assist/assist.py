@@ -45,6 +45,7 @@ class AssistContext:
 def after_cells(results: RunResults, context: AssistContext, diagnose_cells: bool, assist: bool, console: Console) -> None:
     for cell in results.cells:
         _explain(cell, context.model)
+        _explain_drift(cell, context.model)
     # Diagnosis and preparations rerun the first model (the context's): a candidate's cells are not what
     # they would explain. Both run under the cell's own settings. The --source column is the training
     # framework, not a runtime: no graph preparation changes what it computes.
@@ -73,6 +74,17 @@ def _explain(cell: Cell, model: ModelInfo) -> None:
     if cell.verdict != "FAIL" or cell.error is None:
         return
     line = messages.explain(cell.target, cell.error.message, model.proto)
+    if line:
+        cell.reasons.append(line)
+
+
+def _explain_drift(cell: Cell, model: ModelInfo) -> None:
+    """A known cause of drift read from the model and this host (the first model's cells only)."""
+    if not (cell.configuration.first_model_as_exported and diagnose.wants_diagnosis(cell)):
+        return
+    from . import int8_weights  # here: a plain run, where nothing drifts, never imports it
+
+    line = int8_weights.saturation_reason(cell, model.proto)
     if line:
         cell.reasons.append(line)
 

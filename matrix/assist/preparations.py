@@ -11,7 +11,8 @@ not apply:
   argmax), `minmax-clip` (Min/Max with a constant -> Clip, nested Clips fused),
   `reshape-allowzero` (allowzero=1 -> 0 when the shape has no zero),
   `gemm-bias-rank1` (a rank-0 Gemm bias -> rank 1), `gemm-zero-bias` (an explicit
-  zero bias for a Gemm without one), `softsign` (x / (1 + |x|)).
+  zero bias for a Gemm without one), `softsign` (x / (1 + |x|)), `u8-weights` (signed 8-bit
+  weights as uint8 + 128 with zero points + 128: the same numbers, onnxruntime's U8U8 kernels; int8_weights.py).
 
 Besides the graph, the variant itself: a failing fp16 or int8 cell whose
 `--diagnose` named the first divergent node first tries its variant made with
@@ -276,6 +277,16 @@ def _add_initializer(graph: onnx.GraphProto, value: np.ndarray, name: str) -> st
     return name
 
 
+def _unsigned_weights(prepared: Prepared) -> bool:
+    from . import int8_weights  # here: a plain run imports this module, and only --assist rewrites
+
+    changed = int8_weights.to_unsigned(prepared.proto)
+    _drop_unused_initializers(prepared.proto.graph)
+    if changed:
+        prepared.steps.append(f"signed int8 weights -> uint8 + 128, zero points + 128 (the same values): {', '.join(changed)}")
+    return bool(changed)
+
+
 def _softsign(prepared: Prepared) -> bool:
     graph = prepared.proto.graph
     changed = []
@@ -301,9 +312,10 @@ def _softsign(prepared: Prepared) -> bool:
 
 STEPS: dict[str, Callable[[Prepared], bool]] = {
     "argmax-cut": _argmax_cut, "minmax-clip": _minmax_clip, "reshape-allowzero": _reshape_allowzero,
-    "gemm-bias-rank1": _gemm_bias_rank1, "gemm-zero-bias": _gemm_zero_bias, "softsign": _softsign, "opset17": _opset17, "simplify": _simplify,
+    "gemm-bias-rank1": _gemm_bias_rank1, "gemm-zero-bias": _gemm_zero_bias, "softsign": _softsign, "u8-weights": _unsigned_weights,
+    "opset17": _opset17, "simplify": _simplify,
 }
-REWRITES = ("argmax-cut", "minmax-clip", "reshape-allowzero", "gemm-bias-rank1", "gemm-zero-bias", "softsign")
+REWRITES = ("argmax-cut", "minmax-clip", "reshape-allowzero", "gemm-bias-rank1", "gemm-zero-bias", "softsign", "u8-weights")
 COMBINED = ("opset17", "simplify", *REWRITES)
 
 
