@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, sb3_pendulum_like, write
+from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, sb3_multi_input_like, sb3_pendulum_like, write
 from web_fixtures import softsign_mlp
 
 import targets
@@ -514,3 +514,20 @@ def test_signed_int8_weights_on_an_x86_cpu_without_vnni_name_the_saturation_and_
     cause = next((r for r in cell.reasons if r.startswith("cause: onnxruntime's x86-64 kernels")), None)
     assert cause is not None and "without VNNI" in cause and "weight_type=QuantType.QUInt8" in cause, cell.reasons
     assert [(f.preparation, f.verdict) for f in cell.fixes if f.verdict == "PASS"][:1] == [("u8-weights", "PASS")], cell.reasons
+
+
+@pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
+def test_drift_that_only_batches_above_1_have_is_said_with_the_batch_it_appears_at(tmp_path, policy_matrix):
+    """onnx2tf converts SB3's two-input Flatten+Concat exact at batch 1 and wrong above it: the cell said only its
+    drift. Its reasons now say that one observation is right alone and wrong in a batch (the worker runs batches
+    1, 2 and 7 besides the parity batch), and --assist's simplify (a fixed batch 1) makes it PASS; ort-cpu, right
+    at every batch, says nothing of the kind."""
+    model = write(sb3_multi_input_like(), tmp_path, "multi_input")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "tflite,ort-cpu", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    tflite, ort_cpu = sorted(schema.load(out / "results.json").cells, key=lambda c: c.target, reverse=True)
+    said = next((r for r in tflite.reasons if r.startswith("batch handling: action: observation 0 drifts")), "")
+    assert re.search(r"drifts [\d.e+-]+ alone \(batch 1\) and [\d.e+-]+ in the batch of 64 \(batch 2: [\d.e+-]+, batch 7: ", said), tflite.reasons
+    assert ("--assist's simplify makes one" in said) and ("simplify", "PASS") in [(f.preparation, f.verdict) for f in tflite.fixes]
+    assert ort_cpu.verdict == "PASS" and not any(r.startswith("batch handling") for r in ort_cpu.reasons)
