@@ -79,7 +79,8 @@ class Judge:
             cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)
             cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
         cell.verdict, cell.reasons = rules.verdict(cell, context)
-        if cell.verdict in ("FAIL", "WARN") and cell.parity:
+        # Dynamic int8 quantizes activations over each call's batch: its answer depends on the batch by design.
+        if cell.verdict in ("FAIL", "WARN") and cell.parity and "int8" not in (variant, self.model_precision):
             cell.reasons += batch_dependence(outcome.arrays, evidence, context.tolerance)
         return cell
 
