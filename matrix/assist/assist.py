@@ -97,8 +97,8 @@ def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
     console.print(f"[bold]diagnose[/]: {cell.configuration.label}: intermediates against float64")
     folder = context.out / "diagnosis" / _cell_slug(cell)
     try:
-        cell.diagnosis = diagnose.diagnose_cell(cell, context.template, context.model, folder,
-                                                context.env_for(target), context.limits)
+        cell.diagnosis = diagnose.diagnose_cell(cell, context.template, context.model, folder, context.env_for(target),
+                                                context.limits, context.out / "cells" / cell.configuration.dir_name / "outputs.npz")
     except Exception as error:  # the tool's own failure: said once, the cell's verdict stands
         cell.reasons.append(f"diagnosis could not be made (policy-matrix): {type(error).__name__}: {error}")
         return
