@@ -94,11 +94,14 @@ def batch_dependence(arrays: dict, evidence: Evidence, tolerance: rules.Toleranc
         if alone is None or batched is None or expected.dtype.kind != "f" or batched.shape != expected.shape:
             continue
         axis = evidence.model.batch_axes.get(name, 0)
+        if expected.ndim <= axis or expected.shape[axis] < 2:
+            continue
         first = _rows(expected, 1, axis)
         in_batch = _drifts(_rows(batched, 1, axis), first, tolerance)
         if alone.shape != first.shape or in_batch is None or _drifts(alone, first, tolerance) is not None:
             continue
-        small = [(rows, arrays.get(f"batch{rows}/{name}"), _rows(expected, rows, axis)) for rows in CONTRACT_BATCHES[1:]]
+        small = [(rows, arrays.get(f"batch{rows}/{name}"), _rows(expected, rows, axis))
+                 for rows in CONTRACT_BATCHES[1:] if rows <= expected.shape[axis]]  # fewer rows: the worker tiled them
         in_small = ", ".join(f"batch {rows}: {np.max(np.abs(got - want)):.2g}" for rows, got, want in small
                              if got is not None and got.shape == want.shape)
         said.append(
