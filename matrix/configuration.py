@@ -77,9 +77,10 @@ class Configuration:
                                           self.preparation, self.device) if part)
 
     @property
-    def first_model_with_defaults(self) -> bool:
-        """The first model, as exported, with the target's default settings (a release of its runtime may differ)."""
-        return not (self.candidate or self.settings or self.preparation or self.device)
+    def first_model_as_exported(self) -> bool:
+        """The first model's graph as exported, run here (any settings, any release of its runtime): what --diagnose
+        and --assist rerun."""
+        return not (self.candidate or self.preparation or self.device)
 
     @property
     def dir_name(self) -> str:

@@ -58,6 +58,16 @@ def _computed_weight(proto: onnx.ModelProto, match) -> list[str]:
     return makers + [_name(n) for n in proto.graph.node if tensor in n.input] if makers else []
 
 
+def _ir_fix(proto: onnx.ModelProto, match) -> dict[str, str]:
+    """The IR the model's opsets need, and so whether lowering its ir_version is enough."""
+    needed = onnx.helper.find_min_ir_version_for(list(proto.opset_import), ignore_unknown=True)
+    opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in proto.opset_import)
+    if needed <= int(match.group("max")):
+        return {"fix": f"while its opsets ({opsets}) need only IR {needed}: set the model's ir_version to {needed} before saving"}
+    return {"fix": f"and its opsets ({opsets}) need IR {needed}: convert it to a lower opset (onnx.version_converter) "
+                   "and save it at that opset's IR"}
+
+
 @dataclass(frozen=True)
 class KnownMessage:
     targets: tuple[str, ...]  # target-name prefixes this message comes from
@@ -65,6 +75,7 @@ class KnownMessage:
     cause: str  # str.format with the pattern's named groups
     nodes: NodeFinder
     needs_nodes: bool = False  # a pattern this general is this cause only where the model has such nodes
+    facts: Callable[[onnx.ModelProto, "re.Match[str]"], dict[str, str]] | None = None  # more fields for `cause`, read from the model
 
 
 KNOWN: tuple[KnownMessage, ...] = (
@@ -101,6 +112,9 @@ KNOWN: tuple[KnownMessage, ...] = (
                  "(rewrite the op, e.g. Softsign -> x / (1 + |x|))", _flex_candidates),
     KnownMessage(("ort-web-webgpu",), re.compile(r"Op type: (?P<op>\w+) node name: (?P<node>\S+)"),
                  "onnxruntime-web's WebGPU EP has no kernel for {op}", _named("node")),
+    KnownMessage(("ort",), re.compile(r"Unsupported model IR version: (?P<ir>\d+), max supported IR version: (?P<max>\d+)"),
+                 "this onnxruntime reads ONNX files up to IR version {max} and the model is saved at IR {ir}, {fix}",
+                 lambda proto, match: [], facts=_ir_fix),
     KnownMessage(("ort",), re.compile(r"running (?P<op>\w+) node\. Name:'(?P<node>[^']*)'"),
                  "onnxruntime failed inside a {op} node", _named("node")),
 )
@@ -114,7 +128,7 @@ def explain(target: str, message: str, proto: onnx.ModelProto) -> str | None:
         match = known.pattern.search(message)
         if match is None:
             continue
-        cause = known.cause.format(**match.groupdict())
+        cause = known.cause.format(**match.groupdict(), **(known.facts(proto, match) if known.facts else {}))
         nodes = list(dict.fromkeys(known.nodes(proto, match)))
         if known.needs_nodes and not nodes:
             continue

@@ -8,6 +8,7 @@
   action goes through a dead shape subgraph (Shape / ConstantOfShape / Expand /
   Reshape) and a clamp to the action bounds as Max/Min with constants.
 - `jax2onnx_like`: opset 23, IR 10, MatMul + separate Add, a Cast, as jax2onnx exports.
+- `sb3_multi_input_like`: SB3's MultiInputPolicy (two inputs flattened and concatenated) before an MLP.
 """
 
 from __future__ import annotations
@@ -104,3 +105,25 @@ def write(model: onnx.ModelProto, directory, name: str):
     path = directory / f"{name}.onnx"
     onnx.save(model, str(path))
     return path
+
+
+def sb3_multi_input_like() -> onnx.ModelProto:
+    """SB3's MultiInputPolicy features: pos[B,3], vel[B,2] -> Flatten each -> Concat -> Gemm/Tanh x2 -> Gemm ->
+    action[B,2]. onnx2tf 1.29.24 converts it exact at batch 1 and wrong above it."""
+    rng = np.random.default_rng(5)
+    inits = [_tensor(rng, "pi.0.weight", 16, 5), _tensor(rng, "pi.0.bias", 16, scale=0.1),
+             _tensor(rng, "pi.2.weight", 16, 16), _tensor(rng, "pi.2.bias", 16, scale=0.1),
+             _tensor(rng, "mu.weight", 2, 16), _tensor(rng, "mu.bias", 2, scale=0.1)]
+    nodes = [
+        helper.make_node("Flatten", ["pos"], ["pos_flat"], name="/features/pos/Flatten", axis=1),
+        helper.make_node("Flatten", ["vel"], ["vel_flat"], name="/features/vel/Flatten", axis=1),
+        helper.make_node("Concat", ["pos_flat", "vel_flat"], ["features"], name="/features/Concat", axis=1),
+        helper.make_node("Gemm", ["features", "pi.0.weight", "pi.0.bias"], ["h0"], name="/pi/0/Gemm", transB=1),
+        helper.make_node("Tanh", ["h0"], ["a0"], name="/pi/1/Tanh"),
+        helper.make_node("Gemm", ["a0", "pi.2.weight", "pi.2.bias"], ["h1"], name="/pi/2/Gemm", transB=1),
+        helper.make_node("Tanh", ["h1"], ["a1"], name="/pi/3/Tanh"),
+        helper.make_node("Gemm", ["a1", "mu.weight", "mu.bias"], ["action"], name="/mu/Gemm", transB=1),
+    ]
+    return _finish(nodes, "sb3_multi_input_like", [helper.make_tensor_value_info("pos", TensorProto.FLOAT, ["batch", 3]),
+                                                   helper.make_tensor_value_info("vel", TensorProto.FLOAT, ["batch", 2])],
+                   [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])], inits)

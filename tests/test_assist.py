@@ -15,13 +15,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, sb3_pendulum_like, write
+from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, sb3_multi_input_like, sb3_pendulum_like, write
 from web_fixtures import softsign_mlp
 
 import targets
 from matrix.inputs import examples
 from matrix import messages
-from matrix.assist import preparations
+from matrix.assist import int8_weights, preparations
 from matrix import results as schema
 from matrix.assist.diagnose import expose_intermediates
 from matrix.assist.preparations import Prepared
@@ -255,6 +255,23 @@ def test_assist_tries_fixes_on_every_settings_value_each_under_its_own_settings(
     assert results.decision[0].chosen is not None and results.decision[0].chosen.fix, done.stderr
 
 
+def test_diagnose_follows_every_settings_value_each_under_its_own_settings(tmp_path, policy_matrix):
+    """With --settings no cell has the target's defaults, and --diagnose silently diagnosed none of them. Each is
+    diagnosed under its own settings, in a folder of its own."""
+    model = write(fp16_overflow_mlp(), tmp_path, "overflow")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu", "--precisions", "fp16", "--diagnose",
+                          "--settings", "ort-cpu:threads=1,2", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    cells = {cell.configuration.settings_label: cell for cell in schema.load(out / "results.json").cells}
+    assert sorted(cells) == ["threads=1", "threads=2"], done.stderr
+    for label, cell in cells.items():
+        assert cell.diagnosis and cell.diagnosis.first, (label, cell.reasons)
+        assert any(r.startswith("first divergent node:") for r in cell.reasons), cell.reasons
+    specs = [p.read_text() for p in (out / "diagnosis").rglob("spec.json")]
+    assert len(specs) == 2 and any('"threads": "2"' in spec for spec in specs), specs
+
+
 def test_with_a_candidate_the_first_model_is_diagnosed_and_fixed_and_the_candidate_says_it_is_not(tmp_path, policy_matrix):
     """With --candidate, --assist tried nothing at all (its filter read the last cell, a candidate's, for every cell),
     and a candidate's cells, never diagnosed or prepared, said nothing about it. The first model's cells are
@@ -425,3 +442,97 @@ def test_coreml_conversion_of_an_opset23_export_works_after_conversion_to_17(tmp
     assert "operation_type='Cast', version=23" in cell.error.message
     assert cell.fixes[0].preparation == "opset17" and cell.fixes[0].verdict == "CONVERTED"  # `coreml` converts, never predicts
     assert "opset 23 -&gt; 17" in _fixes_section(out)  # the step, escaped like every string in the report
+
+
+def test_a_model_saved_at_an_ir_version_the_runtime_predates_names_both_versions_and_assist_lowers_it(tmp_path, policy_matrix):
+    """onnx 1.23 saves IR 14 whatever the opset, and onnxruntime-node/-web 1.30 read IR 13 at most: the cell said
+    only "Unsupported model IR version: 14, max supported IR version: 13". Its cause names both versions and the IR
+    the model's opsets need, and --assist's opset17 (opset 17's IR 8) makes it PASS."""
+    proto = examples.continuous_mlp()
+    proto.ir_version = 14
+    model = write(proto, tmp_path, "ir14")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-node", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    cell = schema.load(out / "results.json").cells[0]
+    assert "Unsupported model IR version: 14, max supported IR version: 13" in cell.error.message
+    assert ("cause: this onnxruntime reads ONNX files up to IR version 13 and the model is saved at IR 14, while its "
+            "opsets (ai.onnx 17) need only IR 8: set the model's ir_version to 8 before saving") in cell.reasons
+    assert [(f.preparation, f.verdict) for f in cell.fixes] == [("opset17", "PASS")], cell.reasons
+
+
+def _quantized_mlp(tmp_path: Path, how: str) -> Path:
+    """The bundled MLP quantized by onnxruntime.quantization as a user does: dynamic with signed weights (QInt8),
+    or static QDQ at its defaults (S8S8)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    source, out = examples.path("continuous_mlp"), tmp_path / f"{how}.onnx"
+    if how == "dynamic":
+        quantize_dynamic(source, out, weight_type=QuantType.QInt8)
+        return out
+    name, width = examples.continuous_mlp().graph.input[0].name, observations(examples.continuous_mlp()).shape[1]
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.rows = iter({name: np.random.default_rng(i).normal(size=(1, width)).astype(np.float32)} for i in range(16))
+
+        def get_next(self):
+            return next(self.rows, None)
+
+    quantize_static(source, out, Calibration(), quant_format=QuantFormat.QDQ)
+    return out
+
+
+@pytest.mark.parametrize("how", ["dynamic", "qdq"])
+def test_unsigned_weights_compute_what_the_signed_ones_did(how, tmp_path):
+    """u8-weights stores each signed weight as uint8 + 128 and its zero point + 128: the reference evaluator (which
+    computes the integer ops exactly) gives the same outputs for both graphs."""
+    from matrix.reference import reference
+
+    original = onnx.load(_quantized_mlp(tmp_path, how))
+    result = prepared(onnx.load(_quantized_mlp(tmp_path, how)), "u8-weights")
+    assert not int8_weights.signed_weights(result.proto) and len(int8_weights.signed_weights(original)) == 3
+    obs = {original.graph.input[0].name: observations(original, 32)}
+    same = [reference.evaluator_for(proto).run(None, obs)[0] for proto in (original, result.proto)]
+    np.testing.assert_array_equal(*same)
+
+
+@pytest.mark.skipif(not int8_weights.saturating_cpu(), reason="this CPU has VNNI (or is not x86-64): onnxruntime's u8s8 kernels do not saturate here")
+@pytest.mark.parametrize("how", ["dynamic", "qdq"])
+def test_signed_int8_weights_on_an_x86_cpu_without_vnni_name_the_saturation_and_unsigned_weights_pass(how, tmp_path, policy_matrix):
+    """A user's int8 MLP (onnxruntime.quantization, signed weights) FAILed on ort-cpu by ~0.3 while tract agreed with
+    the reference: onnxruntime's u8s8 kernels (VPMADDUBSW) saturate on x86-64 without VNNI. The cell names that cause
+    and the fix onnxruntime's quantization guide gives, and --assist's u8-weights (the same weights as uint8, zero
+    points + 128: the same numbers) makes it PASS. --diagnose found "no single node" for the QDQ model, as if
+    nothing drifted: exposing its tensors stopped the fusion that drifts, which the note now says."""
+    model = _quantized_mlp(tmp_path, how)
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "ort-cpu,tract", "--precisions", "fp32", "--diagnose", "--assist", "--out", out,
+                          "--iters", "5", "--warmup", "1"])  # the default 128 rows: 64 saturate less (0.24, a WARN)
+    assert done.returncode == 1, done.stderr
+    cell, tract = sorted(schema.load(out / "results.json").cells, key=lambda c: c.target)
+    assert tract.verdict == "PASS" and not any(r.startswith("cause:") for r in tract.reasons), tract.reasons
+    cause = next((r for r in cell.reasons if r.startswith("cause: onnxruntime's x86-64 kernels")), None)
+    assert cause is not None and "without VNNI" in cause and "weight_type=QuantType.QUInt8" in cause, cell.reasons
+    assert [(f.preparation, f.verdict) for f in cell.fixes if f.verdict == "PASS"][:1] == [("u8-weights", "PASS")], cell.reasons
+    if how == "qdq":  # onnxruntime fuses QDQ pairs only where their tensors are not outputs: exposed, nothing drifts
+        assert "stops the runtime fusing the nodes around it" in cell.diagnosis.note, cell.diagnosis
+    else:  # the saturated MatMulInteger's int32 output is cast to float: that Cast is the first float tensor off
+        assert cell.diagnosis.first.op_type == "Cast", cell.diagnosis
+
+
+@pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
+def test_drift_that_only_batches_above_1_have_is_said_with_the_batch_it_appears_at(tmp_path, policy_matrix):
+    """onnx2tf converts SB3's two-input Flatten+Concat exact at batch 1 and wrong above it: the cell said only its
+    drift. Its reasons now say that one observation is right alone and wrong in a batch (the worker runs batches
+    1, 2 and 7 besides the parity batch), and --assist's simplify (a fixed batch 1) makes it PASS; ort-cpu, right
+    at every batch, says nothing of the kind."""
+    model = write(sb3_multi_input_like(), tmp_path, "multi_input")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "tflite,ort-cpu", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    tflite, ort_cpu = sorted(schema.load(out / "results.json").cells, key=lambda c: c.target, reverse=True)
+    said = next((r for r in tflite.reasons if r.startswith("batch handling: action: observation 0 drifts")), "")
+    assert re.search(r"drifts [\d.e+-]+ alone \(batch 1\) and [\d.e+-]+ in the batch of 64 \(batch 2: [\d.e+-]+, batch 7: ", said), tflite.reasons
+    assert ("--assist's simplify makes one" in said) and ("simplify", "PASS") in [(f.preparation, f.verdict) for f in tflite.fixes]
+    assert ort_cpu.verdict == "PASS" and not any(r.startswith("batch handling") for r in ort_cpu.reasons)

@@ -45,15 +45,16 @@ class AssistContext:
 def after_cells(results: RunResults, context: AssistContext, diagnose_cells: bool, assist: bool, console: Console) -> None:
     for cell in results.cells:
         _explain(cell, context.model)
+        _explain_drift(cell, context.model)
     # Diagnosis and preparations rerun the first model (the context's): a candidate's cells are not what
-    # they would explain. Diagnosis runs with default settings; a fix attempt with its cell's own. The
-    # --source column is the training framework, not a runtime: no graph preparation changes what it computes.
+    # they would explain. Both run under the cell's own settings. The --source column is the training
+    # framework, not a runtime: no graph preparation changes what it computes.
     runtime_cells = [c for c in results.cells if c.target != SOURCE_TARGET]
     if diagnose_cells:
-        for cell in [c for c in runtime_cells if c.configuration.first_model_with_defaults and diagnose.wants_diagnosis(c)]:
+        for cell in [c for c in runtime_cells if c.configuration.first_model_as_exported and diagnose.wants_diagnosis(c)]:
             _diagnose(cell, context, console)
     if assist:
-        for cell in [c for c in runtime_cells if _first_model_as_exported(c) and preparations.wants_fixes(c)]:
+        for cell in [c for c in runtime_cells if c.configuration.first_model_as_exported and preparations.wants_fixes(c)]:
             _fix(cell, context, console)
         results.run_options["assist"] = True  # the decision then says what it found, never "try --assist"
     for cell in (c for c in runtime_cells if c.candidate):  # said where it would have run, not left to silence
@@ -69,15 +70,21 @@ def _say_not_run_on_candidate(cell: Cell, diagnose_cells: bool, assist: bool) ->
         cell.reasons.append(f"fix: none tried on a candidate (--assist prepares the first model's graph); {rerun}")
 
 
-def _first_model_as_exported(cell: Cell) -> bool:
-    configuration = cell.configuration
-    return not (configuration.candidate or configuration.preparation or configuration.device)
-
-
 def _explain(cell: Cell, model: ModelInfo) -> None:
     if cell.verdict != "FAIL" or cell.error is None:
         return
     line = messages.explain(cell.target, cell.error.message, model.proto)
+    if line:
+        cell.reasons.append(line)
+
+
+def _explain_drift(cell: Cell, model: ModelInfo) -> None:
+    """A known cause of drift read from the model and this host (the first model's cells only)."""
+    if not (cell.configuration.first_model_as_exported and diagnose.wants_diagnosis(cell)):
+        return
+    from . import int8_weights  # here: a plain run, where nothing drifts, never imports it
+
+    line = int8_weights.saturation_reason(cell, model.proto)
     if line:
         cell.reasons.append(line)
 
@@ -87,11 +94,11 @@ def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
     if not target.runs_onnx_as_is:
         cell.reasons.append(f"diagnosis: {cell.target} converts the graph, so its intermediates are not exposed here")
         return
-    console.print(f"[bold]diagnose[/]: {cell.target} {cell.variant}: intermediates against float64")
-    folder = context.out / "diagnosis" / _slug(f"{cell.host}-{cell.target}-{cell.variant}")
+    console.print(f"[bold]diagnose[/]: {cell.configuration.label}: intermediates against float64")
+    folder = context.out / "diagnosis" / _cell_slug(cell)
     try:
-        cell.diagnosis = diagnose.diagnose_cell(cell, context.template, context.model, folder,
-                                                context.env_for(target), context.limits)
+        cell.diagnosis = diagnose.diagnose_cell(cell, context.template, context.model, folder, context.env_for(target),
+                                                context.limits, context.out / "cells" / cell.configuration.dir_name / "outputs.npz")
     except Exception as error:  # the tool's own failure: said once, the cell's verdict stands
         cell.reasons.append(f"diagnosis could not be made (policy-matrix): {type(error).__name__}: {error}")
         return
@@ -103,7 +110,7 @@ def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
 def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
     console.print(f"[bold]assist[/]: {cell.configuration.label}: trying graph preparations")
     target = registry.get(cell.target)
-    folder = context.out / "fixes" / _slug("-".join(part for part in (cell.host, cell.target, cell.variant, cell.configuration.settings_label) if part))
+    folder = context.out / "fixes" / _cell_slug(cell)
 
     try:
         env = context.env_for(target)
@@ -130,6 +137,11 @@ def fix_judge(context: AssistContext, predicts: bool):
         return context.judge.cell(outcome, evidence, host=failing.host, target=failing.target, variant=failing.variant,
                                   predicts=predicts)
     return judge
+
+
+def _cell_slug(cell: Cell) -> str:
+    """A folder name per cell of the first model: its settings are part of it (each runs under its own)."""
+    return _slug("-".join(part for part in (cell.host, cell.target, cell.variant, cell.configuration.settings_label) if part))
 
 
 def _slug(text: str) -> str:

@@ -5,12 +5,14 @@ and each says what it changed (node names included), or nothing when it does
 not apply:
 - `simplify`: onnxsim with the inputs fixed at the deployment batch (folds dead
   shape subgraphs such as SB3's Shape/ConstantOfShape/Expand/Reshape);
-- `opset17`: onnx.version_converter to opset 17 (runtimes/converters that lag);
+- `opset17`: onnx.version_converter to opset 17 at IR 8 (runtimes/converters that lag; a graph
+  already at opset <= 17 gets IR 8 only);
 - rewrites: `argmax-cut` (the graph returns the logits; the host takes the
   argmax), `minmax-clip` (Min/Max with a constant -> Clip, nested Clips fused),
   `reshape-allowzero` (allowzero=1 -> 0 when the shape has no zero),
   `gemm-bias-rank1` (a rank-0 Gemm bias -> rank 1), `gemm-zero-bias` (an explicit
-  zero bias for a Gemm without one), `softsign` (x / (1 + |x|)).
+  zero bias for a Gemm without one), `softsign` (x / (1 + |x|)), `u8-weights` (signed 8-bit
+  weights as uint8 + 128 with zero points + 128: the same numbers, onnxruntime's U8U8 kernels; int8_weights.py).
 
 Besides the graph, the variant itself: a failing fp16 or int8 cell whose
 `--diagnose` named the first divergent node first tries its variant made with
@@ -52,6 +54,7 @@ from ..inputs.model import ModelInfo
 from ..results import Cell, FixAttempt
 
 TARGET_OPSET = 17
+TARGET_IR = 8  # opset 17's
 DEPLOYMENT_BATCH = 1
 
 
@@ -96,13 +99,18 @@ def _fixed_shape(value: onnx.ValueInfoProto, batch: int) -> list[int]:
 
 
 def _opset17(prepared: Prepared) -> bool:
-    if _opset(prepared.proto) <= TARGET_OPSET:
+    """Opset 17 at its IR 8; a graph already at opset 17 or below only gets IR 8 (onnx >= 1.23 saves IR 14 at
+    any opset, which runtimes from before it refuse)."""
+    before, ir_before = _opset(prepared.proto), prepared.proto.ir_version
+    if before <= TARGET_OPSET and ir_before <= TARGET_IR:
         return False
-    before = _opset(prepared.proto)
-    converted = onnx.version_converter.convert_version(prepared.proto, TARGET_OPSET)
-    converted.ir_version = min(converted.ir_version, 8)  # opset 17's IR
-    prepared.proto = converted
-    prepared.steps.append(f"onnx.version_converter: opset {before} -> {TARGET_OPSET} (IR {converted.ir_version})")
+    if before > TARGET_OPSET:
+        prepared.proto = onnx.version_converter.convert_version(prepared.proto, TARGET_OPSET)
+    prepared.proto.ir_version = min(prepared.proto.ir_version, TARGET_IR)
+    if before > TARGET_OPSET:
+        prepared.steps.append(f"onnx.version_converter: opset {before} -> {TARGET_OPSET} (IR {prepared.proto.ir_version})")
+    else:
+        prepared.steps.append(f"IR {ir_before} -> {TARGET_IR} (opset {before} needs no later IR)")
     return True
 
 
@@ -269,6 +277,16 @@ def _add_initializer(graph: onnx.GraphProto, value: np.ndarray, name: str) -> st
     return name
 
 
+def _unsigned_weights(prepared: Prepared) -> bool:
+    from . import int8_weights  # here: a plain run imports this module, and only --assist rewrites
+
+    changed = int8_weights.to_unsigned(prepared.proto)
+    _drop_unused_initializers(prepared.proto.graph)
+    if changed:
+        prepared.steps.append(f"signed int8 weights -> uint8 + 128, zero points + 128 (the same values): {', '.join(changed)}")
+    return bool(changed)
+
+
 def _softsign(prepared: Prepared) -> bool:
     graph = prepared.proto.graph
     changed = []
@@ -294,9 +312,10 @@ def _softsign(prepared: Prepared) -> bool:
 
 STEPS: dict[str, Callable[[Prepared], bool]] = {
     "argmax-cut": _argmax_cut, "minmax-clip": _minmax_clip, "reshape-allowzero": _reshape_allowzero,
-    "gemm-bias-rank1": _gemm_bias_rank1, "gemm-zero-bias": _gemm_zero_bias, "softsign": _softsign, "opset17": _opset17, "simplify": _simplify,
+    "gemm-bias-rank1": _gemm_bias_rank1, "gemm-zero-bias": _gemm_zero_bias, "softsign": _softsign, "u8-weights": _unsigned_weights,
+    "opset17": _opset17, "simplify": _simplify,
 }
-REWRITES = ("argmax-cut", "minmax-clip", "reshape-allowzero", "gemm-bias-rank1", "gemm-zero-bias", "softsign")
+REWRITES = ("argmax-cut", "minmax-clip", "reshape-allowzero", "gemm-bias-rank1", "gemm-zero-bias", "softsign", "u8-weights")
 COMBINED = ("opset17", "simplify", *REWRITES)
 
 

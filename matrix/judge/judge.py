@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..inputs import contract
+from ..inputs.contract import CONTRACT_BATCHES
 from . import metrics, rules
 from ..run import rollouts
 from ..inputs.model import ModelInfo
@@ -83,7 +84,48 @@ class Judge:
             cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)
             cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
         cell.verdict, cell.reasons = rules.verdict(cell, context)
+        # Dynamic int8 quantizes activations over each call's batch: its answer depends on the batch by design.
+        if cell.verdict in ("FAIL", "WARN") and cell.parity and "int8" not in (variant, self.model_precision):
+            cell.reasons += batch_dependence(outcome.arrays, evidence, context.tolerance)
         return cell
+
+
+def batch_dependence(arrays: dict, evidence: Evidence, tolerance: rules.Tolerance) -> list[str]:
+    """Outputs whose observation 0 is within tolerance alone (the contract's batch-1 run) and beyond it in the
+    parity batch: the runtime's answer depends on the batch it runs in, a cause a user can act on."""
+    said = []
+    for name, expected in evidence.reference.outputs.items():
+        alone, batched = arrays.get(f"batch1/{name}"), arrays.get(f"outputs/{name}")
+        if alone is None or batched is None or expected.dtype.kind != "f" or batched.shape != expected.shape:
+            continue
+        axis = evidence.model.batch_axes.get(name, 0)
+        if expected.ndim <= axis or expected.shape[axis] < 2:
+            continue
+        first = _rows(expected, 1, axis)
+        in_batch = _drifts(_rows(batched, 1, axis), first, tolerance)
+        if alone.shape != first.shape or in_batch is None or _drifts(alone, first, tolerance) is not None:
+            continue
+        small = [(rows, arrays.get(f"batch{rows}/{name}"), _rows(expected, rows, axis))
+                 for rows in CONTRACT_BATCHES[1:] if rows <= expected.shape[axis]]  # fewer rows: the worker tiled them
+        in_small = ", ".join(f"batch {rows}: {np.max(np.abs(got - want)):.2g}" for rows, got, want in small
+                             if got is not None and got.shape == want.shape)
+        said.append(
+            f"batch handling: {name}: observation 0 drifts {np.max(np.abs(alone - first)):.2g} alone (batch 1) and "
+            f"{in_batch:.2g} in the batch of {batched.shape[axis]} ({in_small}): this runtime's answer for one "
+            "observation depends on the batch it runs in, so the drift comes from batches above 1 (the conversion's "
+            "batch handling); a graph exported at a fixed batch 1 runs each observation alone (--assist's simplify makes one)")
+    return said
+
+
+def _rows(values: np.ndarray, rows: int, axis: int) -> np.ndarray:
+    return np.take(values, range(rows), axis=axis).astype(np.float64)
+
+
+def _drifts(actual: np.ndarray, expected: np.ndarray, tolerance: rules.Tolerance) -> float | None:
+    """max |actual - expected| where it is beyond atol + rtol |expected| anywhere (NaN counts), else None."""
+    error = np.abs(actual.astype(np.float64) - expected)
+    beyond = ~(error <= tolerance.atol + tolerance.rtol * np.abs(expected))
+    return float(np.nanmax(np.where(np.isnan(error), np.inf, error))) if beyond.any() else None
 
 
 def _unfinished(measurement: Measurement, duration_s: float) -> Measurement:

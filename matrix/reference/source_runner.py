@@ -191,8 +191,10 @@ def _normalizer(path: Path) -> dict:
 
 
 def _rows(request: dict) -> np.ndarray:
-    with np.load(request["observations"], allow_pickle=False) as data:
-        return data[request["input"]]
+    """The input's array by its member's exact name, as the core writes it (matrix/inputs/observations.save):
+    np.load's `data["a.npy"]` is the member of an input named `a` when both are there."""
+    with zipfile.ZipFile(request["observations"]) as archive, archive.open(f"{request['input']}.npy") as member:
+        return np.lib.format.read_array(member, allow_pickle=False)
 
 
 def predict_file(source: Source, request: dict) -> dict:

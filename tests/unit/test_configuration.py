@@ -10,7 +10,7 @@ def test_the_release_is_an_axis_of_its_own_though_results_spell_it_in_the_target
     pinned = Configuration.of("ort-cpu@1.20.1", "fp32")
     assert (pinned.target, pinned.release, pinned.target_label) == ("ort-cpu", "1.20.1", "ort-cpu@1.20.1")
     assert pinned.key != Configuration.of("ort-cpu", "fp32").key
-    assert pinned.first_model_with_defaults  # a release of the runtime, the first model at its defaults
+    assert pinned.first_model_as_exported  # a release of the runtime, the first model as exported
 
 
 def test_settings_given_in_any_order_are_one_configuration_and_hash_like_a_value():
@@ -27,7 +27,7 @@ def test_label_axes_and_folder_name_show_only_the_axes_that_are_not_their_defaul
     assert student.label == "ort-cpu fp16 ../student.onnx threads=2"
     assert student.axes == "../student.onnx · threads=2"
     assert student.dir_name.startswith("ort-cpu-fp16-") and "/" not in student.dir_name  # a user's name is never a path
-    assert not student.first_model_with_defaults
+    assert not student.first_model_as_exported and Configuration.of("ort-cpu", "fp16", settings={"threads": "2"}).first_model_as_exported
 
 
 def test_a_cell_answers_with_its_configuration_and_is_keyed_by_host_and_it():

@@ -282,3 +282,21 @@ def test_a_recurrent_policy_with_an_env_gets_samples_inside_the_observation_spac
     assert np.abs(obs[:, 0]).max() <= 4.8 and np.abs(obs[:, 2]).max() <= 0.42  # CartPole's bounded x and angle
     assert np.abs(obs[:, 0]).max() > 1.0  # uniform over the bounds, not squeezed near zero
     assert np.array_equal(feeds["h_in"], seeded["h_in"])  # the state input keeps its seeded rows
+
+
+def test_drift_only_in_a_batch_is_said_with_the_batches_measured_and_never_for_int8():
+    """Observation 0 exact alone and off in the batch: the cell says the drift comes from batches above 1, with
+    the batches it has (5 observations: no batch 7, which the worker would have tiled); an int8 cell, whose dynamic
+    quantization scales each batch, does not."""
+    reference = np.linspace(-1, 1, 10).reshape(5, 2)
+    arrays = {"outputs/action": reference + 0.5, "batch1/action": reference[:1], "batch2/action": reference[:2] + 0.5}
+    outcome = cells.CellOutcome(Measurement(stage=DONE), arrays, 0.1)
+    evidence = Evidence(model_loader.load(example("continuous_mlp")), Reference({"action": reference}, {}))
+    cell = Judge().cell(outcome, evidence, host="h", target="tflite", variant="fp32", predicts=True)
+    assert cell.verdict == "FAIL" and [r for r in cell.reasons if r.startswith("batch handling")] == [
+        "batch handling: action: observation 0 drifts 0 alone (batch 1) and 0.5 in the batch of 5 (batch 2: 0.5): this "
+        "runtime's answer for one observation depends on the batch it runs in, so the drift comes from batches above 1 "
+        "(the conversion's batch handling); a graph exported at a fixed batch 1 runs each observation alone "
+        "(--assist's simplify makes one)"]
+    int8 = Judge().cell(outcome, evidence, host="h", target="tflite", variant="int8", predicts=True)
+    assert int8.verdict == "FAIL" and not any(r.startswith("batch handling") for r in int8.reasons)

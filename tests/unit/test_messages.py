@@ -56,3 +56,14 @@ def test_a_parameter_torch_shares_through_an_identity_is_named_as_onnx2torchs_ca
                     "folds it (--assist's simplify); nodes: Identity_2, /cnn/cnn.4/Conv")
     for other in ("KeyError: 'not_in_the_graph'", "KeyError: 'cnn.4.weight'"):  # unknown, or an initializer
         assert messages.explain("coreml", other, helper.make_model(graph)) is None
+
+
+def test_an_ir_version_the_runtime_predates_says_whether_lowering_it_is_enough():
+    """Seen from onnxruntime-web 1.30 on an opset 28 export saved by onnx 1.23: opset 28 itself needs IR 14."""
+    said = "Unsupported model IR version: 14, max supported IR version: 13"
+    proto = examples.continuous_mlp()
+    proto.opset_import[0].version = 28
+    assert messages.explain("ort-web-wasm", said, proto) == (
+        "cause: this onnxruntime reads ONNX files up to IR version 13 and the model is saved at IR 14, and its opsets "
+        "(ai.onnx 28) need IR 14: convert it to a lower opset (onnx.version_converter) and save it at that opset's IR")
+    assert messages.explain("tflite", said, proto) is None

@@ -10,6 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from matrix.inputs import observations
 from matrix.report import report
 from matrix.reference import source, source_runner
 from matrix.run.cells import CellOutcome
@@ -117,3 +118,15 @@ def test_the_sb3_algorithm_is_read_from_the_zip(tmp_path, module, keys, expected
     with zipfile.ZipFile(path, "w") as archive:  # SB3's own layout: a `data` JSON beside the weights
         archive.writestr("data", json.dumps({"policy_class": {"__module__": module}, **keys}))
     assert source_runner.sb3_algorithm(path) == expected
+
+
+def test_the_source_reads_its_input_by_the_members_exact_name(tmp_path):
+    """np.load's `data["a.npy"]` is the member of an input named `a`: an input named `a.npy` beside it was fed
+    the other input's rows. The runner, which cannot import the tool, reads the member by its exact name too."""
+    path = tmp_path / "observations.npz"
+    observations.save({"a": np.zeros((3, 2), np.float32), "a.npy": np.ones((3, 2), np.float32)}, path)
+    echo = source_runner.Source(lambda obs: obs)
+    out = tmp_path / "answers.npz"
+    assert source_runner.predict_file(echo, {"observations": str(path), "input": "a.npy", "out": str(out)})["rows"] == 3
+    with np.load(out) as answers:
+        np.testing.assert_array_equal(answers["answer/0"], np.ones((3, 2)))
