@@ -85,7 +85,7 @@ class Judge:
             cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
         cell.verdict, cell.reasons = rules.verdict(cell, context)
         # Dynamic int8 quantizes activations over each call's batch: its answer depends on the batch by design.
-        if cell.verdict in ("FAIL", "WARN") and cell.parity and "int8" not in (variant, self.model_precision):
+        if cell.verdict in ("FAIL", "WARN") and cell.parity and "int8" not in (variant, self.model_precisions.get(candidate, "fp32")):
             cell.reasons += batch_dependence(outcome.arrays, evidence, context.tolerance)
         return cell
 
