@@ -26,7 +26,7 @@ class Lint:
 
 def lint(model: ModelInfo) -> list[Lint]:
     return [
-        _single_obs_input(model),
+        _observation_inputs(model),
         _action_output(model),
         _tensor_outputs(model),
         _symbolic_batch(model),
@@ -41,11 +41,19 @@ def lint(model: ModelInfo) -> list[Lint]:
     ]
 
 
-def _single_obs_input(model: ModelInfo) -> Lint:
-    names = [spec.name for spec in model.inputs]
+def _observation_inputs(model: ModelInfo) -> Lint:
+    """The inputs an observation feeds: neither a recurrent state (its own lint) nor fed whole (a side input's).
+    Several are a Dict observation's keys, as SB3's MultiInputPolicy exports them; one should be named 'obs'."""
+    states = [pair.input for pair in model.state_pairs]
+    excluded = set(states) | set(fed_whole(model))
+    names = [spec.name for spec in model.inputs if spec.name not in excluded]
+    besides = f" (besides recurrent state inputs {states})" if states else ""
     if names == ["obs"]:
-        return Lint("input-obs", "ok", "one input named 'obs'")
-    return Lint("input-obs", "warn", f"expected one input named 'obs', found {names}")
+        return Lint("input-obs", "ok", f"one observation input named 'obs'{besides}")
+    if len(names) > 1:
+        return Lint("input-obs", "ok", f"{len(names)} observation inputs {names}{besides}: a Dict observation's keys, "
+                                       "each fed by the key of its name under --env")
+    return Lint("input-obs", "warn", f"expected one input named 'obs', found {names or [spec.name for spec in model.inputs]}")
 
 
 def _action_output(model: ModelInfo) -> Lint:
