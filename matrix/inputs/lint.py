@@ -144,9 +144,19 @@ def _finite_initializers(model: ModelInfo) -> Lint:
     return Lint("finite-weights", "error", listed)
 
 
-def _precision(model: ModelInfo) -> Lint:
+def _precision(model: ModelInfo, whose: str = "") -> Lint:
+    """What the model computes in as given; `whose`: "candidate NAME: " for a --candidate, judged at its own."""
     precision, evidence = computes_in(model.proto)
     if precision == "fp32":
-        return Lint("precision", "ok", "computes in float32 as given")
-    return Lint("precision", "warn", f"computes in {precision} as given ({evidence}): its fp32 cell runs it as it is and "
-                f"is judged at {precision}'s default tolerance; the fp16 and int8 variants convert it further")
+        return Lint("precision", "ok", f"{whose}computes in float32 as given")
+    further = ("its fp16 variant is not made (nothing left to convert); the int8 variant converts it further"
+               if precision == "fp16" else "the fp16 and int8 variants convert it further")
+    return Lint("precision", "warn", f"{whose}computes in {precision} as given ({evidence}): its fp32 cell runs it as it "
+                f"is and is judged at {precision}'s default tolerance; {further}")
+
+
+def candidate_precisions(candidates: list[ModelInfo]) -> list[Lint]:
+    """A --candidate computing in fp16 or int8 is judged at that precision's tolerance, as the first model is:
+    said beside the first model's precision lint."""
+    found = [_precision(candidate, f"candidate {candidate.path.name}: ") for candidate in candidates]
+    return [item for item in found if item.level != "ok"]

@@ -53,12 +53,15 @@ class Judge:
         tolerance keys first, then ort-cpu's; the defaults are those of the variant, or of the model's own precision
         where that is lower (a user's fp16 model rounds every activation to fp16 in its as-given cell, whoever runs
         it, and so does a user's fp16 candidate)."""
-        order, precision = rules.PRECISION_ORDER, self.model_precisions.get(candidate, "fp32")
-        lower = variant in order and order.index(precision) > order.index(variant)
-        defaults_of = precision if lower else variant
+        defaults_of = self.own_precision(variant, candidate) or variant
         return rules.Context(tolerance=self.tolerances.get(target, variant, defaults_of), min_agreement=self.min_agreement,
                              tie_margin=self.tie_margin, return_tolerance=self.return_tolerance,
                              synthetic_inputs=self.observations.synthetic)
+
+    def own_precision(self, variant: str, candidate: str = "") -> str | None:
+        """The precision the model `candidate` names computes in as given, where it is lower than the variant's."""
+        order, precision = rules.PRECISION_ORDER, self.model_precisions.get(candidate, "fp32")
+        return precision if variant in order and order.index(precision) > order.index(variant) else None
 
     def run_options(self) -> dict:
         """The run's options that say how cells were judged."""
@@ -79,6 +82,8 @@ class Judge:
         if m.skip is not None:
             cell.reasons = [m.skip]
             return cell
+        if own := self.own_precision(variant, candidate):
+            cell.notes.append(f"judged at {own}'s tolerance: {candidate or 'the model'} computes in {own} as given")
         if predicts and _measured_parity(cell.error, outcome.arrays):
             cell.parity = parity(outcome.arrays, evidence, context)
             cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)
