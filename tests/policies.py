@@ -267,17 +267,29 @@ def save(model: onnx.ModelProto, folder: Path, name: str) -> Path:
     return path
 
 
-def pixels_scaled_in_graph(scale_op: str = "Mul") -> onnx.ModelProto:
-    """A pixel actor that takes float32 pixels and scales them to [0, 1] first, as torch exports `obs * (1 / 255)`
-    (Mul) or SB3's `obs.float() / 255` (Cast, then Div): obs [N, 3, 8, 8] -> scale -> Flatten -> Gemm -> Tanh."""
+def pixels_scaled_in_graph(scale_op: str = "Mul", divisor: float = 255.0, affine: str = "") -> onnx.ModelProto:
+    """A pixel actor that takes float32 pixels and scales them first, as torch exports `obs * (1 / 255)` (Mul) or
+    SB3's `obs.float() / 255` (Cast, then Div), by `divisor` (127.5: `x / 127.5 - 1` to [-1, 1]), then an `affine`:
+    "minus 1" or torchvision's per-channel "normalize" (`(x - mean) / std`): obs [N, 3, 8, 8] -> scale -> affine ->
+    Flatten -> Gemm -> Tanh."""
     rng = np.random.default_rng(8)
-    scale = np.float32(1 / 255) if scale_op == "Mul" else np.float32(255)
+    scale = np.float32(1 / divisor) if scale_op == "Mul" else np.float32(divisor)
+    affines = {
+        "": ([], {}),
+        "minus 1": ([helper.make_node("Sub", ["unit", "one"], ["centred"])], {"one": np.float32(1)}),
+        "normalize": ([helper.make_node("Sub", ["unit", "mean"], ["shifted"]), helper.make_node("Div", ["shifted", "std"], ["centred"])],
+                      {"mean": np.array([0.485, 0.456, 0.406], np.float32).reshape(3, 1, 1),
+                       "std": np.array([0.229, 0.224, 0.225], np.float32).reshape(3, 1, 1)}),
+    }
+    affine_nodes, affine_constants = affines[affine]
     nodes = [
         helper.make_node("Cast", ["obs"], ["obs_float"], to=TensorProto.FLOAT),
         helper.make_node(scale_op, ["obs_float", "scale"], ["unit"]),
-        helper.make_node("Flatten", ["unit"], ["flat"], axis=1),
+        *affine_nodes,
+        helper.make_node("Flatten", ["centred" if affine_nodes else "unit"], ["flat"], axis=1),
         helper.make_node("Gemm", ["flat", "head_w", "head_b"], ["head"]),
         helper.make_node("Tanh", ["head"], ["action"]),
     ]
-    inits = [numpy_helper.from_array(np.array(scale), "scale"), *_weights(rng, "head", 3 * 8 * 8, 2, scale=4.0)]
+    inits = [numpy_helper.from_array(np.array(scale), "scale"), *_weights(rng, "head", 3 * 8 * 8, 2, scale=4.0),
+             *(numpy_helper.from_array(np.asarray(value), name) for name, value in affine_constants.items())]
     return _model(nodes, [_float("obs", ["batch", 3, 8, 8])], [_float("action", ["batch", 2])], inits)

@@ -25,6 +25,7 @@ from matrix.assist import int8_weights, preparations
 from matrix import results as schema
 from matrix.assist.diagnose import expose_intermediates
 from matrix.assist.preparations import Prepared
+from matrix.report.report_text import md
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.tflite_env, pytest.mark.coreml_env]
 
@@ -536,3 +537,26 @@ def test_drift_that_only_batches_above_1_have_is_said_with_the_batch_it_appears_
     assert re.search(r"drifts [\d.e+-]+ alone \(batch 1\) and [\d.e+-]+ in the batch of 64 \(batch 2: [\d.e+-]+, batch 7: ", said), tflite.reasons
     assert ("--assist's simplify makes one" in said) and ("simplify", "PASS") in [(f.preparation, f.verdict) for f in tflite.fixes]
     assert ort_cpu.verdict == "PASS" and not any(r.startswith("batch handling") for r in ort_cpu.reasons)
+
+
+@pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
+def test_under_env_drift_at_batch_sizes_the_loop_never_runs_warns_naming_them(tmp_path, policy_matrix):
+    """The episodes run at batch 1, where onnx2tf's conversion of the two-input Flatten+Concat is exact, so the
+    return decided and the cell PASSed with drift 0.5 on the visited states, measured in a batch: a user who
+    steps several environments in one call ships those actions. The cell WARNs with the batch sizes, the summary
+    says why; ort-cpu, right at every batch, PASSes."""
+    model = write(sb3_multi_input_like(), tmp_path, "multi_input")
+    (tmp_path / "pos_vel_env.py").write_text(Path(__file__).with_name("pos_vel_env.py").read_text())
+    out = tmp_path / "report"
+    done = policy_matrix([model, "--targets", "tflite,ort-cpu", "--precisions", "fp32", "--env", "pos_vel_env:PosVel",
+                          "--episodes", "4", "--out", out, *RUN_FAST])
+    assert done.returncode == 0, done.stderr
+    tflite, ort_cpu = sorted(schema.load(out / "results.json").cells, key=lambda c: c.target, reverse=True)
+    assert tflite.verdict == "WARN", tflite.reasons
+    number = r"[\d.e+-]+"
+    assert re.fullmatch(rf"batch sizes: action: beyond tolerance atol 0.0001 \+ rtol 1e-05·\|ref\| at batch 2, 7 and 64 "
+                        rf"\(observation 0 drifts {number} alone, {number} in the batch of 64; the rows of batch 2: {number}, "
+                        rf"of 7: {number}\), within it at batch 1, where the episodes ran and the return decided: .*",
+                        tflite.reasons[0]), tflite.reasons
+    assert f"- **WARN** {md(tflite.host)} tflite fp32: {md(tflite.reasons[0])}" in (out / "summary.md").read_text()
+    assert ort_cpu.verdict == "PASS", ort_cpu.reasons

@@ -96,7 +96,7 @@ def test_sb3s_cnn_policy_exported_with_a_float_input_is_judged_on_pixels(sb3_cnn
     assert done.returncode == 0, done.stderr
     _pixels_fed(out)
     results = json.loads((out / "results.json").read_text())
-    assert "'obs': whole numbers in [0, 255], the pixels its graph divides by 255 (Div by 255)" in \
+    assert "'obs': whole numbers in [0, 255], the pixels its graph scales first (Div by 255)" in \
         results["model"]["observation_source"]
     for cell in results["cells"]:
         (action,) = cell["parity"]
@@ -104,12 +104,15 @@ def test_sb3s_cnn_policy_exported_with_a_float_input_is_judged_on_pixels(sb3_cnn
         assert action["judged_rows"] >= 100 and action["flips"] == 0, action
 
 
-def test_a_policy_that_multiplies_by_one_255th_is_judged_on_pixels(tmp_path, policy_matrix):
-    path = policies.save(policies.pixels_scaled_in_graph("Mul"), tmp_path, "mul_pixels")
+@pytest.mark.parametrize("scale_op, divisor, affine, said", [
+    ("Mul", 255, "", "Mul by 1/255"), ("Div", 127.5, "minus 1", "Div by 127.5"), ("Div", 255, "normalize", "Div by 255")])
+def test_a_policy_that_scales_pixels_first_is_judged_on_pixels(tmp_path, policy_matrix, scale_op, divisor, affine, said):
+    """By 1/255, to [-1, 1] by 127.5 then minus 1, or torchvision's normalize after the /255: the same fact."""
+    path = policies.save(policies.pixels_scaled_in_graph(scale_op, divisor, affine), tmp_path, "scaled_pixels")
     out = tmp_path / "out"
     done = policy_matrix(["run", path, "--targets", "ort-cpu", "--variants", "fp32", *FAST, "--out", out])
     assert done.returncode == 0, done.stderr
     _pixels_fed(out)
     (cell,) = json.loads((out / "results.json").read_text())["cells"]
     assert cell["verdict"] == "PASS", cell["reasons"]
-    assert "the pixels its graph divides by 255 (Mul by 1/255)" in done.stderr  # the console's observations line
+    assert f"the pixels its graph scales first ({said})" in done.stderr  # the console's observations line

@@ -138,3 +138,34 @@ def test_an_fp16_variant_that_converts_nothing_is_not_made(tmp_path):
     assert "fp16" not in paths
     assert errors["fp16"] == ("fp16 conversion converted nothing to float16 (weights: 1 float64): this would be the "
                               "model as given named fp16")
+
+
+def test_an_fp16_variant_of_an_fp16_model_is_not_made_in_the_tools_words(tmp_path):
+    """onnxconverter-common refuses a graph with any float16 in it ("The model is already converted to float16, if
+    convert again, ..."): the cell's SKIP said that, not what it means for the run."""
+    from matrix.run import variants
+
+    paths, errors = variants.produce_all(model.load(user_fp16(tmp_path)), ["fp16"], tmp_path / "variants")
+    assert "fp16" not in paths
+    assert errors["fp16"] == ("fp16 conversion converted nothing to float16 beyond the model's own (6 float16 weight "
+                              "tensors, 1 float16 Cast nodes): the fp32 cell runs that fp16 model as given")
+
+
+@pytest.mark.slow
+def test_a_candidates_precision_is_said_in_the_lints_and_on_its_cells(tmp_path, policy_matrix):
+    """The first model's precision had a lint; a user's fp16 candidate, judged at fp16 as well, had none, and its
+    fp16 cell SKIPped in onnxconverter-common's words."""
+    out = tmp_path / "out"
+    done = policy_matrix(["run", example("continuous_mlp"), "--candidate", user_fp16(tmp_path), "--targets", "ort-cpu",
+                          *FAST[:-1], "fp32,fp16", "--out", out])
+    assert done.returncode == 0, done.stderr
+    results = json.loads((out / "results.json").read_text())
+    precision = [(item["level"], item["message"]) for item in results["lints"] if item["id"] == "precision"]
+    assert precision == [("ok", "computes in float32 as given"),
+                         ("warn", "candidate user_fp16.onnx: computes in fp16 as given (6 float16 weight tensors, 1 float16 "
+                                  "Cast nodes): its fp32 cell runs it as it is and is judged at fp16's default tolerance; "
+                                  "its fp16 variant is not made (nothing left to convert); the int8 variant converts it further")]
+    cells = {(cell["candidate"], cell["variant"]): cell for cell in results["cells"]}
+    assert "judged at fp16's tolerance: user_fp16.onnx computes in fp16 as given" in cells["user_fp16.onnx", "fp32"]["notes"]
+    assert not any("computes in" in note for note in cells["", "fp32"]["notes"] + cells["user_fp16.onnx", "fp16"]["notes"])
+    assert "converted nothing to float16 beyond the model's own" in cells["user_fp16.onnx", "fp16"]["reasons"][0]

@@ -6,7 +6,8 @@
 - action bounds without metadata: a final Tanh ([-1, 1]), Sigmoid ([0, 1]), a Clip
   with constant bounds, or a Min/Max pair with constants (SB3's clip);
 - initializers that hold NaN or Inf;
-- pixel inputs: a float input the graph scales from 8-bit values first (`Div(x, 255)` or `Mul(x, 1/255)`);
+- pixel inputs: a float input the graph scales from 8-bit values first (`Div(x, 255)`, `Mul(x, 1/255)`, or by
+  127.5 to [-1, 1]; whatever affine follows: torchvision's `(x - mean) / std`);
 - the precision the graph computes in as given (`computes_in`): int8 where it quantizes (a user's ORT
   dynamic or QDQ quantization), fp16 where its weights or casts are float16, else fp32.
 """
@@ -195,12 +196,15 @@ def _min_max_bounds(node: onnx.NodeProto, producers: dict, constants: dict) -> t
     return low, high, "graph: final Min/Max clip"
 
 
-PIXEL_SCALE = 255.0  # what a policy trained on 8-bit images divides them by (SB3's preprocess_obs: obs.float() / 255)
+# What a policy trained on 8-bit images scales them by first: 255 to [0, 1] (SB3's preprocess_obs: obs.float() / 255,
+# torchvision's ToTensor, before a Normalize's (x - mean) / std), 127.5 to [-1, 1] (x / 127.5 - 1). Whatever affine
+# follows, the input is pixels.
+PIXEL_SCALES = (255.0, 127.5)
 LAYOUT_OPS = PASS_THROUGH | {"Transpose"}  # what may sit between the input and its scaling (SB3: a Cast to float)
 
 
 def pixel_inputs(proto: onnx.ModelProto) -> dict[str, str]:
-    """Float inputs the graph scales from pixels to [0, 1] before anything else, by name -> the scaling op in words.
+    """Float inputs the graph scales from pixels before anything else, by name -> the scaling op in words.
     A policy exported with a float dummy input (SB3's export guide) takes pixels as float32 and divides by 255
     inside: values outside [0, 255] are images it never sees."""
     graph = proto.graph
@@ -216,15 +220,15 @@ def pixel_inputs(proto: onnx.ModelProto) -> dict[str, str]:
 
 
 def _scaling_op(tensor: str, consumers: dict, constants: dict) -> str:
-    """"Div by 255" or "Mul by 1/255" where `tensor` (through layout-only ops) is so scaled, else ""."""
+    """"Div by 255" or "Mul by 1/127.5" where `tensor` (through layout-only ops) is so scaled (PIXEL_SCALES), else ""."""
     for node in consumers.get(tensor, []):
         if node.op_type in LAYOUT_OPS:
             said = _scaling_op(node.output[0], consumers, constants)
         elif node.op_type == "Div" and node.input[0] == tensor:
-            said = "Div by 255" if _is_constant(constants, node.input[1], PIXEL_SCALE) else ""
+            said = next((f"Div by {scale:g}" for scale in PIXEL_SCALES if _is_constant(constants, node.input[1], scale)), "")
         elif node.op_type == "Mul":
             other = next((name for name in node.input if name != tensor), "")
-            said = "Mul by 1/255" if _is_constant(constants, other, 1 / PIXEL_SCALE) else ""
+            said = next((f"Mul by 1/{scale:g}" for scale in PIXEL_SCALES if _is_constant(constants, other, 1 / scale)), "")
         else:
             said = ""
         if said:

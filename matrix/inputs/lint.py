@@ -26,7 +26,7 @@ class Lint:
 
 def lint(model: ModelInfo) -> list[Lint]:
     return [
-        _single_obs_input(model),
+        _observation_inputs(model),
         _action_output(model),
         _tensor_outputs(model),
         _symbolic_batch(model),
@@ -41,11 +41,19 @@ def lint(model: ModelInfo) -> list[Lint]:
     ]
 
 
-def _single_obs_input(model: ModelInfo) -> Lint:
-    names = [spec.name for spec in model.inputs]
+def _observation_inputs(model: ModelInfo) -> Lint:
+    """The inputs an observation feeds: neither a recurrent state (its own lint) nor fed whole (a side input's).
+    Several are a Dict observation's keys, as SB3's MultiInputPolicy exports them; one should be named 'obs'."""
+    states = [pair.input for pair in model.state_pairs]
+    excluded = set(states) | set(fed_whole(model))
+    names = [spec.name for spec in model.inputs if spec.name not in excluded]
+    besides = f" (besides recurrent state inputs {states})" if states else ""
     if names == ["obs"]:
-        return Lint("input-obs", "ok", "one input named 'obs'")
-    return Lint("input-obs", "warn", f"expected one input named 'obs', found {names}")
+        return Lint("input-obs", "ok", f"one observation input named 'obs'{besides}")
+    if len(names) > 1:
+        return Lint("input-obs", "ok", f"{len(names)} observation inputs {names}{besides}: a Dict observation's keys, "
+                                       "each fed by the key of its name under --env")
+    return Lint("input-obs", "warn", f"expected one input named 'obs', found {names or [spec.name for spec in model.inputs]}")
 
 
 def _action_output(model: ModelInfo) -> Lint:
@@ -136,9 +144,19 @@ def _finite_initializers(model: ModelInfo) -> Lint:
     return Lint("finite-weights", "error", listed)
 
 
-def _precision(model: ModelInfo) -> Lint:
+def _precision(model: ModelInfo, whose: str = "") -> Lint:
+    """What the model computes in as given; `whose`: "candidate NAME: " for a --candidate, judged at its own."""
     precision, evidence = computes_in(model.proto)
     if precision == "fp32":
-        return Lint("precision", "ok", "computes in float32 as given")
-    return Lint("precision", "warn", f"computes in {precision} as given ({evidence}): its fp32 cell runs it as it is and "
-                f"is judged at {precision}'s default tolerance; the fp16 and int8 variants convert it further")
+        return Lint("precision", "ok", f"{whose}computes in float32 as given")
+    further = ("its fp16 variant is not made (nothing left to convert); the int8 variant converts it further"
+               if precision == "fp16" else "the fp16 and int8 variants convert it further")
+    return Lint("precision", "warn", f"{whose}computes in {precision} as given ({evidence}): its fp32 cell runs it as it "
+                f"is and is judged at {precision}'s default tolerance; {further}")
+
+
+def candidate_precisions(candidates: list[ModelInfo]) -> list[Lint]:
+    """A --candidate computing in fp16 or int8 is judged at that precision's tolerance, as the first model is:
+    said beside the first model's precision lint."""
+    found = [_precision(candidate, f"candidate {candidate.path.name}: ") for candidate in candidates]
+    return [item for item in found if item.level != "ok"]

@@ -50,7 +50,7 @@ def seeded(model: ModelInfo, count: int, seed: int) -> Feeds:
 
 def pixels_said(model: ModelInfo) -> str:
     """The seeded pixel inputs in words, for the observation source's line ("" when none)."""
-    return "; ".join(f"{name!r}: whole numbers in [0, {PIXEL_LEVELS - 1}], the pixels its graph divides by 255 ({op})"
+    return "; ".join(f"{name!r}: whole numbers in [0, {PIXEL_LEVELS - 1}], the pixels its graph scales first ({op})"
                      for name, op in pixel_inputs(model.proto).items())
 
 

@@ -10,7 +10,7 @@ run's `Evidence`. The rules themselves are matrix/judge/rules.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -53,12 +53,15 @@ class Judge:
         tolerance keys first, then ort-cpu's; the defaults are those of the variant, or of the model's own precision
         where that is lower (a user's fp16 model rounds every activation to fp16 in its as-given cell, whoever runs
         it, and so does a user's fp16 candidate)."""
-        order, precision = rules.PRECISION_ORDER, self.model_precisions.get(candidate, "fp32")
-        lower = variant in order and order.index(precision) > order.index(variant)
-        defaults_of = precision if lower else variant
+        defaults_of = self.own_precision(variant, candidate) or variant
         return rules.Context(tolerance=self.tolerances.get(target, variant, defaults_of), min_agreement=self.min_agreement,
                              tie_margin=self.tie_margin, return_tolerance=self.return_tolerance,
                              synthetic_inputs=self.observations.synthetic)
+
+    def own_precision(self, variant: str, candidate: str = "") -> str | None:
+        """The precision the model `candidate` names computes in as given, where it is lower than the variant's."""
+        order, precision = rules.PRECISION_ORDER, self.model_precisions.get(candidate, "fp32")
+        return precision if variant in order and order.index(precision) > order.index(variant) else None
 
     def run_options(self) -> dict:
         """The run's options that say how cells were judged."""
@@ -79,21 +82,23 @@ class Judge:
         if m.skip is not None:
             cell.reasons = [m.skip]
             return cell
+        if own := self.own_precision(variant, candidate):
+            cell.notes.append(f"judged at {own}'s tolerance: {candidate or 'the model'} computes in {own} as given")
         if predicts and _measured_parity(cell.error, outcome.arrays):
             cell.parity = parity(outcome.arrays, evidence, context)
             cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)
             cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
+            # Dynamic int8 quantizes activations over each call's batch: its answer depends on the batch by design.
+            if "int8" not in (variant, self.model_precisions.get(candidate, "fp32")):
+                context = replace(context, batch_drifts=batch_dependence(outcome.arrays, evidence, context.tolerance))
         cell.verdict, cell.reasons = rules.verdict(cell, context)
-        # Dynamic int8 quantizes activations over each call's batch: its answer depends on the batch by design.
-        if cell.verdict in ("FAIL", "WARN") and cell.parity and "int8" not in (variant, self.model_precisions.get(candidate, "fp32")):
-            cell.reasons += batch_dependence(outcome.arrays, evidence, context.tolerance)
         return cell
 
 
-def batch_dependence(arrays: dict, evidence: Evidence, tolerance: rules.Tolerance) -> list[str]:
+def batch_dependence(arrays: dict, evidence: Evidence, tolerance: rules.Tolerance) -> tuple[rules.BatchDrift, ...]:
     """Outputs whose observation 0 is within tolerance alone (the contract's batch-1 run) and beyond it in the
-    parity batch: the runtime's answer depends on the batch it runs in, a cause a user can act on."""
-    said = []
+    parity batch: the runtime's answer depends on the batch it runs in (rules.batch_sizes says what that means)."""
+    found = []
     for name, expected in evidence.reference.outputs.items():
         alone, batched = arrays.get(f"batch1/{name}"), arrays.get(f"outputs/{name}")
         if alone is None or batched is None or expected.dtype.kind != "f" or batched.shape != expected.shape:
@@ -107,14 +112,12 @@ def batch_dependence(arrays: dict, evidence: Evidence, tolerance: rules.Toleranc
             continue
         small = [(rows, arrays.get(f"batch{rows}/{name}"), _rows(expected, rows, axis))
                  for rows in CONTRACT_BATCHES[1:] if rows <= expected.shape[axis]]  # fewer rows: the worker tiled them
-        in_small = ", ".join(f"batch {rows}: {np.max(np.abs(got - want)):.2g}" for rows, got, want in small
-                             if got is not None and got.shape == want.shape)
-        said.append(
-            f"batch handling: {name}: observation 0 drifts {np.max(np.abs(alone - first)):.2g} alone (batch 1) and "
-            f"{in_batch:.2g} in the batch of {batched.shape[axis]} ({in_small}): this runtime's answer for one "
-            "observation depends on the batch it runs in, so the drift comes from batches above 1 (the conversion's "
-            "batch handling); a graph exported at a fixed batch 1 runs each observation alone (--assist's simplify makes one)")
-    return said
+        small = [(rows, got, want) for rows, got, want in small if got is not None and got.shape == want.shape]
+        found.append(rules.BatchDrift(
+            name, float(np.max(np.abs(alone - first))), in_batch, batched.shape[axis],
+            {rows: float(np.max(np.abs(got - want))) for rows, got, want in small},
+            tuple(rows for rows, got, want in small if _drifts(got, want, tolerance) is not None)))
+    return tuple(found)
 
 
 def _rows(values: np.ndarray, rows: int, axis: int) -> np.ndarray:

@@ -21,6 +21,9 @@ filters (decide.py) ask the same rules.
   left out of agreement entirely; any flip WARNs, flips that bring agreement
   below the minimum FAIL; every row a near tie WARNs (agreement not measured:
   no row could confirm the runtime). Judged only where no behaviour was measured.
+- batch_sizes: an output whose observation 0 is within tolerance alone (batch 1) and beyond it in the parity
+  batch (not int8: dynamic quantization scales each call's batch): where behaviour was measured (the episodes run
+  at batch 1) it WARNs, naming the batch sizes beyond tolerance; elsewhere it names that cause of the drift.
 - unquantized_int8: an "int8" artifact with nothing quantized WARNs (and never ships).
 - workarounds: a conversion workaround the tool applied is listed (no verdict).
 A cell whose drift or agreement was judged on synthetic observations says so in its reasons.
@@ -169,6 +172,20 @@ class Context:
     tie_margin: float = DEFAULT_TIE_MARGIN
     return_tolerance: ReturnTolerance = ReturnTolerance()
     synthetic_inputs: bool = False  # parity measured on seeded rows, not the policy's own states
+    batch_drifts: tuple[BatchDrift, ...] = ()  # outputs whose answer depends on the batch they run in
+
+
+@dataclass(frozen=True)
+class BatchDrift:
+    """An output whose observation 0 is within tolerance alone (the contract's batch-1 run) and beyond it in the
+    parity batch: the runtime's answer for one observation depends on the batch it runs in."""
+
+    output: str
+    alone: float  # observation 0's max |error| at batch 1
+    in_batch: float  # observation 0's in the parity batch
+    batch: int  # the parity batch's size
+    small_batches: dict[int, float]  # max |error| over the rows of each contract batch above 1 the set has
+    small_beyond: tuple[int, ...]  # those of them beyond tolerance
 
 
 @dataclass
@@ -261,6 +278,34 @@ def _on_states(cell, context: Context, found: Findings) -> Findings:
     return found
 
 
+def batch_sizes(cell, context: Context) -> Findings:
+    """Observation 0 right alone and wrong in a batch. Without behaviour, the drift rule has judged the batch and
+    this names the cause; with behaviour, the return was measured at batch 1, where the episodes run, and says
+    nothing of the batches a user steps several environments or robots in: it WARNs, naming them."""
+    if not behaviour_measured(cell):
+        return Findings(notes=[_batch_handling(found) for found in context.batch_drifts])
+    return Findings(warnings=[_batches_unmeasured(found, context.tolerance) for found in context.batch_drifts])
+
+
+def _batch_handling(found: BatchDrift) -> str:
+    small = ", ".join(f"batch {rows}: {drift:.2g}" for rows, drift in found.small_batches.items())
+    return (f"batch handling: {found.output}: observation 0 drifts {found.alone:.2g} alone (batch 1) and "
+            f"{found.in_batch:.2g} in the batch of {found.batch} ({small}): this runtime's answer for one "
+            "observation depends on the batch it runs in, so the drift comes from batches above 1 (the conversion's "
+            "batch handling); a graph exported at a fixed batch 1 runs each observation alone (--assist's simplify makes one)")
+
+
+def _batches_unmeasured(found: BatchDrift, tolerance: Tolerance) -> str:
+    sizes = [*found.small_beyond, found.batch]
+    named = f"{', '.join(map(str, sizes[:-1]))} and {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+    small = ", of ".join(f"{rows}: {drift:.2g}" for rows, drift in found.small_batches.items())
+    return (f"batch sizes: {found.output}: beyond tolerance {tolerance.describe()} at batch {named} (observation 0 "
+            f"drifts {found.alone:.2g} alone, {found.in_batch:.2g} in the batch of {found.batch}"
+            f"{f'; the rows of batch {small}' if small else ''}), within it at batch 1, where the episodes ran and the "
+            "return decided: a user who steps several environments or robots in one call gets actions the episodes "
+            "never measured (a graph exported at a fixed batch 1 runs each observation alone: --assist's simplify makes one)")
+
+
 def unquantized_int8(cell, context: Context) -> Findings:
     counted = cell.artifact.quantization if cell.artifact else None
     if cell.variant != "int8" or counted is None or counted.get("quantized_ops") or counted.get("quantized_weights"):
@@ -293,7 +338,7 @@ def workarounds(cell, context: Context) -> Findings:
     return Findings(notes=[note for note in (cell.artifact.notes if cell.artifact else []) if note.startswith(WORKAROUND)])
 
 
-RULES = (worker_error, backend, contract, behaviour, drift, agreement, unquantized_int8, workarounds)
+RULES = (worker_error, backend, contract, behaviour, drift, agreement, batch_sizes, unquantized_int8, workarounds)
 
 
 def verdict(cell, context: Context) -> tuple[str, list[str]]:

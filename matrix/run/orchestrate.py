@@ -42,7 +42,7 @@ from ..decide import decide
 from ..reference import reference, reference_job
 from ..errors import InputError, Terminated
 from ..errors import console_text as escape
-from ..inputs.lint import lint
+from ..inputs.lint import candidate_precisions, lint
 from ..inputs.model import ModelInfo
 from .. import options
 from ..options import default_memory_limit
@@ -603,7 +603,7 @@ def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge)
             "targets": config.targets, "variants": config.variants, "timeout_s": config.timeout_s,
             **judge.run_options(),
         },
-        lints=[LintResult(**vars(item)) for item in lint(config.model)],
+        lints=[LintResult(**vars(item)) for item in lint(config.model) + candidate_precisions(config.candidates)],
         cells=[],
     )
 

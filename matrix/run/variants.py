@@ -55,7 +55,7 @@ import onnx
 
 from . import guarded
 from ..inputs import model as model_loader
-from ..inputs.graph_facts import QUANTIZED_OPS, subgraphs, weight_types
+from ..inputs.graph_facts import QUANTIZED_OPS, computes_in, subgraphs, weight_types
 from ..inputs.model import ModelInfo
 from ..outdir import write_atomic, write_atomic_with
 from targets.paths import cache_dir
@@ -218,6 +218,10 @@ def _sidecar(variant_file: Path) -> Path:
 
 def _fp16(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     """Whole if the converter can, else with the fewest nodes it names kept in fp32; the nodes kept."""
+    precision, evidence = computes_in(model.proto)
+    if precision == "fp16":  # onnxconverter-common refuses any graph holding float16, in its own words
+        raise VariantError(f"fp16 conversion converted nothing to float16 beyond the model's own ({evidence}): the fp32 "
+                           "cell runs that fp16 model as given")
     source = named_nodes(model.proto)
     blocked, first_error = list(keep_fp32), None
     for _ in range(MAX_BLOCKED_NODES + 2):

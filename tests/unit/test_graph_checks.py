@@ -55,7 +55,7 @@ def test_a_clean_policy_has_no_finding(load_policy):
 
 def test_lints_name_what_they_found(load_policy):
     gru = _lints(load_policy(policies.gru_cell()))
-    assert gru["input-obs"][0] == "warn" and "['obs', 'h']" in gru["input-obs"][1]
+    assert gru["input-obs"] == ("ok", "one observation input named 'obs' (besides recurrent state inputs ['h'])")
     assert gru["recurrent-state"] == ("warn", "recurrent state h -> h_next (batch on axis 0): the caller carries it between steps (checked in the contract)")
     side = _lints(load_policy(policies.side_input_policy()))
     assert side["side-inputs"][0] == "warn" and "['rng']" in side["side-inputs"][1]
@@ -189,3 +189,22 @@ def test_a_recurrent_state_must_keep_its_shape_at_every_batch(load_policy):
 @pytest.mark.parametrize("builder", [examples.continuous_mlp, policies.side_input_policy])
 def test_the_action_output_is_the_one_named_action(builder, load_policy):
     assert contract.action_output(load_policy(builder())) == "action"
+
+
+def test_a_dict_policy_s_observation_inputs_are_its_keys_not_a_missing_obs(tmp_path, load_policy):
+    """SB3's MultiInputPolicy exports one input per Dict key: the lint named them as a missing 'obs'. Observation
+    inputs are those that are neither a recurrent state nor fed whole; a single one not named 'obs' still warns."""
+    import rollout_policies
+
+    from matrix.inputs import model as model_loader
+
+    seeker = _lints(model_loader.load(rollout_policies.goal_seeker(tmp_path / "goal_seeker.onnx")))
+    assert seeker["input-obs"] == ("ok", "3 observation inputs ['observation', 'achieved_goal', 'desired_goal'] (besides "
+                                         "recurrent state inputs ['h_in']): a Dict observation's keys, each fed by the "
+                                         "key of its name under --env")
+    assert _lints(load_policy(policies.side_input_policy()))["input-obs"] == ("ok", "one observation input named 'obs'")
+    renamed = examples.continuous_mlp()
+    renamed.graph.input[0].name = "state"
+    for node in renamed.graph.node:
+        node.input[:] = ["state" if name == "obs" else name for name in node.input]
+    assert _lints(load_policy(renamed))["input-obs"] == ("warn", "expected one input named 'obs', found ['state']")

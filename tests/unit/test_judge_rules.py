@@ -14,6 +14,7 @@ from matrix.judge import metrics, rules
 from matrix.inputs import observation_sources
 from matrix.inputs import model as model_loader
 from matrix.inputs.examples import path as example
+from matrix.judge import judge as judge_module
 from matrix.judge.judge import Evidence, Judge
 from matrix.run.protocol import DONE, Measurement
 from matrix.reference.reference import Reference
@@ -300,3 +301,25 @@ def test_drift_only_in_a_batch_is_said_with_the_batches_measured_and_never_for_i
         "(--assist's simplify makes one)"]
     int8 = Judge().cell(outcome, evidence, host="h", target="tflite", variant="int8", predicts=True)
     assert int8.verdict == "FAIL" and not any(r.startswith("batch handling") for r in int8.reasons)
+
+
+def test_with_behaviour_a_batch_dependent_output_warns_and_drift_alone_at_batch_1_stays_information():
+    """The return was measured at batch 1: an output right alone and wrong in a batch WARNs with the batch sizes;
+    one that drifts as much alone is the drift the return already judged, shown, not judged."""
+    reference = np.linspace(-1, 1, 16).reshape(8, 2)
+    batched = {"outputs/action": reference + 0.5, "batch2/action": reference[:2] + 0.5, "batch7/action": reference[:7]}
+    evidence = Evidence(model_loader.load(example("continuous_mlp")), Reference({"action": reference}, {}))
+    tolerance = Tolerance(1e-4, 1e-5)
+    found = judge_module.batch_dependence({**batched, "batch1/action": reference[:1]}, evidence, tolerance)
+    assert [(f.output, f.alone, f.in_batch, f.batch, f.small_batches, f.small_beyond) for f in found] == [
+        ("action", 0.0, 0.5, 8, {2: 0.5, 7: 0.0}, (2,))]
+    cell = _cell(parity=[metrics.parity("action", reference + 0.5, reference, None, None, 1e-3, tolerance)],
+                 rollout=_rollout(REFERENCE, REFERENCE))
+    verdict, reasons = rules.verdict(cell, Context(tolerance=tolerance, batch_drifts=found))
+    assert verdict == "WARN" and reasons[0].startswith(
+        "batch sizes: action: beyond tolerance atol 0.0001 + rtol 1e-05·|ref| at batch 2 and 8 (observation 0 drifts 0 "
+        "alone, 0.5 in the batch of 8; the rows of batch 2: 0.5, of 7: 0), within it at batch 1, where the episodes ran")
+    assert judge_module.batch_dependence({**batched, "batch1/action": reference[:1] + 0.5}, evidence, tolerance) == ()
+    assert rules.verdict(cell, Context(tolerance=tolerance)) == (
+        "PASS", ["action: drift 0.5 (max rel 7.5) above tolerance atol 0.0001 + rtol 1e-05·|ref| (shown, not judged: "
+                 "the return decides)"])

@@ -199,19 +199,24 @@ def test_save_then_read_round_trips(tmp_path):
 
 # --- seeded rows where the graph says the input is pixels -------------------------------------------
 
-@pytest.mark.parametrize("scale_op, said", [("Mul", "Mul by 1/255"), ("Div", "Div by 255")])
-def test_a_float_input_the_graph_divides_by_255_gets_pixel_values(load_policy, scale_op, said):
+@pytest.mark.parametrize("scale_op, divisor, affine, said", [
+    ("Mul", 255, "", "Mul by 1/255"), ("Div", 255, "", "Div by 255"),
+    ("Div", 127.5, "minus 1", "Div by 127.5"), ("Mul", 127.5, "minus 1", "Mul by 1/127.5"),
+    ("Div", 255, "normalize", "Div by 255"),
+])
+def test_a_float_input_the_graph_scales_from_pixels_first_gets_pixel_values(load_policy, scale_op, divisor, affine, said):
     """SB3's CnnPolicy exported with a float dummy input (its docs' way) divides by 255 inside: N(0, 1) rows became
-    images of -0.004..0.004 the policy never sees. Its rows are what a uint8 input gets: whole numbers in [0, 255]."""
+    images of -0.004..0.004 the policy never sees. Its rows are what a uint8 input gets: whole numbers in [0, 255].
+    The same fact where the scaling goes to [-1, 1] (`x / 127.5 - 1`) or torchvision normalizes after it."""
     from matrix.inputs import graph_facts
     from matrix.inputs.observation_sources import choose
 
-    model = load_policy(policies.pixels_scaled_in_graph(scale_op))
+    model = load_policy(policies.pixels_scaled_in_graph(scale_op, divisor, affine))
     assert graph_facts.pixel_inputs(model.proto) == {"obs": said}
     rows = observations.seeded(model, 32, seed=0)["obs"]
     assert rows.dtype == np.float32 and rows.min() == 0 and rows.max() == 255 and np.array_equal(rows, rows.round())
     assert rows[0].max() == 0 and rows[1].min() == 255  # the range's ends, as a uint8 input's edge rows
-    assert "'obs': whole numbers in [0, 255]" in choose(None, None, model, 0).detail
+    assert f"'obs': whole numbers in [0, 255], the pixels its graph scales first ({said})" in choose(None, None, model, 0).detail
 
 
 def test_an_input_used_as_it_is_keeps_normal_samples(load_policy):
