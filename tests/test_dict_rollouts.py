@@ -2,7 +2,8 @@
 goal-reaching point mass (tests/goal_env.py: HER's observation / achieved_goal / desired_goal), exported from the
 framework's own interpreter as users export it: a wrapper that takes one tensor per key and builds the dict the
 policy takes, torch.onnx.export with dynamo=False and the keys as input names. Each Dict key feeds the ONNX input
-of the same name; what the rollouts record, sample and replay is one array per input.
+of the same name; what the rollouts record, sample and replay is one array per input. The --source column runs the
+saved checkpoint in that interpreter, SB3's predict taking the dict of arrays keyed like the ONNX inputs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from conftest import load_results
@@ -32,8 +34,10 @@ KEYS = ["observation", "achieved_goal", "desired_goal"]
 FAST = ("--iters", "5", "--warmup", "1", "--batch-sizes", "1")
 
 EXPORT = '''
+import numpy as np
 import torch as th
 from stable_baselines3 import PPO
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from goal_env import GoalPointMass
 
@@ -61,6 +65,16 @@ examples = tuple(th.zeros(1, *env.observation_space[key].shape) for key in KEYS)
 th.onnx.export(OnnxableMultiInputPolicy(model.policy), examples, "goal_ppo.onnx", opset_version=17, input_names=KEYS,
                output_names=["action"], dynamic_axes={**{key: {0: "batch"} for key in KEYS}, "action": {0: "batch"}},
                dynamo=False)
+model.save("goal_ppo.zip")  # the checkpoint --source sb3: loads, pushed weights and all
+
+# VecNormalize statistics of the observation key alone (norm_obs_keys), gathered as training gathers them
+statistics = VecNormalize(DummyVecEnv([GoalPointMass]), norm_obs_keys=["observation"])
+statistics.seed(0)
+statistics.action_space.seed(0)
+statistics.reset()
+for _ in range(200):
+    statistics.step(np.array([statistics.action_space.sample()]))
+statistics.save("vecnormalize.pkl")
 '''
 
 
@@ -135,13 +149,52 @@ def test_observations_that_cannot_feed_the_inputs_are_one_line_and_exit_2(export
     assert done.returncode == 2 and len(done.lines) == 1 and words in done.lines[0], done.lines[-5:]
 
 
-def test_the_source_column_refuses_a_dict_policy_in_words(exported, beside_env, policy_matrix):
-    (beside_env / "goal_ppo.zip").write_bytes(b"")
-    done = policy_matrix([exported, "--targets", "ort-cpu", "--env", "goal_env:GoalPointMass", "--source", "sb3:goal_ppo.zip",
-                          "--out", beside_env / "out"])
-    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-5:]
-    assert "--source needs a model with one observation input; goal_ppo.onnx has ['observation', " in done.lines[0]
-    assert "no Dict observation's inputs; --env drives the runtimes without it" in done.lines[0]
+def _source_cell(policy_matrix, policy: Path, out: Path, *args) -> dict:
+    """The --source column beside ort-cpu for SB3's own checkpoint, in the framework's interpreter."""
+    done = policy_matrix(["run", policy, *FAST, "--targets", "ort-cpu", "--variants", "fp32", "--env", "goal_env:GoalPointMass",
+                          "--episodes", "3", "--source", f"sb3:{policy.with_name('goal_ppo.zip')}",
+                          "--source-python", environments.python(load("sb3")), "--out", out, *args])
+    assert done.returncode in (0, 1), done.lines[-5:]
+    return next(cell for cell in load_results(out)["cells"] if cell["target"] == "source")
+
+
+def test_the_source_column_predicts_with_the_dict_of_arrays_and_pairs_its_returns(exported, beside_env, policy_matrix):
+    """SB3's predict takes the observation dict keyed like the ONNX inputs; the documented export computes what it
+    does, and the framework drives the same seeded episodes through the Dict env."""
+    cell = _source_cell(policy_matrix, exported, beside_env / "out")
+    assert (cell["variant"], cell["verdict"]) == ("sb3", "PASS"), cell["reasons"]
+    assert cell["parity"][0]["output"] == "action" and cell["parity"][0]["max_abs"] <= 1e-5
+    episodes = cell["rollout"]["episodes"]
+    assert [e["seed"] for e in episodes] == [0, 1, 2] and len({e["episode_return"] for e in episodes}) == 3
+    assert [e["episode_return"] for e in episodes] == pytest.approx([e["reference_return"] for e in episodes], rel=1e-5)
+
+
+def test_statistics_of_one_key_outside_the_export_are_named(exported, beside_env, policy_matrix):
+    """VecNormalize on a Dict observation normalises its norm_obs_keys only (here 'observation'): the export without
+    them is named by the reference on observations normalised per key, the other keys as they are."""
+    cell = _source_cell(policy_matrix, exported, beside_env / "out", "--source-normalize",
+                        exported.with_name("vecnormalize.pkl"))
+    assert cell["reasons"][0].startswith("export: the source normalises observations with its statistics "
+                                         "(--source-normalize); the ONNX graph does not (left after it: ")
+    assert cell["parity"][0]["max_abs"] > 0.1  # the difference is real, and the fit closes it
+    facts = json.loads((beside_env / "out" / "source" / "source.json").read_text())
+    assert list(facts["normalizer"]["inputs"]) == ["observation"]
+
+
+def test_one_key_the_export_scales_is_named_by_its_key(exported, beside_env, policy_matrix):
+    """An export that multiplies one key by 255 (a pixel key's /255 left out the other way round): the reference
+    on that key alone divided by 255 is what SB3's predict computes."""
+    proto = onnx.load(str(exported))
+    for node in proto.graph.node:
+        node.input[:] = ["desired_goal_pixels" if name == "desired_goal" else name for name in node.input]
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(np.array(255, np.float32), "pixel_scale"))
+    proto.graph.node.insert(0, onnx.helper.make_node("Mul", ["desired_goal", "pixel_scale"], ["desired_goal_pixels"]))
+    scaled = beside_env / "goal_ppo_scaled.onnx"
+    onnx.save(proto, str(scaled))
+    shutil.copy(exported.with_name("goal_ppo.zip"), beside_env)
+    cell = _source_cell(policy_matrix, scaled, beside_env / "out")
+    assert cell["reasons"][0].startswith("export: the source divides the observation 'desired_goal' by 255; the ONNX "
+                                         "graph does not (left after it: ")
 
 
 def test_cli_drives_the_dict_env_and_samples_visited_states_per_input(exported, beside_env, policy_matrix):

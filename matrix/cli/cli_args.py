@@ -258,7 +258,7 @@ class Source(Group):
                        "default: this one)."),
         click.option("--source-normalize", type=click.Path(path_type=Path), default=None,
                   help="Observation statistics applied before --source, as in deployment: SB3 VecNormalize file, or .npz "
-                       "with mean and var (optional epsilon, clip_obs)."),
+                       "with mean and var (optional epsilon, clip_obs); per key for a Dict observation (mean/KEY, var/KEY)."),
     )
 
     def parse(self, values: dict, model, memory_limit: int, timeout_s: float) -> dict:
@@ -464,7 +464,8 @@ def thresholds(drift_factor: float, latency_threshold: float):
 
 def _source_option(text: str | None, python: str | None, normalize: Path | None, info, memory_limit: int,
                      timeout_s: float):
-    """--source checked before the run: its form, the model's single input, and that its interpreter has the framework."""
+    """--source checked before the run: its form, the model's inputs (no recurrent state), and that its interpreter has
+    the framework."""
     if text is None:
         if python or normalize:
             raise InputError("--source-python and --source-normalize need --source")

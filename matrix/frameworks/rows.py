@@ -125,7 +125,7 @@ def _defined(node, opsets: dict[str, int]) -> bool:
 def parity_text(source, manifest: dict) -> tuple[str, str]:
     if source is None:
         why = "the framework's source could not be loaded" if manifest.get("source") else \
-            "not measured: --source takes one observation input (a recurrent policy's state is not fed)"
+            "not measured: --source does not feed a recurrent policy's state"
         return why, ""
     measured = []
     for output in source.parity:

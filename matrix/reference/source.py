@@ -106,11 +106,11 @@ def _interpreter(python: str | None) -> str:
 
 
 def check_model(model: ModelInfo) -> None:
-    if len(model.inputs) != 1:
-        names = [spec.name for spec in model.inputs]
-        raise InputError(f"--source needs a model with one observation input; {model.path.name} has {names} (the source "
-                         "column feeds one array: no recurrent state, no Dict observation's inputs; --env drives the "
-                         "runtimes without it)")
+    """Every input is an observation's (one, or one per Dict key): the column does not carry a recurrent state."""
+    if model.state_pairs:
+        states = [pair.input for pair in model.state_pairs]
+        raise InputError(f"--source does not feed a recurrent policy's state; {model.path.name} carries {states} (the "
+                         "source column calls the policy one observation at a time; --env drives the runtimes without it)")
 
 
 def preflight(spec: SourceSpec, memory_limit: int | None, timeout_s: float) -> SourceSpec:
@@ -240,7 +240,7 @@ def execute(spec: SourceSpec, inputs: ColumnInputs, folder: Path, on_stage) -> c
     job_spec = {
         "model": str(inputs.model.path.resolve()),
         "observations": str(inputs.observations.resolve()), "chunk": inputs.chunk,
-        "obs_input": inputs.model.inputs[0].name, "outputs": [o.name for o in inputs.model.outputs],
+        "obs_inputs": [spec.name for spec in inputs.model.inputs], "outputs": [o.name for o in inputs.model.outputs],
         "action_output": inputs.rollout.action_output if inputs.rollout else contract.action_output(inputs.model),
         "rollout": inputs.rollout.as_dict() if inputs.rollout else None, "warmup": inputs.warmup, "iters": inputs.iters,
     }
@@ -307,12 +307,20 @@ def name_difference(outputs: dict, arrays: dict, facts: dict, evidence: Evidence
         answer = outputs.get(f"outputs/{name}")
         if answer is None or answer.dtype.kind != "f" or expected.dtype.kind != "f":
             continue
-        transformed = {t: arrays[key].reshape(expected.shape) for t in (NORMALIZE, DIVIDE_255)
-                       if (key := f"transform/{t}/{name}") in arrays and arrays[key].size == expected.size}
+        transformed = {t: values.reshape(expected.shape) for t, values in _transformed(arrays, name).items()
+                       if values.size == expected.size}
         found = explain(answer, expected, tolerance, bounds, transformed)
         if found is not None:
             return found
     return None
+
+
+def _transformed(arrays: dict, output: str) -> dict[str, np.ndarray]:
+    """The reference's `output` on each transform of the observations (source_job: transform/TRANSFORM/OUTPUT)."""
+    suffix = f"/{output}"
+    found = {key.removeprefix("transform/").removesuffix(suffix): values for key, values in arrays.items()
+             if key.startswith("transform/") and key.endswith(suffix)}
+    return {t: values for t, values in found.items() if t in (NORMALIZE, DIVIDE_255) or t.startswith(f"{DIVIDE_255}:")}
 
 
 def action_bounds(facts: dict, plan: rollouts.RolloutPlan | None) -> Bounds | None:

@@ -17,12 +17,17 @@ from dataclasses import dataclass
 import numpy as np
 
 NORMALIZE = "normalize"  # the reference on observations normalised with the source's statistics
-DIVIDE_255 = "divide255"  # the reference on observations / 255
+DIVIDE_255 = "divide255"  # the reference on observations / 255 (every float input)
 OBSERVATION_TRANSFORMS = {
     NORMALIZE: "the source normalises observations with its statistics (--source-normalize); the ONNX graph does not",
     DIVIDE_255: "the source divides observations by 255; the ONNX graph does not",
 }
 AFFINE_IDENTITY = 1e-6  # a fitted scale/offset this close to 1/0 is no rescale at all
+
+
+def divide_255_key(name: str) -> str:
+    """The transform that divides one input of several by 255 (a Dict observation's image key)."""
+    return f"{DIVIDE_255}:{name}"
 
 
 @dataclass
@@ -40,7 +45,7 @@ class Bounds:
 
 @dataclass
 class Explanation:
-    transform: str  # clip | rescale | onnx-clips | onnx-rescales | affine | normalize | divide255
+    transform: str  # clip | rescale | onnx-clips | onnx-rescales | affine | normalize | divide255 (all or one input)
     text: str  # the sentence the report shows
     residual: float  # max |source - transformed reference| that remains
 
@@ -106,6 +111,12 @@ def _list(values: np.ndarray) -> str:
 
 
 def _observation_transforms(source: np.ndarray, transformed: dict[str, np.ndarray]) -> list[Explanation]:
-    return [Explanation(name, OBSERVATION_TRANSFORMS[name], _residual(source, np.asarray(outputs, np.float64)))
+    return [_observation_explanation(name, _residual(source, np.asarray(outputs, np.float64)))
             for name, outputs in transformed.items() if np.shape(outputs) == source.shape]
 
+
+def _observation_explanation(transform: str, residual: float) -> Explanation:
+    kind, _, key = transform.partition(":")
+    text = f"the source divides the observation {key!r} by 255; the ONNX graph does not" if key else \
+        OBSERVATION_TRANSFORMS[kind]
+    return Explanation(kind, text, residual)

@@ -42,7 +42,7 @@ from ..judge.metrics import latency_stats
 from ..outdir import write_atomic_with
 from ..run.protocol import DONE, OUTPUTS_FILE, Measurement, stage_message
 from ..results import CellError
-from .source_fit import DIVIDE_255, NORMALIZE
+from .source_fit import DIVIDE_255, NORMALIZE, divide_255_key
 from .source_runner import normalized
 
 RUNNER = Path(__file__).with_name("source_runner.py")
@@ -76,7 +76,7 @@ class SourceJob:
 
     def run(self, runner: JsonLinesProcess) -> None:
         self.enter("open")
-        facts = runner.call("load", spec=self.source)
+        facts = runner.call("load", spec={**self.source, "inputs": self.spec["obs_inputs"]})
         (self.folder / FACTS_FILE).write_text(json.dumps(facts))
         self.measurement.runtime_version = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in facts["versions"].items())
         self.enter("parity")
@@ -89,41 +89,50 @@ class SourceJob:
             self.measurement.rollout = measured
             self.arrays.update(arrays)
         self.enter("latency")
-        timed = runner.call("time", observations=self.spec["observations"], input=self.spec["obs_input"],
+        timed = runner.call("time", observations=self.spec["observations"], inputs=self.spec["obs_inputs"],
                             warmup=self.spec["warmup"], iters=self.spec["iters"])
         self.measurement.latency = [latency_stats(1, timed["samples_ns"])]
         self.measurement.stage = DONE
 
     def _parity(self, runner: JsonLinesProcess) -> None:
         answers_file = self.folder / ANSWERS_FILE
-        answered = runner.call("predict_file", observations=self.spec["observations"], input=self.spec["obs_input"],
+        answered = runner.call("predict_file", observations=self.spec["observations"], inputs=self.spec["obs_inputs"],
                                out=str(answers_file))
         with np.load(answers_file, allow_pickle=False) as data:  # written by the user's interpreter: never unpickled
             answers = [data[f"answer/{i}"] for i in range(answered["answers"])]
         self.arrays.update({f"outputs/{name}": value for name, value in self.named(answers).items()})
 
     def _transformed_references(self, normalizer: dict | None) -> None:
-        """The float64 reference on the observations as the source's preprocessing would see them."""
+        """The float64 reference on the observations as the source's preprocessing would see them: normalised with
+        its statistics, and divided by 255: all float inputs, and each alone when there are several (SB3 divides
+        a Dict observation's image keys only). An integer input cannot take scaled values: the graph must convert."""
         info = model_loader.load(Path(self.spec["model"]))
-        obs_input = self.spec["obs_input"]
-        obs = observations.read(Path(self.spec["observations"]))[obs_input]
-        if obs.dtype.kind != "f":  # an integer input cannot take scaled values: the graph itself must convert
-            return
-        seen = {DIVIDE_255: obs / np.array(255, obs.dtype)}
-        if normalizer:
-            seen[NORMALIZE] = normalized(obs, normalizer)
+        feeds = observations.read(Path(self.spec["observations"]))
+        floats = [name for name in self.spec["obs_inputs"] if feeds[name].dtype.kind == "f"]
+        seen = {}
+        if floats:
+            seen[DIVIDE_255] = {**feeds, **{name: divided_by_255(feeds[name]) for name in floats}}
+        if len(floats) > 1:
+            seen.update({divide_255_key(name): {**feeds, name: divided_by_255(feeds[name])} for name in floats})
+        if normalizer and set(normalizer["inputs"]) <= set(floats):
+            seen[NORMALIZE] = normalized(feeds, normalizer)
         for transform, values in seen.items():
-            outputs = reference.compute(info, {obs_input: values}, self.spec["chunk"]).outputs
+            outputs = reference.compute(info, values, self.spec["chunk"]).outputs
             self.arrays.update({f"transform/{transform}/{name}": value for name, value in outputs.items()})
 
     def _step(self, runner: JsonLinesProcess) -> rollouts.Step:
-        obs_input = self.spec["obs_input"]
+        names = self.spec["obs_inputs"]
 
         def step(feeds: observations.Feeds) -> observations.Feeds:
-            obs = feeds[obs_input]
-            return self.named(runner.call("predict", obs=obs.tolist(), dtype=str(obs.dtype)))
+            given = {name: feeds[name] for name in names}
+            return self.named(runner.call("predict", obs={name: obs.tolist() for name, obs in given.items()},
+                                          dtypes={name: str(obs.dtype) for name, obs in given.items()}))
 
         return step
+
+
+def divided_by_255(obs: np.ndarray) -> np.ndarray:
+    return obs / np.array(255, obs.dtype)
 
 
 def check(runner: JsonLinesProcess, source: dict) -> dict:

@@ -8,13 +8,21 @@ stdout line ({"ok": true, "result": ...} or {"ok": false, "error": ...}); closin
 
 Ops:
 - check {spec}: import the framework (and a user's module); {"missing": package} when one is not installed.
-- load {spec}: load the policy (this executes the user's code and checkpoint, as training did).
-- predict_file {observations, input, out}: every row of an .npz observation set at batch 1.
-- predict {obs}: one observation (a nested list) -> the action(s), for episodes driven by the core.
-- time {observations, input, warmup, iters}: per-call latency of predict at batch 1 (ns).
+- load {spec}: load the policy (this executes the user's code and checkpoint, as training did); spec["inputs"]
+  names the model's observation inputs.
+- predict_file {observations, inputs, out}: every row of an .npz observation set at batch 1.
+- predict {obs, dtypes}: one observation (a nested list per input) -> the action(s), for episodes driven by the core.
+- time {observations, inputs, warmup, iters}: per-call latency of predict at batch 1 (ns).
+
+An observation is one array per ONNX observation input, by name: a Dict observation's keys (SB3's
+MultiInputPolicy), a single input being the one-key case. The source is called as its framework takes it:
+SB3's `predict` with the dict when its observation space is a Dict, a torch module with one tensor per input
+in the model's input order (as torch.onnx.export passed them), any other callable with the one array, or the
+dict of arrays when there are several.
 
 The source's observation normaliser (`--source-normalize`: SB3 VecNormalize statistics or an
-.npz with mean/var) is applied before each call, as VecNormalize does in deployment.
+.npz with mean/var) is applied before each call, as VecNormalize does in deployment: per key for a Dict
+observation (VecNormalize's norm_obs_keys), the keys without statistics as they are.
 """
 
 from __future__ import annotations
@@ -35,24 +43,34 @@ VERSIONED = ("stable_baselines3", "sb3_contrib", "torch", "jax", "tensorflow", "
 
 
 class Source:
-    """One loaded policy: `predict(obs [1, ...]) -> list of arrays` plus what it says about itself."""
+    """One loaded policy: `predict({input: obs [1, ...]}) -> list of arrays` plus what it says about itself."""
 
     def __init__(self, call, action_space: dict | None = None):
-        self.call, self.action_space = call, action_space
+        self.call, self.action_space = call, action_space  # call: the observation's arrays by input -> answer(s)
         self.normalizer: dict | None = None
 
-    def predict(self, obs: np.ndarray) -> list[np.ndarray]:
+    def predict(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         if self.normalizer is not None:
-            obs = normalized(obs, self.normalizer)
-        answer = self.call(obs)
+            feeds = normalized(feeds, self.normalizer)
+        answer = self.call(feeds)
         return [np.asarray(a) for a in answer] if isinstance(answer, (tuple, list)) else [np.asarray(answer)]
 
 
-def normalized(obs: np.ndarray, stats: dict) -> np.ndarray:
-    """VecNormalize.normalize_obs: (obs - mean) / sqrt(var + epsilon), clipped to +-clip_obs (the core
-    imports this too, to evaluate the ONNX graph on the observations the source saw)."""
-    scaled = (obs - np.asarray(stats["mean"])) / np.sqrt(np.asarray(stats["var"]) + stats["epsilon"])
-    return np.clip(scaled, -stats["clip_obs"], stats["clip_obs"]).astype(obs.dtype)
+def normalized(feeds: dict[str, np.ndarray], normalizer: dict) -> dict[str, np.ndarray]:
+    """VecNormalize.normalize_obs: per input with statistics, (obs - mean) / sqrt(var + epsilon), clipped to
+    +-clip_obs; the others as they are (the core imports this too, to evaluate the ONNX graph on the
+    observations the source saw)."""
+    shown = dict(feeds)
+    for name, stats in normalizer["inputs"].items():
+        obs = feeds[name]
+        scaled = (obs - np.asarray(stats["mean"])) / np.sqrt(np.asarray(stats["var"]) + normalizer["epsilon"])
+        shown[name] = np.clip(scaled, -normalizer["clip_obs"], normalizer["clip_obs"]).astype(obs.dtype)
+    return shown
+
+
+def _one_or_dict(feeds: dict[str, np.ndarray]):
+    """A one-input policy's array, or the Dict observation's arrays by key."""
+    return next(iter(feeds.values())) if len(feeds) == 1 else feeds
 
 
 def _user_path() -> None:
@@ -117,18 +135,27 @@ def load(spec: dict) -> tuple[Source, dict]:
     _user_path()
     source = LOADERS[spec["kind"]](spec["target"])
     if spec.get("normalize"):
-        source.normalizer = _normalizer(Path(spec["normalize"]))
-    facts = {"versions": _versions(), "action_space": source.action_space,
-             "normalizer": {k: np.asarray(v).tolist() for k, v in source.normalizer.items()} if source.normalizer else None}
+        source.normalizer = _normalizer(Path(spec["normalize"]), spec["inputs"])
+    facts = {"versions": _versions(), "action_space": source.action_space, "normalizer": _listed(source.normalizer)}
     return source, facts
 
 
+def _listed(normalizer: dict | None) -> dict | None:
+    if normalizer is None:
+        return None
+    inputs = {name: {k: np.asarray(v).tolist() for k, v in stats.items()} for name, stats in normalizer["inputs"].items()}
+    return {**normalizer, "inputs": inputs}
+
+
 def _load_sb3(target: str) -> Source:
+    import gymnasium  # SB3 depends on it: where SB3 loads, so does this
+
     package, name = sb3_algorithm(Path(target))
     model = getattr(importlib.import_module(package), name).load(target, device="cpu")
     space = model.action_space
     bounds = {"low": np.asarray(space.low).tolist(), "high": np.asarray(space.high).tolist()} if hasattr(space, "low") else None
-    return Source(lambda obs: model.predict(obs, deterministic=True)[0], bounds)
+    takes_dict = isinstance(model.observation_space, gymnasium.spaces.Dict)  # a MultiInputPolicy, even with one key
+    return Source(lambda feeds: model.predict(feeds if takes_dict else _one_or_dict(feeds), deterministic=True)[0], bounds)
 
 
 def _torch_call(module):
@@ -136,9 +163,9 @@ def _torch_call(module):
 
     module.eval()
 
-    def call(obs: np.ndarray):
+    def call(feeds: dict[str, np.ndarray]):
         with torch.no_grad():
-            answer = module(torch.as_tensor(obs, dtype=torch.float32))
+            answer = module(*(torch.as_tensor(obs, dtype=torch.float32) for obs in feeds.values()))
         answers = answer if isinstance(answer, (tuple, list)) else [answer]
         return [a.detach().cpu().numpy() for a in answers]
 
@@ -167,39 +194,68 @@ def _load_python(target: str) -> Source:
     function = getattr(importlib.import_module(module_name), attribute)
     if not callable(function):
         raise TypeError(f"{target} is {type(function).__name__}, not a callable")
-    return Source(function)
+    return Source(lambda feeds: function(_one_or_dict(feeds)))
 
 
 LOADERS = {"sb3": _load_sb3, "torch": _load_torch, "torchscript": _load_torchscript, "python": _load_python}
 
 
-def _normalizer(path: Path) -> dict:
-    """Observation statistics: an .npz with mean and var (epsilon, clip_obs optional), or SB3's
-    VecNormalize pickle (the user's own file, loaded in their interpreter like the checkpoint)."""
+def _normalizer(path: Path, inputs: list[str]) -> dict:
+    """Observation statistics by input: an .npz with mean and var for the one input, or mean/KEY and var/KEY
+    per key of a Dict observation (epsilon, clip_obs optional), or SB3's VecNormalize pickle, whose obs_rms is
+    one for a Box and one per normalised key (norm_obs_keys) for a Dict (the user's own file, loaded in
+    their interpreter like the checkpoint)."""
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as data:
             stats = {name: data[name] for name in data.files}
-        return {"mean": stats["mean"], "var": stats["var"], "epsilon": float(stats.get("epsilon", 1e-8)),
-                "clip_obs": float(stats.get("clip_obs", np.inf))}
+        if "mean" in stats:
+            per_input = {None: {"mean": stats["mean"], "var": stats["var"]}}
+        else:
+            keys = [name.removeprefix("mean/") for name in stats if name.startswith("mean/")]
+            per_input = {key: {"mean": stats[f"mean/{key}"], "var": stats[f"var/{key}"]} for key in keys}
+        if not per_input:
+            raise ValueError(f"--source-normalize {path.name}: holds no mean and var (nor mean/KEY and var/KEY per key)")
+        return _by_input(per_input, inputs, float(stats.get("epsilon", 1e-8)), float(stats.get("clip_obs", np.inf)))
     import pickle
 
     with path.open("rb") as stream:
         vec_normalize = pickle.load(stream)
     rms = vec_normalize.obs_rms
-    return {"mean": np.asarray(rms.mean), "var": np.asarray(rms.var), "epsilon": float(vec_normalize.epsilon),
-            "clip_obs": float(vec_normalize.clip_obs)}
+    per_input = {key: {"mean": np.asarray(r.mean), "var": np.asarray(r.var)} for key, r in rms.items()} \
+        if isinstance(rms, dict) else {None: {"mean": np.asarray(rms.mean), "var": np.asarray(rms.var)}}
+    return _by_input(per_input, inputs, float(vec_normalize.epsilon), float(vec_normalize.clip_obs))
 
 
-def _rows(request: dict) -> np.ndarray:
-    """The input's array by its member's exact name, as the core writes it (matrix/inputs/observations.save):
+def _by_input(per_input: dict, inputs: list[str], epsilon: float, clip_obs: float) -> dict:
+    """The statistics keyed by the model's observation inputs; one array's statistics (key None) are the one input's."""
+    if None in per_input:
+        if len(inputs) != 1:
+            raise ValueError(f"--source-normalize holds one observation's statistics; the model has the observation "
+                             f"inputs {inputs} (a Dict observation's are per key)")
+        per_input = {inputs[0]: per_input[None]}
+    unknown = sorted(set(per_input) - set(inputs))
+    if unknown:
+        raise ValueError(f"--source-normalize holds statistics for the keys {unknown}, which are not the model's "
+                         f"observation inputs {inputs}")
+    return {"inputs": per_input, "epsilon": epsilon, "clip_obs": clip_obs}
+
+
+def _rows(request: dict) -> dict[str, np.ndarray]:
+    """Each input's array by its member's exact name, as the core writes it (matrix/inputs/observations.save):
     np.load's `data["a.npy"]` is the member of an input named `a` when both are there."""
-    with zipfile.ZipFile(request["observations"]) as archive, archive.open(f"{request['input']}.npy") as member:
-        return np.lib.format.read_array(member, allow_pickle=False)
+    with zipfile.ZipFile(request["observations"]) as archive:
+        rows = {}
+        for name in request["inputs"]:
+            with archive.open(f"{name}.npy") as member:
+                rows[name] = np.lib.format.read_array(member, allow_pickle=False)
+        return rows
 
 
 def predict_file(source: Source, request: dict) -> dict:
     """Each observation alone (batch 1, as `predict` is called in deployment); outputs stacked per position."""
-    answers = [source.predict(row[None]) for row in _rows(request)]
+    rows = _rows(request)
+    count = len(next(iter(rows.values())))
+    answers = [source.predict({name: values[i:i + 1] for name, values in rows.items()}) for i in range(count)]
     stacked = {f"answer/{i}": np.stack([np.asarray(a[i]).reshape(-1) for a in answers]) for i in range(len(answers[0]))}
     np.savez(request["out"], **stacked)
     return {"answers": len(answers[0]), "rows": len(answers)}
@@ -211,8 +267,8 @@ def time_predict(source: Source, request: dict) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "targets"))
     from timing import time_calls
 
-    row = _rows(request)[:1]
-    return {"samples_ns": time_calls(lambda: source.predict(row), request["warmup"], request["iters"])}
+    first = {name: values[:1] for name, values in _rows(request).items()}
+    return {"samples_ns": time_calls(lambda: source.predict(first), request["warmup"], request["iters"])}
 
 
 def serve() -> None:
@@ -230,7 +286,8 @@ def serve() -> None:
             elif op == "load":
                 source, result = load(request["spec"])
             elif op == "predict":
-                result = [a.tolist() for a in source.predict(np.asarray(request["obs"], dtype=request["dtype"]))]
+                feeds = {name: np.asarray(values, dtype=request["dtypes"][name]) for name, values in request["obs"].items()}
+                result = [a.tolist() for a in source.predict(feeds)]
             elif op == "predict_file":
                 result = predict_file(source, request)
             else:

@@ -10,6 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from matrix.errors import InputError
 from matrix.inputs import observations
 from matrix.report import report
 from matrix.reference import source, source_runner
@@ -19,7 +20,8 @@ from matrix.run.protocol import Measurement
 from matrix.reference.reference import Reference
 from matrix.results import RunResults
 from matrix.judge.rules import Tolerances
-from matrix.reference.source_fit import DIVIDE_255, NORMALIZE, Bounds, explain, rescale
+from matrix.reference.source_fit import DIVIDE_255, NORMALIZE, Bounds, divide_255_key, explain, rescale
+import policies
 from saved import fixture_json
 
 PENDULUM = Bounds(np.array([-2.0]), np.array([2.0]))
@@ -125,8 +127,52 @@ def test_the_source_reads_its_input_by_the_members_exact_name(tmp_path):
     the other input's rows. The runner, which cannot import the tool, reads the member by its exact name too."""
     path = tmp_path / "observations.npz"
     observations.save({"a": np.zeros((3, 2), np.float32), "a.npy": np.ones((3, 2), np.float32)}, path)
-    echo = source_runner.Source(lambda obs: obs)
+    echo = source_runner.Source(lambda feeds: feeds["a.npy"])
     out = tmp_path / "answers.npz"
-    assert source_runner.predict_file(echo, {"observations": str(path), "input": "a.npy", "out": str(out)})["rows"] == 3
+    assert source_runner.predict_file(echo, {"observations": str(path), "inputs": ["a.npy"], "out": str(out)})["rows"] == 3
     with np.load(out) as answers:
         np.testing.assert_array_equal(answers["answer/0"], np.ones((3, 2)))
+
+
+# --- a Dict observation: one array per key ----------------------------------------------------------
+
+def test_a_recurrent_state_is_refused_and_several_observation_inputs_are_not(load_policy):
+    with pytest.raises(InputError, match=r"--source does not feed a recurrent policy's state; gru\.onnx carries \['h'\]"):
+        source.check_model(load_policy(policies.gru_cell(), "gru"))
+    source.check_model(load_policy(policies.side_input_policy(), "side"))  # two inputs, no state: fed as one dict
+
+
+def test_a_dict_observation_is_normalised_per_key_with_its_statistics(tmp_path):
+    """SB3's VecNormalize normalises a Dict observation's norm_obs_keys only; an .npz gives them as mean/KEY, var/KEY."""
+    path = tmp_path / "stats.npz"
+    np.savez(path, **{"mean/observation": np.array([1.0, 2.0]), "var/observation": np.array([4.0, 16.0])}, clip_obs=10.0)
+    stats = source_runner._normalizer(path, ["observation", "desired_goal"])
+    feeds = {"observation": np.array([[3.0, 6.0]], np.float32), "desired_goal": np.array([[0.5, 0.5]], np.float32)}
+    seen = source_runner.normalized(feeds, stats)
+    np.testing.assert_allclose(seen["observation"], [[1.0, 1.0]], rtol=1e-6)
+    assert seen["desired_goal"] is feeds["desired_goal"]  # a key without statistics is given as it is
+    with pytest.raises(ValueError, match=r"statistics for the keys \['observation'\], which are not the model's "):
+        source_runner._normalizer(path, ["obs"])
+    np.savez(path, mean=np.zeros(2), var=np.ones(2))
+    with pytest.raises(ValueError, match=r"holds one observation's statistics; the model has the observation inputs "):
+        source_runner._normalizer(path, ["observation", "desired_goal"])
+
+
+def test_one_key_divided_by_255_is_named_by_its_key():
+    reference, on_pixels = _tanh_outputs(), _tanh_outputs(scale=0.5)
+    transformed = {DIVIDE_255: reference * 0.3, divide_255_key("image"): on_pixels, divide_255_key("state"): reference}
+    found = explain(on_pixels, reference, TOLERANCE, PENDULUM, transformed)
+    assert found.transform == DIVIDE_255
+    assert found.text == "the source divides the observation 'image' by 255; the ONNX graph does not"
+
+
+def test_the_source_is_called_with_one_array_or_the_dict_of_arrays(tmp_path):
+    path = tmp_path / "observations.npz"
+    observations.save({"observation": np.arange(6, dtype=np.float32).reshape(3, 2), "goal": np.ones((3, 1), np.float32)}, path)
+    out = tmp_path / "answers.npz"
+    given = []
+    keyed = source_runner.Source(lambda obs: given.append(obs) or obs["observation"].sum(axis=1) + obs["goal"][:, 0])
+    source_runner.predict_file(keyed, {"observations": str(path), "inputs": ["observation", "goal"], "out": str(out)})
+    assert sorted(given[0]) == ["goal", "observation"] and given[0]["observation"].shape == (1, 2)
+    with np.load(out) as answers:
+        np.testing.assert_array_equal(answers["answer/0"], [[2.0], [6.0], [10.0]])
