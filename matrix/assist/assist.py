@@ -27,7 +27,7 @@ from ..judge import rules
 from ..judge.judge import Evidence, Judge
 from ..inputs.model import ModelInfo
 from ..run.protocol import CellInputs
-from ..reference.source import TARGET as SOURCE_TARGET
+from ..reference import SOURCE_TARGET
 from ..results import Cell, RunResults
 
 

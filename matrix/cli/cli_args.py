@@ -402,11 +402,10 @@ def tolerances(specs: list[str]):
 
 
 def _tolerance_targets() -> list[str]:
-    """What a tolerance key may name: every target and the --source column (whose module is imported here, for a
-    key only: a run without --source or tolerance keys never needs it)."""
+    """What a tolerance key may name: every target and the --source column."""
     import targets as registry
 
-    from ..reference.source import TARGET as SOURCE_TARGET
+    from ..reference import SOURCE_TARGET
 
     return [*registry.REGISTRY, SOURCE_TARGET]
 

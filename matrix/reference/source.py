@@ -45,10 +45,10 @@ from ..run.protocol import STAGES_AFTER_PARITY
 from .reference import Reference
 from ..results import Cell
 from .source_fit import DIVIDE_255, NORMALIZE, Bounds, Explanation, explain
+from . import SOURCE_TARGET
 from .source_job import FACTS_FILE
 from ..judge.judge import Evidence, Judge, parity
 
-TARGET = "source"  # the column's target name in results; its variant is the framework (sb3, torch, ...)
 FORMS = {"sb3": "PATH.zip", "torch": "MODULE:ATTR", "torchscript": "PATH.pt", "python": "MODULE:FUNC"}
 FILE_KINDS = ("sb3", "torchscript")
 LATENCY_NOTE = ("latency: the training framework's Python path (the source called per observation at batch 1 in "
@@ -264,8 +264,8 @@ def judge(spec: SourceSpec, outcome: cells.CellOutcome, facts: dict, judging: Ju
     """Export parity by the rules of any cell (behaviour decides with --env), the contract
     difference named when a transform explains it, the source's latency labelled as such."""
     m, evidence = outcome.measurement, judging.evidence
-    context = judging.judge.context(TARGET, spec.kind)
-    cell = Cell(host=judging.host, target=TARGET, variant=spec.kind, verdict="SKIP", runtime_version=m.runtime_version,
+    context = judging.judge.context(SOURCE_TARGET, spec.kind)
+    cell = Cell(host=judging.host, target=SOURCE_TARGET, variant=spec.kind, verdict="SKIP", runtime_version=m.runtime_version,
                 latency=m.latency, error=m.error, tolerance=context.tolerance.atol, rtol=context.tolerance.rtol,
                 duration_s=outcome.duration_s, notes=[LATENCY_NOTE] if m.latency else [])
     outputs = shaped_outputs(outcome.arrays, evidence.reference.outputs)
