@@ -13,7 +13,7 @@ keeps the cells as they were first judged.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -40,12 +40,17 @@ class AssistContext:
     out: Path
     limits: guarded.Limits
     env_for: object  # Services.env_for: the run's shared services (one browser)
+    candidates: dict[str, ModelInfo] = field(default_factory=dict)  # --candidate, by file name
+
+    def model_of(self, cell: Cell) -> ModelInfo:
+        """The model the cell ran: the first one, or its candidate."""
+        return self.candidates[cell.candidate] if cell.candidate else self.model
 
 
 def after_cells(results: RunResults, context: AssistContext, diagnose_cells: bool, assist: bool, console: Console) -> None:
     for cell in results.cells:
-        _explain(cell, context.model)
-        _explain_drift(cell, context.model)
+        _explain(cell, context.model_of(cell))
+        _explain_drift(cell, context.model_of(cell))
     # Diagnosis and preparations rerun the first model (the context's): a candidate's cells are not what
     # they would explain. Both run under the cell's own settings. The --source column is the training
     # framework, not a runtime: no graph preparation changes what it computes.
