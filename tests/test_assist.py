@@ -539,6 +539,20 @@ def test_signed_int8_weights_on_an_x86_cpu_without_vnni_name_the_saturation_and_
         assert cell.diagnosis.first.op_type == "Cast", cell.diagnosis
 
 
+@pytest.mark.skipif(not int8_weights.saturating_cpu(), reason="this CPU has VNNI (or is not x86-64): onnxruntime's u8s8 kernels do not saturate here")
+def test_a_user_int8_candidate_drifting_on_ort_cpu_names_the_saturation_too(tmp_path, policy_matrix):
+    """The same int8 model as a --candidate beside its fp32 original (how a user weighs shipping it) FAILed on
+    ort-cpu by ~0.3 with no cause: only the first model's cells were read for it."""
+    candidate = _quantized_mlp(tmp_path, "dynamic")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", examples.path("continuous_mlp"), "--candidate", candidate, "--targets", "ort-cpu",
+                          "--precisions", "fp32", "--diagnose", "--out", out, "--iters", "5", "--warmup", "1"])
+    assert done.returncode == 1, done.stderr
+    first, cell = sorted(schema.load(out / "results.json").cells, key=lambda c: c.candidate)
+    assert cell.verdict == "FAIL" and any(r.startswith("cause: onnxruntime's x86-64 kernels") for r in cell.reasons), cell.reasons
+    assert not any(r.startswith("cause:") for r in first.reasons), first.reasons
+
+
 @pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
 def test_drift_that_only_batches_above_1_have_is_said_with_the_batch_it_appears_at(tmp_path, policy_matrix):
     """onnx2tf converts SB3's two-input Flatten+Concat exact at batch 1 and wrong above it: the cell said only its

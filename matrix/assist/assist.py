@@ -84,8 +84,9 @@ def _explain(cell: Cell, model: ModelInfo) -> None:
 
 
 def _explain_drift(cell: Cell, model: ModelInfo) -> None:
-    """A known cause of drift read from the model and this host (the first model's cells only)."""
-    if not (cell.configuration.first_model_as_exported and diagnose.wants_diagnosis(cell)):
+    """A known cause of drift read from the cell's model (the first or a candidate, as given) and this host."""
+    ran_here_as_given = not (cell.configuration.preparation or cell.configuration.device)
+    if not (ran_here_as_given and diagnose.wants_diagnosis(cell)):
         return
     from . import int8_weights  # here: a plain run, where nothing drifts, never imports it
 
