@@ -227,7 +227,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: boo
     counts = {v: sum(c.verdict == v for c in results.cells) for v in schema.VERDICTS}
     if _verbosity() > 0:
         for cell in results.cells:
-            console.print(escape(f"{cell.verdict:4} {cell.target} {cell.variant}: {'; '.join(cell.reasons)}"), highlight=False)
+            console.print(escape(f"{cell.verdict:4} {cell.configuration.label}: {'; '.join(cell.reasons)}"), highlight=False)
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
     for line in summary_lines(results):
         console.print(escape(line), highlight=False)
