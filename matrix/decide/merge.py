@@ -61,7 +61,17 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
     merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
     merged.required_on = _required_on(shards)
     merged.variant_errors = _variant_errors(shards)
+    merged.lints = _lints(shards)
     return merged
+
+
+def _lints(shards) -> list[schema.LintResult]:
+    """Every shard's lints, each once, in shard order: the model is the same, but a shard's --candidate adds its
+    own lint, and a shard of an older release lacks lints added since."""
+    lints: list[schema.LintResult] = []
+    for _, shard in shards:
+        lints += [lint for lint in shard.lints if lint not in lints]
+    return lints
 
 
 def _required_on(shards) -> dict[str, list[str]]:

@@ -188,6 +188,18 @@ def test_shards_of_other_hosts_add_their_host(shard, tmp_path):
     assert len(merged.cells) == 2 * len(shard.cells)
 
 
+def test_the_merge_keeps_every_shards_lints_once(shard, tmp_path):
+    """A shard that ran a --candidate carries its precision lint ('candidate NAME: computes in int8 as given'),
+    and a shard from an older release lacks lints added since: the merge kept only the first shard's lints."""
+    old, new = shard.model_copy(deep=True), _on_host(shard, "new")
+    old.lints = [lint for lint in old.lints if lint.id != "precision"]
+    candidate = schema.LintResult(id="precision", level="warn", message="candidate student.onnx: computes in int8 as given")
+    new.lints.append(candidate)
+    merged = merge([_save(old, tmp_path / "old"), _save(new, tmp_path / "new")])
+    assert merged.lints == [*old.lints, *[lint for lint in new.lints if lint not in old.lints]]
+    assert candidate in merged.lints and len(merged.lints) == len(new.lints)
+
+
 def _on_host(shard: schema.RunResults, label: str) -> schema.RunResults:
     other = shard.model_copy(deep=True)
     for cell in other.cells:
