@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, sb3_multi_input_like, sb3_pendulum_like, write
+from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, pixels_and_state_like, sb3_multi_input_like, sb3_pendulum_like, write
 from web_fixtures import softsign_mlp
 
 import targets
@@ -568,6 +568,23 @@ def test_drift_that_only_batches_above_1_have_is_said_with_the_batch_it_appears_
     assert re.search(r"drifts [\d.e+-]+ alone \(batch 1\) and [\d.e+-]+ in the batch of 64 \(batch 2: [\d.e+-]+, batch 7: ", said), tflite.reasons
     assert ("--assist's simplify makes one" in said) and ("simplify", "PASS") in [(f.preparation, f.verdict) for f in tflite.fixes]
     assert ort_cpu.verdict == "PASS" and not any(r.startswith("batch handling") for r in ort_cpu.reasons)
+
+
+@pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
+def test_a_fix_that_makes_a_cell_warn_is_said_as_the_fix_the_decision_ships(tmp_path, policy_matrix):
+    """A Dict policy's image + state on tflite FAILs in XNNPack's reshape; simplify's fixed batch 1 runs it, a WARN
+    (its Cast on builtin kernels). The cell said 'fix: none found by --assist (tried: simplify)' while the decision
+    shipped it 'after simplify': the cell says the fix and its WARN."""
+    model = write(pixels_and_state_like(), tmp_path, "pixels_and_state")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "tflite", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    results = schema.load(out / "results.json")
+    cell = results.cells[0]
+    assert cell.verdict == "FAIL" and [(f.preparation, f.verdict) for f in cell.fixes] == [("simplify", "WARN")], cell.reasons
+    assert results.decision[0].chosen.fix == "simplify", results.decision
+    said = next((r for r in cell.reasons if r.startswith("fix: ")), "")
+    assert said.startswith("fix: simplify makes it WARN (") and cell.fixes[0].reasons[0] in said, cell.reasons
 
 
 @pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))

@@ -125,10 +125,14 @@ def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
     except Exception as error:  # the tool's own failure, never the runtime's verdict
         cell.reasons.append(f"graph preparations could not be tried (policy-matrix): {type(error).__name__}: {error}")
         return
-    fixed = next((f for f in cell.fixes if f.verdict in preparations.FIXED), None)
+    # A WARN is no fix to stop at (preparations.FIXED) but one the decision ships when nothing better came of it.
+    fixed = next((f for f in cell.fixes if f.verdict in preparations.FIXED), None) or \
+        next((f for f in cell.fixes if f.verdict == "WARN"), None)
     if fixed:
         judged_on = f"; {rules.FIX_JUDGED_ON}" if context.template.rollout else ""
-        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx}{judged_on})")
+        warned = "".join(f"; {reason}" for reason in fixed.reasons) if fixed.verdict == "WARN" else ""
+        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx}"
+                            f"{warned}{judged_on})")
     elif cell.fixes:
         cell.reasons.append(f"fix: none found by --assist (tried: {', '.join(f.preparation for f in cell.fixes)})")
     else:
