@@ -464,7 +464,8 @@ def test_a_model_saved_at_an_ir_version_the_runtime_predates_names_both_versions
 
 def test_a_candidates_known_message_is_explained_from_the_candidates_own_graph(tmp_path, policy_matrix):
     """A candidate at opset 21 saved at IR 14 was told its opsets were the first model's ("ai.onnx 17 need only
-    IR 8"): the cause read the first model's graph. Its cause reads its own: opset 21 needs IR 10."""
+    IR 8"): the cause read the first model's graph. Its cause reads its own: opset 21 needs IR 10. The job
+    summary's Why said the runtime's message alone: the cause is there too."""
     from onnx import version_converter
 
     proto = version_converter.convert_version(examples.continuous_mlp(), 21)
@@ -477,6 +478,7 @@ def test_a_candidates_known_message_is_explained_from_the_candidates_own_graph(t
     cell = next(c for c in schema.load(out / "results.json").cells if c.candidate)
     assert ("cause: this onnxruntime reads ONNX files up to IR version 13 and the model is saved at IR 14, while its "
             "opsets (ai.onnx 21) need only IR 10: set the model's ir_version to 10 before saving") in cell.reasons, cell.reasons
+    assert md("cause: this onnxruntime reads ONNX files up to IR version 13") in (out / "summary.md").read_text()
 
 
 def _quantized_mlp(tmp_path: Path, how: str) -> Path:
