@@ -171,7 +171,7 @@ def merge(shards, out, **values):
 
     ending = args.ENDING.parse(values)
     baseline = _baseline(ending["baseline"])
-    merged = merge_shards(list(shards), ending["allow_different_inputs"])
+    merged = merge_shards(list(shards), ending["allow_different_inputs"], out)
     merged.decision = Request.recorded(merged.run_options).decide(merged)  # the first shard's budgets, over every host's cells
     with lock_out(outdir.claim(out)):  # never replace the report of a run still writing there
         _finish(merged, out, ending["fail_on"], baseline, ending["thresholds"],
