@@ -9,6 +9,7 @@
   Reshape) and a clamp to the action bounds as Max/Min with constants.
 - `jax2onnx_like`: opset 23, IR 10, MatMul + separate Add, a Cast, as jax2onnx exports.
 - `sb3_multi_input_like`: SB3's MultiInputPolicy (two inputs flattened and concatenated) before an MLP.
+- `pixels_and_state_like`: a Dict policy's uint8 image (cast, scaled by 1/255) beside a float state.
 """
 
 from __future__ import annotations
@@ -126,4 +127,26 @@ def sb3_multi_input_like() -> onnx.ModelProto:
     ]
     return _finish(nodes, "sb3_multi_input_like", [helper.make_tensor_value_info("pos", TensorProto.FLOAT, ["batch", 3]),
                                                    helper.make_tensor_value_info("vel", TensorProto.FLOAT, ["batch", 2])],
+                   [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])], inits)
+
+
+def pixels_and_state_like() -> onnx.ModelProto:
+    """image uint8[B,1,8,8] -> Cast -> Div 255 -> Flatten, state[B,4] -> Concat -> Gemm/Tanh x2 -> action[B,2].
+    onnx2tf 1.29.24's conversion fails to reshape in XNNPack at a symbolic batch; at a fixed batch 1 it runs, its
+    Cast and the inserted Transpose on builtin kernels."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(255, np.float32), "c255"), _tensor(rng, "W1", 32, 68),
+             _tensor(rng, "b1", 32, scale=0.1), _tensor(rng, "W2", 2, 32), _tensor(rng, "b2", 2, scale=0.1)]
+    nodes = [
+        helper.make_node("Cast", ["image"], ["image_f"], name="/image/Cast", to=TensorProto.FLOAT),
+        helper.make_node("Div", ["image_f", "c255"], ["image_scaled"], name="/image/Div"),
+        helper.make_node("Flatten", ["image_scaled"], ["image_flat"], name="/image/Flatten", axis=1),
+        helper.make_node("Concat", ["image_flat", "state"], ["features"], name="/features/Concat", axis=1),
+        helper.make_node("Gemm", ["features", "W1", "b1"], ["h0"], name="/pi/0/Gemm", transB=1),
+        helper.make_node("Tanh", ["h0"], ["a0"], name="/pi/1/Tanh"),
+        helper.make_node("Gemm", ["a0", "W2", "b2"], ["h1"], name="/mu/Gemm", transB=1),
+        helper.make_node("Tanh", ["h1"], ["action"], name="/mu/Tanh"),
+    ]
+    return _finish(nodes, "pixels_and_state_like", [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", 1, 8, 8]),
+                                                    helper.make_tensor_value_info("state", TensorProto.FLOAT, ["batch", 4])],
                    [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])], inits)

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, sb3_multi_input_like, sb3_pendulum_like, write
+from assist_fixtures import fp16_overflow_mlp, jax2onnx_like, pixels_and_state_like, sb3_multi_input_like, sb3_pendulum_like, write
 from web_fixtures import softsign_mlp
 
 import targets
@@ -462,6 +462,25 @@ def test_a_model_saved_at_an_ir_version_the_runtime_predates_names_both_versions
     assert [(f.preparation, f.verdict) for f in cell.fixes] == [("opset17", "PASS")], cell.reasons
 
 
+def test_a_candidates_known_message_is_explained_from_the_candidates_own_graph(tmp_path, policy_matrix):
+    """A candidate at opset 21 saved at IR 14 was told its opsets were the first model's ("ai.onnx 17 need only
+    IR 8"): the cause read the first model's graph. Its cause reads its own: opset 21 needs IR 10. The job
+    summary's Why said the runtime's message alone: the cause is there too."""
+    from onnx import version_converter
+
+    proto = version_converter.convert_version(examples.continuous_mlp(), 21)
+    proto.ir_version = 14
+    candidate = write(proto, tmp_path, "ir14")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", examples.path("continuous_mlp"), "--candidate", candidate, "--targets", "ort-node",
+                          "--precisions", "fp32", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    cell = next(c for c in schema.load(out / "results.json").cells if c.candidate)
+    assert ("cause: this onnxruntime reads ONNX files up to IR version 13 and the model is saved at IR 14, while its "
+            "opsets (ai.onnx 21) need only IR 10: set the model's ir_version to 10 before saving") in cell.reasons, cell.reasons
+    assert md("cause: this onnxruntime reads ONNX files up to IR version 13") in (out / "summary.md").read_text()
+
+
 def _quantized_mlp(tmp_path: Path, how: str) -> Path:
     """The bundled MLP quantized by onnxruntime.quantization as a user does: dynamic with signed weights (QInt8),
     or static QDQ at its defaults (S8S8)."""
@@ -522,6 +541,23 @@ def test_signed_int8_weights_on_an_x86_cpu_without_vnni_name_the_saturation_and_
         assert cell.diagnosis.first.op_type == "Cast", cell.diagnosis
 
 
+@pytest.mark.skipif(not int8_weights.saturating_cpu(), reason="this CPU has VNNI (or is not x86-64): onnxruntime's u8s8 kernels do not saturate here")
+def test_a_user_int8_candidate_drifting_on_ort_cpu_names_the_saturation_too(tmp_path, policy_matrix):
+    """The same int8 model as a --candidate beside its fp32 original (how a user weighs shipping it) FAILed on
+    ort-cpu by ~0.3 with no cause: only the first model's cells were read for it. --assist prepares the first
+    model only, so the cause says how to reach u8-weights for this one."""
+    candidate = _quantized_mlp(tmp_path, "dynamic")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", examples.path("continuous_mlp"), "--candidate", candidate, "--targets", "ort-cpu",
+                          "--precisions", "fp32", "--diagnose", "--out", out, "--iters", "5", "--warmup", "1"])
+    assert done.returncode == 1, done.stderr
+    first, cell = sorted(schema.load(out / "results.json").cells, key=lambda c: c.candidate)
+    cause = next((r for r in cell.reasons if r.startswith("cause: onnxruntime's x86-64 kernels")), "")
+    assert cell.verdict == "FAIL" and cause.endswith("(--assist's u8-weights stores the same weights unsigned, "
+                                                     "with dynamic.onnx as the model)"), cell.reasons  # it prepares the first model
+    assert not any(r.startswith("cause:") for r in first.reasons), first.reasons
+
+
 @pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
 def test_drift_that_only_batches_above_1_have_is_said_with_the_batch_it_appears_at(tmp_path, policy_matrix):
     """onnx2tf converts SB3's two-input Flatten+Concat exact at batch 1 and wrong above it: the cell said only its
@@ -537,6 +573,23 @@ def test_drift_that_only_batches_above_1_have_is_said_with_the_batch_it_appears_
     assert re.search(r"drifts [\d.e+-]+ alone \(batch 1\) and [\d.e+-]+ in the batch of 64 \(batch 2: [\d.e+-]+, batch 7: ", said), tflite.reasons
     assert ("--assist's simplify makes one" in said) and ("simplify", "PASS") in [(f.preparation, f.verdict) for f in tflite.fixes]
     assert ort_cpu.verdict == "PASS" and not any(r.startswith("batch handling") for r in ort_cpu.reasons)
+
+
+@pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
+def test_a_fix_that_makes_a_cell_warn_is_said_as_the_fix_the_decision_ships(tmp_path, policy_matrix):
+    """A Dict policy's image + state on tflite FAILs in XNNPack's reshape; simplify's fixed batch 1 runs it, a WARN
+    (its Cast on builtin kernels). The cell said 'fix: none found by --assist (tried: simplify)' while the decision
+    shipped it 'after simplify': the cell says the fix and its WARN."""
+    model = write(pixels_and_state_like(), tmp_path, "pixels_and_state")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "tflite", "--precisions", "fp32", "--assist", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    results = schema.load(out / "results.json")
+    cell = results.cells[0]
+    assert cell.verdict == "FAIL" and [(f.preparation, f.verdict) for f in cell.fixes] == [("simplify", "WARN")], cell.reasons
+    assert results.decision[0].chosen.fix == "simplify", results.decision
+    said = next((r for r in cell.reasons if r.startswith("fix: ")), "")
+    assert said.startswith("fix: simplify makes it WARN (") and cell.fixes[0].reasons[0] in said, cell.reasons
 
 
 @pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))

@@ -92,6 +92,19 @@ def test_quiet_prints_nothing_and_verbose_names_each_cell(tmp_path):
     assert verbose.returncode == 0 and "PASS ort-cpu fp32" in verbose.stderr
 
 
+def test_verbose_reasons_name_the_cell_by_every_axis(tmp_path):
+    """With a candidate and a settings grid, '-v' printed 'PASS ort-cpu fp32: ...' for each of four cells: which
+    model and which settings each reason was about was left out."""
+    student = tmp_path / "student.onnx"
+    student.write_bytes(MLP.read_bytes())
+    verbose = run_cli("-v", "run", MLP, "--candidate", student, "--targets", "ort-cpu", "--precisions", "fp32",
+                      "--settings", "ort-cpu:threads=1,2", "--iters", "5", "--warmup", "1", "--out", tmp_path / "v")
+    assert verbose.returncode == 0, verbose.stderr
+    named = {line.split(":")[0] for line in verbose.stderr.splitlines() if line.startswith("PASS ort-cpu")}
+    assert named == {"PASS ort-cpu fp32 threads=1", "PASS ort-cpu fp32 threads=2",
+                     "PASS ort-cpu fp32 student.onnx threads=1", "PASS ort-cpu fp32 student.onnx threads=2"}, verbose.stderr
+
+
 def test_targets_by_glob_and_skip(tmp_path, policy_matrix):
     done = policy_matrix(["run", MLP, "--targets", "ort-*", "--skip", "ort-web-*,ort-node,ort-cuda*,ort-coreml",
                           "--precisions", "fp32", "--iters", "5", "--warmup", "1", "--out", tmp_path])

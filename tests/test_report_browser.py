@@ -197,6 +197,22 @@ def test_the_ship_table_comes_first_and_fits_1280_pixels(page, settings_grid_rep
     assert summary.index("| target | ships |") < summary.index("| target | fp32 |")  # first table of the job summary
 
 
+def test_the_ship_tables_return_interval_stays_in_its_column(page, tmp_path):
+    """Under --env the Δ return column holds the mean and its paired interval ('+0.00438 [-0.00753, +0.0163]'),
+    which ran over the p50 / p99 beside it: the column's cells were unwrapped in a fixed-layout table."""
+    import rollout_policies
+
+    model = rollout_policies.pendulum(tmp_path / "pendulum.onnx")
+    done = run_cli("run", model, "--targets", "ort-cpu", "--variants", "fp32,int8", "--env", "Pendulum-v1", "--episodes", "3",
+                   "--iters", "5", "--warmup", "1", "--out", tmp_path / "report")
+    assert done.returncode == 0, done.stderr
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto((tmp_path / "report" / "index.html").as_uri())
+    delta = page.locator("#ship-table tr.ship-row td").nth(3)
+    assert "[" in delta.inner_text()  # the interval is there
+    assert delta.evaluate("td => td.scrollWidth <= td.clientWidth"), delta.inner_text()
+
+
 def test_a_long_chart_label_stays_inside_the_chart_and_whole_on_hover(page):
     """A row label is right-aligned at the plot's edge: a nightly host label of 90 characters ran off the SVG's
     left edge, and '…hosted-pool-number-seven · ort-cpu fp32' no longer said which host it was."""

@@ -13,7 +13,7 @@ keeps the cells as they were first judged.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -40,12 +40,17 @@ class AssistContext:
     out: Path
     limits: guarded.Limits
     env_for: object  # Services.env_for: the run's shared services (one browser)
+    candidates: dict[str, ModelInfo] = field(default_factory=dict)  # --candidate, by file name
+
+    def model_of(self, cell: Cell) -> ModelInfo:
+        """The model the cell ran: the first one, or its candidate."""
+        return self.candidates[cell.candidate] if cell.candidate else self.model
 
 
 def after_cells(results: RunResults, context: AssistContext, diagnose_cells: bool, assist: bool, console: Console) -> None:
     for cell in results.cells:
-        _explain(cell, context.model)
-        _explain_drift(cell, context.model)
+        _explain(cell, context.model_of(cell))
+        _explain_drift(cell, context.model_of(cell))
     # Diagnosis and preparations rerun the first model (the context's): a candidate's cells are not what
     # they would explain. Both run under the cell's own settings. The --source column is the training
     # framework, not a runtime: no graph preparation changes what it computes.
@@ -79,8 +84,9 @@ def _explain(cell: Cell, model: ModelInfo) -> None:
 
 
 def _explain_drift(cell: Cell, model: ModelInfo) -> None:
-    """A known cause of drift read from the model and this host (the first model's cells only)."""
-    if not (cell.configuration.first_model_as_exported and diagnose.wants_diagnosis(cell)):
+    """A known cause of drift read from the cell's model (the first or a candidate, as given) and this host."""
+    ran_here_as_given = not (cell.configuration.preparation or cell.configuration.device)
+    if not (ran_here_as_given and diagnose.wants_diagnosis(cell)):
         return
     from . import int8_weights  # here: a plain run, where nothing drifts, never imports it
 
@@ -119,10 +125,14 @@ def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
     except Exception as error:  # the tool's own failure, never the runtime's verdict
         cell.reasons.append(f"graph preparations could not be tried (policy-matrix): {type(error).__name__}: {error}")
         return
-    fixed = next((f for f in cell.fixes if f.verdict in preparations.FIXED), None)
+    # A WARN is no fix to stop at (preparations.FIXED) but one the decision ships when nothing better came of it.
+    fixed = next((f for f in cell.fixes if f.verdict in preparations.FIXED), None) or \
+        next((f for f in cell.fixes if f.verdict == "WARN"), None)
     if fixed:
         judged_on = f"; {rules.FIX_JUDGED_ON}" if context.template.rollout else ""
-        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx}{judged_on})")
+        warned = "".join(f"; {reason}" for reason in fixed.reasons) if fixed.verdict == "WARN" else ""
+        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx}"
+                            f"{warned}{judged_on})")
     elif cell.fixes:
         cell.reasons.append(f"fix: none found by --assist (tried: {', '.join(f.preparation for f in cell.fixes)})")
     else:

@@ -103,7 +103,8 @@ def saturating_cpu() -> str:
 
 def saturation_reason(cell: Cell, proto: onnx.ModelProto) -> str | None:
     """The cause line for a drifting cell of `proto` (the caller knows it drifts) on onnxruntime's CPU kernels,
-    when the model has signed 8-bit weights and this CPU's U8S8 kernels saturate; None otherwise."""
+    when the model has signed 8-bit weights and this CPU's U8S8 kernels saturate; None otherwise. --assist
+    prepares the first model only: a candidate's line says to run it as the model."""
     if not cell.target.startswith(SATURATING_TARGETS):
         return None
     nodes = [node.name or node.output[0] for node, _, _ in signed_weights(proto)]
@@ -113,4 +114,5 @@ def saturation_reason(cell: Cell, proto: onnx.ModelProto) -> str | None:
     shown = ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
     return (f"cause: onnxruntime's x86-64 kernels for 8-bit activations x signed 8-bit weights (U8S8, VPMADDUBSW) "
             f"saturate on CPUs without VNNI, as this one ({cpu}), and this model's weights are signed int8 "
-            f"(nodes: {shown}): {GUIDE} (--assist's u8-weights stores the same weights unsigned)")
+            f"(nodes: {shown}): {GUIDE} (--assist's u8-weights stores the same weights unsigned"
+            f"{f', with {cell.candidate} as the model' if cell.candidate else ''})")

@@ -171,7 +171,7 @@ def merge(shards, out, **values):
 
     ending = args.ENDING.parse(values)
     baseline = _baseline(ending["baseline"])
-    merged = merge_shards(list(shards), ending["allow_different_inputs"])
+    merged = merge_shards(list(shards), ending["allow_different_inputs"], out)
     merged.decision = Request.recorded(merged.run_options).decide(merged)  # the first shard's budgets, over every host's cells
     with lock_out(outdir.claim(out)):  # never replace the report of a run still writing there
         _finish(merged, out, ending["fail_on"], baseline, ending["thresholds"],
@@ -227,7 +227,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: boo
     counts = {v: sum(c.verdict == v for c in results.cells) for v in schema.VERDICTS}
     if _verbosity() > 0:
         for cell in results.cells:
-            console.print(escape(f"{cell.verdict:4} {cell.target} {cell.variant}: {'; '.join(cell.reasons)}"), highlight=False)
+            console.print(escape(f"{cell.verdict:4} {cell.configuration.label}: {'; '.join(cell.reasons)}"), highlight=False)
     console.print(" ".join(f"{k} {n}" for k, n in counts.items()))
     for line in summary_lines(results):
         console.print(escape(line), highlight=False)

@@ -435,11 +435,18 @@ def evidence(choice: DecisionChoice) -> str:
 
 def return_delta_text(choice: DecisionChoice) -> str:
     """e.g. "+0.3 [-1.2, +1.8]": the mean paired return difference and its interval, when there is one."""
+    mean, bounds = return_delta_parts(choice)
+    return f"{mean} [{bounds[0]}, {bounds[1]}]" if bounds else mean
+
+
+def return_delta_parts(choice: DecisionChoice) -> tuple[str, tuple[str, ...]]:
+    """("+0.3", ("-1.2", "+1.8")): the mean paired return difference ("–" when none) and its interval's bounds
+    (none when there is no interval)."""
     if choice.return_delta is None:
-        return "–"
-    interval = (f" [{choice.return_delta_low:+.3g}, {choice.return_delta_high:+.3g}]"
-                if choice.return_delta_low is not None and choice.return_delta_high is not None else "")
-    return f"{choice.return_delta:+.3g}{interval}"
+        return "–", ()
+    if choice.return_delta_low is None or choice.return_delta_high is None:
+        return f"{choice.return_delta:+.3g}", ()
+    return f"{choice.return_delta:+.3g}", (f"{choice.return_delta_low:+.3g}", f"{choice.return_delta_high:+.3g}")
 
 
 def shipped_as(choice: DecisionChoice, model_name: str) -> str:

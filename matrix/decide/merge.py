@@ -10,6 +10,7 @@ is silently overwritten.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 from .. import results as schema
@@ -24,10 +25,15 @@ def shard_path(path: Path) -> Path:
     return path / "results.json" if path.is_dir() else path
 
 
-def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults:
+def merge(paths: list[Path], allow_different_inputs: bool = False, out: Path | None = None) -> RunResults:
+    """The shards as one RunResults; with `out`, the merged report's folder, the files a shard saved beside its
+    own report (--assist's fixes) are named from there."""
     if not paths:
         raise InputError("merge needs at least one shard (a results.json or its report folder)")
     shards = [(shard_path(p), schema.load(shard_path(p))) for p in paths]
+    if out is not None:
+        for path, shard in shards:
+            _rebase_files(shard, path.parent, Path(out))
     first_path, merged = shards[0]
     merged = merged.model_copy(deep=True, update={"created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
     merged.run_options = {**_shared_options(shards), "shards": [str(p) for p, _ in shards]}
@@ -61,7 +67,23 @@ def merge(paths: list[Path], allow_different_inputs: bool = False) -> RunResults
     merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
     merged.required_on = _required_on(shards)
     merged.variant_errors = _variant_errors(shards)
+    merged.lints = _lints(shards)
     return merged
+
+
+def _lints(shards) -> list[schema.LintResult]:
+    """Every shard's lints, each once, in shard order: the model is the same, but a shard's --candidate adds its
+    own lint, and a shard of an older release lacks lints added since."""
+    lints: list[schema.LintResult] = []
+    for _, shard in shards:
+        lints += [lint for lint in shard.lints if lint not in lints]
+    return lints
+
+
+def _rebase_files(shard: RunResults, folder: Path, out: Path) -> None:
+    """A prepared fix is named relative to its report's folder: the shard's, which the merged report is not."""
+    for fix in (fix for cell in shard.cells for fix in cell.fixes if fix.prepared_onnx):
+        fix.prepared_onnx = Path(os.path.relpath(folder.absolute() / fix.prepared_onnx, out.absolute())).as_posix()
 
 
 def _required_on(shards) -> dict[str, list[str]]:

@@ -353,8 +353,8 @@ def summary_markdown(results: RunResults) -> str:
 
 
 def _why(cell: Cell) -> list[str]:
-    """A cell's first reason, and what --diagnose and --assist found about it."""
-    found = [r for r in cell.reasons[1:] if r.startswith(("first divergent node", "diagnosis", "fix:"))]
+    """A cell's first reason, its named cause, and what --diagnose and --assist found about it."""
+    found = [r for r in cell.reasons[1:] if r.startswith(("cause:", "batch handling:", "first divergent node", "diagnosis", "fix:"))]
     return cell.reasons[:1] + found
 
 

@@ -33,7 +33,7 @@ def context(results: RunResults) -> dict:
         "order_line": decide.order_line,
         "evidence": decide.evidence,
         "size_text": decide.size_text,
-        "return_delta_text": decide.return_delta_text,
+        "return_delta_parts": decide.return_delta_parts,
         "cell_name": lambda cell: cell.candidate or name,
         "quality_axis": "|return delta|" if behaviour else "max drift",
         "budgets_given": list(decide.Request.recorded(results.run_options).budget_specs),

@@ -230,7 +230,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
 
         # Diagnosis and fix attempts are judged on parity: they carry no rollout plan (no episodes driven for nothing).
         context = assist.AssistContext(config.model, template, judge,
-                                       Evidence(config.model, ref, dev_runtime), config.out, config.limits, services.env_for)
+                                       Evidence(config.model, ref, dev_runtime), config.out, config.limits, services.env_for,
+                                       {c.path.name: c for c in config.candidates})
         assist.after_cells(results, context, config.diagnose, config.assist, console)
     except KeyboardInterrupt as interrupt:  # keep what was measured: the report is written from the finished cells
         results.interrupted = Interruption(after_cells=len(results.cells),

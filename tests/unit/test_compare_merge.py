@@ -188,6 +188,28 @@ def test_shards_of_other_hosts_add_their_host(shard, tmp_path):
     assert len(merged.cells) == 2 * len(shard.cells)
 
 
+def test_the_merge_keeps_every_shards_lints_once(shard, tmp_path):
+    """A shard that ran a --candidate carries its precision lint ('candidate NAME: computes in int8 as given'),
+    and a shard from an older release lacks lints added since: the merge kept only the first shard's lints."""
+    old, new = shard.model_copy(deep=True), _on_host(shard, "new")
+    old.lints = [lint for lint in old.lints if lint.id != "precision"]
+    candidate = schema.LintResult(id="precision", level="warn", message="candidate student.onnx: computes in int8 as given")
+    new.lints.append(candidate)
+    merged = merge([_save(old, tmp_path / "old"), _save(new, tmp_path / "new")])
+    assert merged.lints == [*old.lints, *[lint for lint in new.lints if lint not in old.lints]]
+    assert candidate in merged.lints and len(merged.lints) == len(new.lints)
+
+
+def test_a_fix_file_a_shard_saved_is_named_from_the_merged_report(shard, tmp_path):
+    """A shard's --assist fix is saved beside that shard's report ('fixes/HOST-TARGET-fp32/opset17.onnx'); the
+    merged report, elsewhere, named the same relative path, where no file is."""
+    assisted = _on_host(shard, "assisted")
+    _cell(assisted).fixes = [schema.FixAttempt(preparation="opset17", verdict="PASS", prepared_onnx="fixes/c/opset17.onnx")]
+    merged = merge([_save(shard, tmp_path / "shards" / "a"), _save(assisted, tmp_path / "shards" / "b")], out=tmp_path / "merged")
+    fixed = next(cell for cell in merged.cells if cell.fixes)
+    assert (tmp_path / "merged" / fixed.fixes[0].prepared_onnx).resolve() == tmp_path / "shards" / "b" / "fixes" / "c" / "opset17.onnx"
+
+
 def _on_host(shard: schema.RunResults, label: str) -> schema.RunResults:
     other = shard.model_copy(deep=True)
     for cell in other.cells:
