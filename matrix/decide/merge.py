@@ -1,7 +1,8 @@
 """Shards from several hosts -> one RunResults, the host a column of every table.
 
 Shards must describe the same model (sha256) in the same schema version, measured on
-the same inputs and judged alike (compare.input_differences; --allow-different-inputs). One
+the same inputs and judged alike (compare.input_differences; --allow-different-inputs), down to the
+tolerance each configuration's cells were judged at (a release's rule may change it). One
 host may have several shards (one CI job per target group on identical runners)
 as long as they hold disjoint cells: a cell in two shards is refused, so no cell
 is silently overwritten.
@@ -16,7 +17,7 @@ from pathlib import Path
 from .. import results as schema
 from .compare import COMPARED_OPTIONS, checked_inputs
 from ..errors import InputError
-from ..results import RunResults
+from ..results import Cell, RunResults
 
 
 def shard_path(path: Path) -> Path:
@@ -68,7 +69,39 @@ def merge(paths: list[Path], allow_different_inputs: bool = False, out: Path | N
     merged.required_on = _required_on(shards)
     merged.variant_errors = _variant_errors(shards)
     merged.lints = _lints(shards)
+    _judged_alike(merged, cells, allow_different_inputs)
     return merged
+
+
+def _judged_alike(merged: RunResults, shard_of: dict, allowed: bool) -> None:
+    """One configuration's cells on several hosts judged at different tolerances (a release before 05637b2 judged a
+    user's int8 model at fp32's) are verdicts of different rules: refused, or with --allow-different-inputs said
+    by a lint and, on each such cell, what the other host judged it at."""
+    first: dict[tuple, Cell] = {}
+    drifted = (cell for cell in merged.cells if cell.parity)  # a cell with no parity was judged on no tolerance
+    differing = [(first[cell.configuration.key], cell) for cell in drifted
+                 if _judged_differently(first.setdefault(cell.configuration.key, cell), cell)]
+    if not differing:
+        return
+    (earlier, later), more = differing[0], len(differing) - 1
+    said = (f"{shard_of[earlier.key]} and {shard_of[later.key]} judged alike cells at different tolerances: "
+            f"{later.configuration.label} at {_tolerance(earlier)} on {earlier.host} vs {_tolerance(later)} on "
+            f"{later.host}" + (f" (and {more} more)" if more else ""))
+    if not allowed:
+        raise InputError(f"{said}; rerun the older shard with this release, or pass --allow-different-inputs")
+    merged.lints.append(schema.LintResult(id="tolerances", level="warn", message=f"{said}: their verdicts follow different rules"))
+    for earlier, later in differing:
+        earlier.notes.append(f"judged at {_tolerance(earlier)} here; {later.host} judged this configuration at {_tolerance(later)}")
+        later.notes.append(f"judged at {_tolerance(later)} here; {earlier.host} judged this configuration at {_tolerance(earlier)}")
+
+
+def _judged_differently(first: Cell, second: Cell) -> bool:
+    """A part of the tolerance a cell did not record (an older shard's rtol) cannot be told apart."""
+    return any(a is not None and b is not None and a != b for a, b in ((first.tolerance, second.tolerance), (first.rtol, second.rtol)))
+
+
+def _tolerance(cell: Cell) -> str:
+    return " + ".join(f"{name} {value:g}" for name, value in (("atol", cell.tolerance), ("rtol", cell.rtol)) if value is not None)
 
 
 def _lints(shards) -> list[schema.LintResult]:

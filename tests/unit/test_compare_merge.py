@@ -292,6 +292,28 @@ def test_a_merged_report_is_dated_by_the_merge_and_lists_each_shards_own_time(sh
     assert merged.created in summary_markdown(merged) and other.created in render_html(merged)
 
 
+def test_shards_that_judged_alike_cells_at_different_tolerances_are_refused_or_noted(shard, tmp_path):
+    """A release before 05637b2 judged a user's int8 model (and a --candidate) at fp32's tolerance; today's judges it
+    at int8's, the precision it computes in. The merge ranked the old host's FAIL at atol 1e-4 beside the new
+    host's WARN at 0.25, verdicts made by different rules, and said nothing: refused, or said in the merged report
+    (its lints, each cell's notes)."""
+    new = _on_host(shard, "new")
+    _cell(new).tolerance, _cell(new).rtol = 0.25, 0.01  # what today's run of a user's int8 model records
+    first, second = _save(shard, tmp_path / "old"), _save(new, tmp_path / "new")
+    old_host = shard.hosts[0].label
+    with pytest.raises(InputError, match=rf"old/results.json and .*new/results.json judged alike cells at different "
+                                         rf"tolerances: ort-cpu fp32 at atol 0.0001 on {old_host} vs atol 0.25 \+ rtol "
+                                         rf"0.01 on new; rerun the older shard with this release, or pass --allow-different-inputs"):
+        merge([first, second])
+    merged = merge([first, second], allow_different_inputs=True)
+    noted = {cell.host: cell.notes for cell in merged.cells if cell.variant == "fp32"}
+    assert noted == {old_host: ["judged at atol 0.0001 here; new judged this configuration at atol 0.25 + rtol 0.01"],
+                     "new": [f"judged at atol 0.25 + rtol 0.01 here; {old_host} judged this configuration at atol 0.0001"]}
+    assert all(not cell.notes for cell in merged.cells if cell.variant == "fp16")  # judged alike on both hosts
+    assert merged.lints[-1].message.endswith(f"ort-cpu fp32 at atol 0.0001 on {old_host} vs atol 0.25 + rtol 0.01 on new: "
+                                             "their verdicts follow different rules")
+
+
 def test_a_cell_in_two_shards_is_refused_not_overwritten(shard, tmp_path):
     first, _ = _split(shard, tmp_path)
     with pytest.raises(InputError, match="cell ort-cpu fp32 of host .* is in both"):
