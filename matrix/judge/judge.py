@@ -68,6 +68,14 @@ class Judge:
         return {"tolerances": self.tolerances.overrides, "rtol": self.tolerances.rtol_overrides,
                 "tie_margin": self.tie_margin, "min_agreement": self.min_agreement}
 
+    def quantizes_per_call(self, cell: Cell, candidate: str = "") -> bool:
+        """Whether the cell quantizes activations over each call's batch, so that its answer depends on the batch by
+        design: its artifact quantized ops (dynamic int8: onnxruntime's, LiteRT's dynamic range), or the model
+        `candidate` names computes in int8 as given (its quantization ops). An int8 artifact with nothing quantized
+        computes in float as fp32 does, and its batch handling is judged as fp32's is."""
+        counted = (cell.artifact.quantization if cell.artifact else None) or {}
+        return counted.get("quantized_ops", 0) > 0 or self.model_precisions.get(candidate) == "int8"
+
     def cell(self, outcome, evidence: Evidence, *, host: str, target: str, variant: str, predicts: bool,
              candidate: str = "") -> Cell:
         """What the worker measured (a cells.CellOutcome) on the model `candidate` names, judged."""
@@ -88,8 +96,7 @@ class Judge:
             cell.parity = parity(outcome.arrays, evidence, context)
             cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)
             cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
-            # Dynamic int8 quantizes activations over each call's batch: its answer depends on the batch by design.
-            if "int8" not in (variant, self.model_precisions.get(candidate, "fp32")):
+            if not self.quantizes_per_call(cell, candidate):
                 context = replace(context, batch_drifts=batch_dependence(outcome.arrays, evidence, context.tolerance))
         cell.verdict, cell.reasons = rules.verdict(cell, context)
         return cell

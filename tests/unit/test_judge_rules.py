@@ -18,7 +18,7 @@ from matrix.judge import judge as judge_module
 from matrix.judge.judge import Evidence, Judge
 from matrix.run.protocol import DONE, Measurement
 from matrix.reference.reference import Reference
-from matrix.results import Backend, Cell, EpisodeOutcome, Placement, Rollout
+from matrix.results import ArtifactInfo, Backend, Cell, EpisodeOutcome, Placement, Rollout
 from matrix.judge.rules import Context, ReturnTolerance, Tolerance, Tolerances
 from targets import REGISTRY
 from targets.tflite_provenance import XNNPACK, OnnxInterface, OpDetails, Provenance, map_signature, placement_rows
@@ -299,8 +299,32 @@ def test_drift_only_in_a_batch_is_said_with_the_batches_measured_and_never_for_i
         "runtime's answer for one observation depends on the batch it runs in, so the drift comes from batches above 1 "
         "(the conversion's batch handling); a graph exported at a fixed batch 1 runs each observation alone "
         "(--assist's simplify makes one)"]
-    int8 = Judge().cell(outcome, evidence, host="h", target="tflite", variant="int8", predicts=True)
+    quantized = {"quantized_ops": 3, "float_ops": 0, "quantized_weights": 3, "float_weights": 0}
+    int8 = Judge().cell(_with_quantization(outcome, quantized), evidence, host="h", target="tflite", variant="int8",
+                        predicts=True)
     assert int8.verdict == "FAIL" and not any(r.startswith("batch handling") for r in int8.reasons)
+    users_int8 = Judge(model_precisions={"": "int8"}).cell(outcome, evidence, host="h", target="tflite", variant="fp32",
+                                                           predicts=True)
+    assert not any(r.startswith("batch handling") for r in users_int8.reasons)  # its graph quantizes per call
+
+
+def test_an_int8_artifact_with_nothing_quantized_keeps_its_batch_handling_reason():
+    """tflite's int8 of a model it cannot quantize (three float weight ops) computes in float32 as fp32 does and
+    drifts 5.24 like it, batch-dependent like it; the int8 exemption took the reason away by the variant's name."""
+    reference = np.linspace(-1, 1, 10).reshape(5, 2)
+    arrays = {"outputs/action": reference + 0.5, "batch1/action": reference[:1], "batch2/action": reference[:2] + 0.5}
+    nothing = {"quantized_ops": 0, "float_ops": 3, "quantized_weights": 0, "float_weights": 3}
+    outcome = _with_quantization(cells.CellOutcome(Measurement(stage=DONE), arrays, 0.1), nothing)
+    evidence = Evidence(model_loader.load(example("continuous_mlp")), Reference({"action": reference}, {}))
+    int8 = Judge().cell(outcome, evidence, host="h", target="tflite", variant="int8", predicts=True)
+    assert "int8 artifact has nothing quantized (3 weight ops stayed float)" in int8.reasons
+    assert any(r.startswith("batch handling: action: observation 0 drifts 0 alone") for r in int8.reasons)
+
+
+def _with_quantization(outcome, counted: dict[str, int]):
+    """The outcome of a cell whose artifact's quantization record is `counted` (as a target's int8 prepare writes it)."""
+    artifact = ArtifactInfo(size_bytes=1, conversion_s=0.0, quantization=counted)
+    return cells.CellOutcome(Measurement(stage=DONE, artifact=artifact), outcome.arrays, outcome.duration_s)
 
 
 def test_with_behaviour_a_batch_dependent_output_warns_and_drift_alone_at_batch_1_stays_information():
