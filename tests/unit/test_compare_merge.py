@@ -310,6 +310,9 @@ def test_shards_that_judged_alike_cells_at_different_tolerances_are_refused_or_n
     assert noted == {old_host: ["judged at atol 0.0001 here; new judged this configuration at atol 0.25 + rtol 0.01"],
                      "new": [f"judged at atol 0.25 + rtol 0.01 here; {old_host} judged this configuration at atol 0.0001"]}
     assert all(not cell.notes for cell in merged.cells if cell.variant == "fp16")  # judged alike on both hosts
+    from matrix.report.report import render_html
+
+    assert all(note in render_html(merged) for notes in noted.values() for note in notes)  # each cell's reasons say it
     assert merged.lints[-1].message.endswith(f"ort-cpu fp32 at atol 0.0001 on {old_host} vs atol 0.25 + rtol 0.01 on new: "
                                              "their verdicts follow different rules")
 
