@@ -66,7 +66,8 @@ def merge(paths: list[Path], allow_different_inputs: bool = False, out: Path | N
     merged.interrupted = next(iter(merged.interrupted_shards), None)
     merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
     merged.required_on = _required_on(shards)
-    merged.variant_errors = _variant_errors(shards)
+    merged.variant_errors = _by_variant(shards, "variant_errors")
+    merged.variants_not_made = _by_variant(shards, "variants_not_made")
     merged.lints = _lints(shards)
     return merged
 
@@ -103,13 +104,13 @@ def _assisted_targets(shards) -> list[list[str]]:
                              for cell in shard.cells}))
 
 
-def _variant_errors(shards) -> dict[str, str]:
-    """Each variant the tool could not make, with every host it failed on and that host's words."""
-    errors: dict[str, list[str]] = {}
+def _by_variant(shards, field: str) -> dict[str, str]:
+    """Each variant the tool could not make (or did not make), with every host that said so and its words."""
+    said: dict[str, list[str]] = {}
     for _, shard in shards:
-        for variant, error in shard.variant_errors.items():
-            errors.setdefault(variant, []).append(f"{_labels(shard)}: {error}")
-    return {variant: "; ".join(said) for variant, said in errors.items()}
+        for variant, why in getattr(shard, field).items():
+            said.setdefault(variant, []).append(f"{_labels(shard)}: {why}")
+    return {variant: "; ".join(words) for variant, words in said.items()}
 
 
 def _labels(shard: RunResults) -> str:
