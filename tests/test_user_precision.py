@@ -191,3 +191,18 @@ def test_a_candidates_precision_is_said_in_the_lints_and_on_its_cells(tmp_path, 
     assert not any("computes in" in note for note in cells["", "fp32"]["notes"] + cells["user_fp16.onnx", "fp16"]["notes"])
     assert "converted nothing to float16 beyond the model's own" in cells["user_fp16.onnx", "fp16"]["reasons"][0]
     assert results["variant_errors"] == {}  # a candidate's variant not made is not the tool failing either
+
+
+def test_a_users_tolerance_wins_over_the_models_precision_and_the_note_says_so(tmp_path, policy_matrix):
+    """--tolerance '*:fp32=0.5' on a user's int8 model judged its cell at 0.5, and the note said 'judged at int8's
+    tolerance' (0.25): the note says what was used."""
+    out = tmp_path / "out"
+    done = policy_matrix(["run", user_dynamic_int8(tmp_path), "--targets", "ort-cpu", "--tolerance", "*:fp32=0.5",
+                          *FAST, "--out", out])
+    assert done.returncode == 0, done.stderr
+    cell = json.loads((out / "results.json").read_text())["cells"][0]
+    assert (cell["tolerance"], cell["rtol"]) == (0.5, 1e-2)
+    assert [note for note in cell["notes"] if note.startswith("judged at")] == [
+        "judged at atol 0.5 (given for *:fp32) and int8's rtol 0.01: the model computes in int8 as given"]
+    judge = Judge(model_precisions={"": "int8"})
+    assert judge.precision_note("ort-cpu", "fp32") == "judged at int8's tolerance: the model computes in int8 as given"
