@@ -16,6 +16,7 @@ from pathlib import Path
 from .. import results as schema
 from .compare import COMPARED_OPTIONS, checked_inputs
 from ..errors import InputError
+from ..judge import rules
 from ..results import RunResults
 
 
@@ -82,9 +83,24 @@ def _lints(shards) -> list[schema.LintResult]:
 
 
 def _rebase_files(shard: RunResults, folder: Path, out: Path) -> None:
-    """A prepared fix is named relative to its report's folder: the shard's, which the merged report is not."""
-    for fix in (fix for cell in shard.cells for fix in cell.fixes if fix.prepared_onnx):
-        fix.prepared_onnx = Path(os.path.relpath(folder.absolute() / fix.prepared_onnx, out.absolute())).as_posix()
+    """A file a cell saved (a prepared fix, a workaround's copies) is named relative to its report's folder: the
+    shard's, which the merged report is not; so is every word naming it (the fix's reason, the workaround note)."""
+    def rebase(path: str) -> str:
+        return Path(os.path.relpath(folder.absolute() / path, out.absolute())).as_posix()
+
+    for cell in shard.cells:
+        named = {}
+        for fix in (fix for fix in cell.fixes if fix.prepared_onnx):
+            old, fix.prepared_onnx = fix.prepared_onnx, rebase(fix.prepared_onnx)
+            named[f"{rules.PREPARED_GRAPH}{old}"] = f"{rules.PREPARED_GRAPH}{fix.prepared_onnx}"
+        for words in (cell.reasons, cell.notes, cell.artifact.notes if cell.artifact else []):
+            words[:] = [_renamed(rules.rebased_saved(text, rebase), named) for text in words]
+
+
+def _renamed(text: str, named: dict[str, str]) -> str:
+    for old, new in named.items():
+        text = text.replace(old, new)
+    return text
 
 
 def _required_on(shards) -> dict[str, list[str]]:

@@ -324,11 +324,20 @@ def unquantized_int8(cell, context: Context) -> Findings:
 # a fixed-batch copy): it is among the cell's reasons, and the decision ships that change, not the exported file.
 WORKAROUND = "workaround: "
 _SAVED = "; saved as "
+PREPARED_GRAPH = "prepared graph: "  # a fix's reason names its file so (matrix.assist), relative to the report's folder
 
 
 def workaround_note(change: str, exported_error: str, saved: list[str]) -> str:
     """e.g. "workaround: a fixed batch of 1 (the exported file fails: <the runtime's words>); saved as cells/…/x.onnx"."""
     return f"{WORKAROUND}{change} (the exported file fails: {exported_error}){_SAVED}{', '.join(saved)}"
+
+
+def rebased_saved(note: str, rebase) -> str:
+    """A workaround note with each file it saved named by `rebase(path)` (a merged report's folder is not the cell's)."""
+    if not note.startswith(WORKAROUND) or _SAVED not in note:
+        return note
+    said, saved = note.split(_SAVED, 1)
+    return f"{said}{_SAVED}{', '.join(rebase(path) for path in saved.split(', '))}"
 
 
 def workaround(notes: list[str]) -> tuple[str, str]:
