@@ -322,6 +322,8 @@ class RunResults(Record):
     regressions: list[Regression] = Field(default_factory=list)  # filled when compared with a baseline
     # variants the tool itself could not make (its problem, reported once; their cells are SKIP)
     variant_errors: dict[str, str] = Field(default_factory=dict)
+    # variants the run did not make, the model as given being that precision already (a decision; cells SKIP with why)
+    variants_not_made: dict[str, str] = Field(default_factory=dict)
     # Optional and additive (older readers ignore them): the grid that ran and what it decided.
     grid: dict = Field(default_factory=dict)  # candidates, settings per target, number of configurations
     decision: list[Decision] = Field(default_factory=list)

@@ -22,6 +22,7 @@ from typing import ClassVar
 import numpy as np
 
 VARIANTS = ("fp32", "fp16", "int8")
+NOT_MADE = "not made: "  # how a variant's reason starts when the run decided not to make it (matrix.run.variants)
 
 Feeds = dict[str, np.ndarray]
 Settings = Mapping[str, str]  # runtime knob -> value for one cell (empty: the target's defaults)
@@ -86,6 +87,8 @@ class PrepareContext:
         return self.onnx_variant("fp32")
 
     def onnx_variant(self, variant: str) -> Path:
+        if self.variant_errors.get(variant, "").startswith(NOT_MADE):
+            raise CellSkip(f"not run: the {variant} variant is {self.variant_errors[variant]}")
         if variant in self.variant_errors:
             raise VariantMissing(f"not run: the tool could not make the {variant} ONNX variant ({self.variant_errors[variant]})")
         return self.onnx_variants[variant]

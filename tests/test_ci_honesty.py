@@ -3,6 +3,9 @@ merge, overlapping cells do not, and regressions are failed test cases in junit.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from xml.etree import ElementTree as ET
 
 import pytest
@@ -61,3 +64,21 @@ def test_junit_names_cells_and_fails_regressions(shard, tmp_path, policy_matrix)
     assert {"ort-cpu fp32", "ort-cpu fp16", "ort-cpu fp16 regression: verdict"} <= set(cases)
     assert cases["ort-cpu fp16 regression: verdict"].find("failure") is not None
     assert suite.get("failures") == "2" and suite.get("tests") == "3"  # the FAILed cell and its regression
+
+
+def test_a_reader_that_goes_away_leaves_the_run_whole_and_its_own_exit_status(tmp_path):
+    """`policy-matrix run … 2>&1 | head -1`: head leaves after a line, the run's next write raised BrokenPipeError,
+    and it ended with exit 1 (what CI reads as a FAILed cell) before writing results.json or the report. A reader
+    going away is neither: the run finishes, writes everything, and exits with its own status."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # a real pipe whose reader is gone before the first line
+    try:
+        done = subprocess.run([sys.executable, "-m", "matrix", "run", example("continuous_mlp"), "--targets", "ort-cpu",
+                               "--variants", "fp32,fp16", "--iters", "5", "--out", tmp_path],
+                              stdout=write_end, stderr=write_end, timeout=600)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0
+    assert [cell["verdict"] for cell in load_results(tmp_path)["cells"]] == ["PASS", "PASS"]
+    assert (tmp_path / "index.html").read_text().rstrip().endswith("</html>")
+    assert "PASS 2" in (tmp_path / "summary.md").read_text()

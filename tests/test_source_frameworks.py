@@ -15,6 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import onnx
 import pytest
 
 from targets import coreml_conversion
@@ -118,3 +119,23 @@ def test_vecnormalize_statistics_missing_from_the_export_are_named(sb3_policies,
     cell = source_cell(tmp_path / "out")
     assert cell["reasons"][0].startswith("export: the source normalises observations with its statistics "
                                          "(--source-normalize); the ONNX graph does not")
+
+
+def test_an_export_with_an_input_sb3_does_not_take_is_not_compared_and_says_which(sb3_policies, sb3_python, tmp_path,
+                                                                                  policy_matrix):
+    """PPO's Box policy exported with a rank-0 `deterministic` input beside the observation: the runner fed SB3 the
+    dict of both (or sliced the rank-0 array) and SB3's own error was the source cell's FAIL, a verdict the tool
+    caused. The training policy takes the observation alone, and what the export answers depends on its other
+    input: the column says it cannot compare, naming that input."""
+    _linked(sb3_policies, ("ppo.zip",), tmp_path)
+    exported = onnx.load(sb3_policies / "ppo.onnx")
+    exported.graph.input.append(onnx.helper.make_tensor_value_info("deterministic", onnx.TensorProto.FLOAT, []))
+    onnx.save(exported, tmp_path / "ppo_flag.onnx")
+    done = policy_matrix(["run", tmp_path / "ppo_flag.onnx", *FAST, "--out", tmp_path / "out", "--source", "sb3:ppo.zip",
+                          "--source-python", sb3_python])
+    cell = source_cell(tmp_path / "out")
+    assert cell["verdict"] == "SKIP" and cell["error"] is None, cell
+    assert cell["reasons"] == ["not compared: SB3's policy takes its observation alone (obs, a Box of shape [3]); the "
+                               "export also takes deterministic, which the training policy does not: its answers "
+                               "depend on what that is fed, so export parity cannot be measured here"]
+    assert done.returncode == 0, done.stderr  # a column that cannot compare fails nothing

@@ -142,13 +142,35 @@ def test_an_fp16_variant_that_converts_nothing_is_not_made(tmp_path):
 
 def test_an_fp16_variant_of_an_fp16_model_is_not_made_in_the_tools_words(tmp_path):
     """onnxconverter-common refuses a graph with any float16 in it ("The model is already converted to float16, if
-    convert again, ..."): the cell's SKIP said that, not what it means for the run."""
+    convert again, ..."): the cell's SKIP said that, not what it means for the run. Not making it is the run's
+    decision, not the tool failing: variants.py says which."""
     from matrix.run import variants
 
     paths, errors = variants.produce_all(model.load(user_fp16(tmp_path)), ["fp16"], tmp_path / "variants")
     assert "fp16" not in paths
-    assert errors["fp16"] == ("fp16 conversion converted nothing to float16 beyond the model's own (6 float16 weight "
-                              "tensors, 1 float16 Cast nodes): the fp32 cell runs that fp16 model as given")
+    assert errors["fp16"] == ("not made: fp16 conversion converted nothing to float16 beyond the model's own (6 float16 "
+                              "weight tensors, 1 float16 Cast node): the fp32 cell runs that fp16 model as given")
+    assert variants.split_errors(errors) == ({}, errors)
+
+
+def test_a_variant_with_nothing_to_make_is_said_as_a_decision_not_as_the_tools_failure(tmp_path, policy_matrix):
+    """An fp16 model's own fp16 variant SKIPped under a red 'The tool could not make the fp16 variant — the tool's
+    problem' (terminal, report, summary), though not converting a model already fp16 is a decision. The precision
+    lint promised 'the int8 variant converts it further' whether or not the run made it."""
+    out = tmp_path / "out"
+    done = policy_matrix(["run", user_fp16(tmp_path), "--targets", "ort-cpu", *FAST[:-1], "fp32,fp16", "--out", out])
+    assert done.returncode == 0, done.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["variant_errors"] == {}
+    assert results["variants_not_made"]["fp16"].startswith("not made: fp16 conversion converted nothing")
+    cells = {cell["variant"]: cell for cell in results["cells"]}
+    assert cells["fp16"]["verdict"] == "SKIP"
+    assert cells["fp16"]["reasons"][0].startswith("not run: the fp16 variant is not made: fp16 conversion"), cells["fp16"]
+    for said in (done.stderr, (out / "index.html").read_text(), (out / "summary.md").read_text()):
+        assert "could not make" not in said.lower() and "converted nothing to float16 beyond" in said
+    precision = next(item["message"] for item in results["lints"] if item["id"] == "precision")
+    assert precision == ("computes in fp16 as given (6 float16 weight tensors, 1 float16 Cast node): its fp32 cell runs "
+                         "it as it is and is judged at fp16's default tolerance")
 
 
 @pytest.mark.slow
@@ -163,9 +185,24 @@ def test_a_candidates_precision_is_said_in_the_lints_and_on_its_cells(tmp_path, 
     precision = [(item["level"], item["message"]) for item in results["lints"] if item["id"] == "precision"]
     assert precision == [("ok", "computes in float32 as given"),
                          ("warn", "candidate user_fp16.onnx: computes in fp16 as given (6 float16 weight tensors, 1 float16 "
-                                  "Cast nodes): its fp32 cell runs it as it is and is judged at fp16's default tolerance; "
-                                  "its fp16 variant is not made (nothing left to convert); the int8 variant converts it further")]
+                                  "Cast node): its fp32 cell runs it as it is and is judged at fp16's default tolerance")]
     cells = {(cell["candidate"], cell["variant"]): cell for cell in results["cells"]}
     assert "judged at fp16's tolerance: user_fp16.onnx computes in fp16 as given" in cells["user_fp16.onnx", "fp32"]["notes"]
     assert not any("computes in" in note for note in cells["", "fp32"]["notes"] + cells["user_fp16.onnx", "fp16"]["notes"])
     assert "converted nothing to float16 beyond the model's own" in cells["user_fp16.onnx", "fp16"]["reasons"][0]
+    assert results["variant_errors"] == {}  # a candidate's variant not made is not the tool failing either
+
+
+def test_a_users_tolerance_wins_over_the_models_precision_and_the_note_says_so(tmp_path, policy_matrix):
+    """--tolerance '*:fp32=0.5' on a user's int8 model judged its cell at 0.5, and the note said 'judged at int8's
+    tolerance' (0.25): the note says what was used."""
+    out = tmp_path / "out"
+    done = policy_matrix(["run", user_dynamic_int8(tmp_path), "--targets", "ort-cpu", "--tolerance", "*:fp32=0.5",
+                          *FAST, "--out", out])
+    assert done.returncode == 0, done.stderr
+    cell = json.loads((out / "results.json").read_text())["cells"][0]
+    assert (cell["tolerance"], cell["rtol"]) == (0.5, 1e-2)
+    assert [note for note in cell["notes"] if note.startswith("judged at")] == [
+        "judged at atol 0.5 (given for *:fp32) and int8's rtol 0.01: the model computes in int8 as given"]
+    judge = Judge(model_precisions={"": "int8"})
+    assert judge.precision_note("ort-cpu", "fp32") == "judged at int8's tolerance: the model computes in int8 as given"

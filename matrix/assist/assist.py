@@ -131,7 +131,7 @@ def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
     if fixed:
         judged_on = f"; {rules.FIX_JUDGED_ON}" if context.template.rollout else ""
         warned = "".join(f"; {reason}" for reason in fixed.reasons) if fixed.verdict == "WARN" else ""
-        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} (prepared graph: {fixed.prepared_onnx}"
+        cell.reasons.append(f"fix: {fixed.preparation} makes it {fixed.verdict} ({rules.PREPARED_GRAPH}{fixed.prepared_onnx}"
                             f"{warned}{judged_on})")
     elif cell.fixes:
         cell.reasons.append(f"fix: none found by --assist (tried: {', '.join(f.preparation for f in cell.fixes)})")

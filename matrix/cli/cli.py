@@ -471,6 +471,7 @@ def main() -> None:
     # non-interactive shell inherits it ignored, and an interrupt would then do nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if is_the_program():
+        sys.stdout, sys.stderr = ReaderMayLeave(sys.stdout), ReaderMayLeave(sys.stderr)
         # What a command imported (numpy, onnx, pydantic's schemas, ...) lives until the process ends; the
         # interpreter's teardown would then free it module by module, object by object (~0.1 s at the end of a run,
         # bench/matrix_wall.py "exit"). Registered first, this handler runs last: other threads have been joined
@@ -481,6 +482,39 @@ def main() -> None:
     except SystemExit as stop:
         _exit_status = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
         raise
+
+
+class ReaderMayLeave:
+    """A standard stream whose reader may go away (`policy-matrix run … 2>&1 | head -1`): from the first write it
+    refuses, what the process writes there goes to /dev/null (Python's documented BrokenPipeError recipe), and the
+    command goes on. A run's product is its results and report, and its exit status says what its cells did (CI
+    reads 1 as a FAILed cell): a closed pipe is neither, so the run writes everything and exits with its own status,
+    never with BrokenPipeError's 1 halfway through, nor with a killed process's 141."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        """The stream's descriptor now writes to /dev/null: what it still buffers goes there on its next flush."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):  # everything else (isatty, fileno, encoding) is the stream's own
+        return getattr(self._stream, name)
 
 
 _exit_status: int | None = None  # what main() exits with (None: it raised something else), for _end_without_teardown

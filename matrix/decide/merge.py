@@ -17,6 +17,7 @@ from pathlib import Path
 from .. import results as schema
 from .compare import COMPARED_OPTIONS, checked_inputs
 from ..errors import InputError
+from ..judge import rules
 from ..results import Cell, RunResults
 
 
@@ -67,7 +68,8 @@ def merge(paths: list[Path], allow_different_inputs: bool = False, out: Path | N
     merged.interrupted = next(iter(merged.interrupted_shards), None)
     merged.required_not_run = list(dict.fromkeys(name for _, shard in shards for name in shard.required_not_run))
     merged.required_on = _required_on(shards)
-    merged.variant_errors = _variant_errors(shards)
+    merged.variant_errors = _by_variant(shards, "variant_errors")
+    merged.variants_not_made = _by_variant(shards, "variants_not_made")
     merged.lints = _lints(shards)
     _judged_alike(merged, cells, allow_different_inputs)
     return merged
@@ -114,9 +116,24 @@ def _lints(shards) -> list[schema.LintResult]:
 
 
 def _rebase_files(shard: RunResults, folder: Path, out: Path) -> None:
-    """A prepared fix is named relative to its report's folder: the shard's, which the merged report is not."""
-    for fix in (fix for cell in shard.cells for fix in cell.fixes if fix.prepared_onnx):
-        fix.prepared_onnx = Path(os.path.relpath(folder.absolute() / fix.prepared_onnx, out.absolute())).as_posix()
+    """A file a cell saved (a prepared fix, a workaround's copies) is named relative to its report's folder: the
+    shard's, which the merged report is not; so is every word naming it (the fix's reason, the workaround note)."""
+    def rebase(path: str) -> str:
+        return Path(os.path.relpath(folder.absolute() / path, out.absolute())).as_posix()
+
+    for cell in shard.cells:
+        named = {}
+        for fix in (fix for fix in cell.fixes if fix.prepared_onnx):
+            old, fix.prepared_onnx = fix.prepared_onnx, rebase(fix.prepared_onnx)
+            named[f"{rules.PREPARED_GRAPH}{old}"] = f"{rules.PREPARED_GRAPH}{fix.prepared_onnx}"
+        for words in (cell.reasons, cell.notes, cell.artifact.notes if cell.artifact else []):
+            words[:] = [_renamed(rules.rebased_saved(text, rebase), named) for text in words]
+
+
+def _renamed(text: str, named: dict[str, str]) -> str:
+    for old, new in named.items():
+        text = text.replace(old, new)
+    return text
 
 
 def _required_on(shards) -> dict[str, list[str]]:
@@ -136,13 +153,13 @@ def _assisted_targets(shards) -> list[list[str]]:
                              for cell in shard.cells}))
 
 
-def _variant_errors(shards) -> dict[str, str]:
-    """Each variant the tool could not make, with every host it failed on and that host's words."""
-    errors: dict[str, list[str]] = {}
+def _by_variant(shards, field: str) -> dict[str, str]:
+    """Each variant the tool could not make (or did not make), with every host that said so and its words."""
+    said: dict[str, list[str]] = {}
     for _, shard in shards:
-        for variant, error in shard.variant_errors.items():
-            errors.setdefault(variant, []).append(f"{_labels(shard)}: {error}")
-    return {variant: "; ".join(said) for variant, said in errors.items()}
+        for variant, why in getattr(shard, field).items():
+            said.setdefault(variant, []).append(f"{_labels(shard)}: {why}")
+    return {variant: "; ".join(words) for variant, words in said.items()}
 
 
 def _labels(shard: RunResults) -> str:

@@ -258,14 +258,20 @@ def computes_in(proto: onnx.ModelProto) -> tuple[str, str]:
     quantizing = sorted({node.op_type for node in nodes if node.op_type in QUANTIZING_OPS})
     if quantizing:
         count = sum(node.op_type in QUANTIZING_OPS for node in nodes)
-        return "int8", f"{count} quantization ops ({', '.join(quantizing)})"
+        return "int8", f"{_counted(count, 'quantization op')} ({', '.join(quantizing)})"
     types = weight_types(proto)
     half_weights = types["float16"] + types["bfloat16"]
     half_casts = sum(node.op_type == "Cast" and any(a.name == "to" and a.i in HALF_TYPES for a in node.attribute)
                      for node in nodes)
     if half_weights or half_casts:
-        return "fp16", f"{half_weights} float16 weight tensors, {half_casts} float16 Cast nodes"
+        counted = [_counted(half_weights, "float16 weight tensor"), _counted(half_casts, "float16 Cast node")]
+        return "fp16", ", ".join(part for part in counted if part)
     return "fp32", ""
+
+
+def _counted(count: int, thing: str) -> str:
+    """'1 thing', '6 things', or '' for none (evidence names what is there)."""
+    return f"{count} {thing}{'s' if count != 1 else ''}" if count else ""
 
 
 def weight_types(proto: onnx.ModelProto) -> Counter[str]:

@@ -149,10 +149,9 @@ def _precision(model: ModelInfo, whose: str = "") -> Lint:
     precision, evidence = computes_in(model.proto)
     if precision == "fp32":
         return Lint("precision", "ok", f"{whose}computes in float32 as given")
-    further = ("its fp16 variant is not made (nothing left to convert); the int8 variant converts it further"
-               if precision == "fp16" else "the fp16 and int8 variants convert it further")
+    # Nothing about the variants: the lint is read before they are made, and the run says what each one became.
     return Lint("precision", "warn", f"{whose}computes in {precision} as given ({evidence}): its fp32 cell runs it as it "
-                f"is and is judged at {precision}'s default tolerance; {further}")
+                f"is and is judged at {precision}'s default tolerance")
 
 
 def candidate_precisions(candidates: list[ModelInfo]) -> list[Lint]:

@@ -48,7 +48,8 @@ def choose(recorded: Path | None, plan, model: ModelInfo, seed: int) -> Observat
     if recorded:
         return ObservationSource(RECORDED, f"recorded observations from {Path(recorded).name}")
     pixels = pixels_said(model)
-    synthetic = (f"synthetic rows (seeded normal samples and edge values{'; ' + pixels if pixels else ''}, seed {seed}): "
+    # The seed first: it seeds every input's rows, and after a pixel input's clause it read as that input's own.
+    synthetic = (f"synthetic rows (seed {seed}: normal samples and edge values{'; ' + pixels if pixels else ''}): "
                  "not states the policy visits")
     if plan is None:
         return ObservationSource(SYNTHETIC, synthetic, "pass --obs or --env for the policy's own states")

@@ -63,6 +63,21 @@ class Judge:
         order, precision = rules.PRECISION_ORDER, self.model_precisions.get(candidate, "fp32")
         return precision if variant in order and order.index(precision) > order.index(variant) else None
 
+    def precision_note(self, target: str, variant: str, candidate: str = "") -> str | None:
+        """What a cell of a model computing below its variant's precision was judged at: that precision's tolerance,
+        or the user's --tolerance where one was given (it wins over any default)."""
+        own = self.own_precision(variant, candidate)
+        if not own:
+            return None
+        why = f"{candidate or 'the model'} computes in {own} as given"
+        atol_key, rtol_key = self.tolerances.given_keys(target, variant)
+        if not atol_key and not rtol_key:
+            return f"judged at {own}'s tolerance: {why}"
+        used = self.context(target, variant, candidate).tolerance
+        atol = f"atol {used.atol:g} (given for {atol_key})" if atol_key else f"{own}'s atol {used.atol:g}"
+        rtol = f"rtol {used.rtol:g} (given for {rtol_key})" if rtol_key else f"{own}'s rtol {used.rtol:g}"
+        return f"judged at {atol} and {rtol}: {why}"
+
     def run_options(self) -> dict:
         """The run's options that say how cells were judged."""
         return {"tolerances": self.tolerances.overrides, "rtol": self.tolerances.rtol_overrides,
@@ -90,8 +105,8 @@ class Judge:
         if m.skip is not None:
             cell.reasons = [m.skip]
             return cell
-        if own := self.own_precision(variant, candidate):
-            cell.notes.append(f"judged at {own}'s tolerance: {candidate or 'the model'} computes in {own} as given")
+        if note := self.precision_note(target, variant, candidate):
+            cell.notes.append(note)
         if predicts and _measured_parity(cell.error, outcome.arrays):
             cell.parity = parity(outcome.arrays, evidence, context)
             cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)

@@ -103,15 +103,22 @@ class Tolerances:
         atol = _lookup(self.overrides, target, variant, DEFAULT_TOLERANCE, defaults_of)
         return Tolerance(atol, _lookup(self.rtol_overrides, target, variant, DEFAULT_RTOL, defaults_of))
 
+    def given_keys(self, target: str, variant: str) -> tuple[str | None, str | None]:
+        """The user's keys that set this cell's (atol, rtol), None for each taken from the defaults."""
+        return _given_key(self.overrides, target, variant), _given_key(self.rtol_overrides, target, variant)
+
 
 def _lookup(overrides: dict[str, float], target: str, variant: str, defaults: dict[str, float], defaults_of: str) -> float:
+    key = _given_key(overrides, target, variant)
+    return overrides[key] if key else defaults.get(defaults_of, defaults["fp32"])
+
+
+def _given_key(overrides: dict[str, float], target: str, variant: str) -> str | None:
     """A pinned release's own keys (`ort-cpu@1.20.1:fp32`, `ort-cpu@1.20.1`) first, then its target's, then any target's."""
     base = target.partition("@")[0]
     names = [target, base] if base != target else [target]
-    for key in (*(f"{name}:{variant}" for name in names), *(f"{name}:*" for name in names), f"*:{variant}"):
-        if key in overrides:
-            return overrides[key]
-    return defaults.get(defaults_of, defaults["fp32"])
+    keys = (*(f"{name}:{variant}" for name in names), *(f"{name}:*" for name in names), f"*:{variant}")
+    return next((key for key in keys if key in overrides), None)
 
 
 def _normalise(key: str) -> str:
@@ -317,11 +324,20 @@ def unquantized_int8(cell, context: Context) -> Findings:
 # a fixed-batch copy): it is among the cell's reasons, and the decision ships that change, not the exported file.
 WORKAROUND = "workaround: "
 _SAVED = "; saved as "
+PREPARED_GRAPH = "prepared graph: "  # a fix's reason names its file so (matrix.assist), relative to the report's folder
 
 
 def workaround_note(change: str, exported_error: str, saved: list[str]) -> str:
     """e.g. "workaround: a fixed batch of 1 (the exported file fails: <the runtime's words>); saved as cells/…/x.onnx"."""
     return f"{WORKAROUND}{change} (the exported file fails: {exported_error}){_SAVED}{', '.join(saved)}"
+
+
+def rebased_saved(note: str, rebase) -> str:
+    """A workaround note with each file it saved named by `rebase(path)` (a merged report's folder is not the cell's)."""
+    if not note.startswith(WORKAROUND) or _SAVED not in note:
+        return note
+    said, saved = note.split(_SAVED, 1)
+    return f"{said}{_SAVED}{', '.join(rebase(path) for path in saved.split(', '))}"
 
 
 def workaround(notes: list[str]) -> tuple[str, str]:

@@ -268,6 +268,9 @@ def judge(spec: SourceSpec, outcome: cells.CellOutcome, facts: dict, judging: Ju
     cell = Cell(host=judging.host, target=SOURCE_TARGET, variant=spec.kind, verdict="SKIP", runtime_version=m.runtime_version,
                 latency=m.latency, error=m.error, tolerance=context.tolerance.atol, rtol=context.tolerance.rtol,
                 duration_s=outcome.duration_s, notes=[LATENCY_NOTE] if m.latency else [])
+    if m.skip is not None:  # the column cannot compare this export (source_job: an input the policy does not take)
+        cell.reasons = [m.skip]
+        return cell
     outputs = shaped_outputs(outcome.arrays, evidence.reference.outputs)
     if outputs and (m.error is None or m.error.stage in STAGES_AFTER_PARITY):
         cell.parity = parity(outputs, evidence, context)

@@ -79,6 +79,11 @@ class SourceJob:
         facts = runner.call("load", spec={**self.source, "inputs": self.spec["obs_inputs"]})
         (self.folder / FACTS_FILE).write_text(json.dumps(facts))
         self.measurement.runtime_version = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in facts["versions"].items())
+        not_taken = self._not_taken(facts.get("observation_space"))
+        if not_taken:
+            self.measurement.skip = not_taken
+            self.measurement.stage = DONE
+            return
         self.enter("parity")
         self._parity(runner)
         self._transformed_references(facts.get("normalizer"))
@@ -93,6 +98,26 @@ class SourceJob:
                             warmup=self.spec["warmup"], iters=self.spec["iters"])
         self.measurement.latency = [latency_stats(1, timed["samples_ns"])]
         self.measurement.stage = DONE
+
+    def _not_taken(self, takes: dict | None) -> str:
+        """Why the column cannot compare when the export takes inputs the training policy does not ('' when it can):
+        the export's answers depend on what those are fed, and the policy never sees them (SB3's Box policy beside a
+        `deterministic` or `rng` input). The column's statement, not a FAIL of the export."""
+        names = self.spec["obs_inputs"]
+        if takes is None or (len(names) == 1 and "shape" in takes):
+            return ""
+        if "keys" in takes:
+            taken, what = [name for name in names if name in takes["keys"]], f"the Dict observation's keys {takes['keys']}"
+        else:
+            taken = [name for name, shape in _row_shapes(Path(self.spec["model"]), Path(self.spec["observations"])).items()
+                     if shape == list(takes["shape"])][:1]
+            what = f"its observation alone ({', '.join(taken) or 'none of the inputs'}, a Box of shape {takes['shape']})"
+        others = [name for name in names if name not in taken]
+        if not others:
+            return ""
+        return (f"not compared: SB3's policy takes {what}; the export also takes {', '.join(others)}, which the "
+                f"training policy does not: its answers depend on what {'that is' if len(others) == 1 else 'those are'} "
+                "fed, so export parity cannot be measured here")
 
     def _parity(self, runner: JsonLinesProcess) -> None:
         answers_file = self.folder / ANSWERS_FILE
@@ -129,6 +154,13 @@ class SourceJob:
                                           dtypes={name: str(obs.dtype) for name, obs in given.items()}))
 
         return step
+
+
+def _row_shapes(model_path: Path, observations_path: Path) -> dict[str, list[int]]:
+    """Each input's shape for one observation: its array in the set without its batch axis (whole without one)."""
+    axes = model_loader.load(model_path).batch_axes
+    return {name: [n for axis, n in enumerate(array.shape) if axis != axes.get(name)]
+            for name, array in observations.read(observations_path).items()}
 
 
 def divided_by_255(obs: np.ndarray) -> np.ndarray:

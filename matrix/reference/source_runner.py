@@ -9,7 +9,8 @@ stdout line ({"ok": true, "result": ...} or {"ok": false, "error": ...}); closin
 Ops:
 - check {spec}: import the framework (and a user's module); {"missing": package} when one is not installed.
 - load {spec}: load the policy (this executes the user's code and checkpoint, as training did); spec["inputs"]
-  names the model's observation inputs.
+  names the model's observation inputs. Its answer says what the policy takes where the framework says
+  (`observation_space`: SB3's Dict keys or Box shape), for the core to tell an input it does not take.
 - predict_file {observations, inputs, out}: every row of an .npz observation set at batch 1.
 - predict {obs, dtypes}: one observation (a nested list per input) -> the action(s), for episodes driven by the core.
 - time {observations, inputs, warmup, iters}: per-call latency of predict at batch 1 (ns).
@@ -45,8 +46,10 @@ VERSIONED = ("stable_baselines3", "sb3_contrib", "torch", "jax", "tensorflow", "
 class Source:
     """One loaded policy: `predict({input: obs [1, ...]}) -> list of arrays` plus what it says about itself."""
 
-    def __init__(self, call, action_space: dict | None = None):
+    def __init__(self, call, action_space: dict | None = None, observation_space: dict | None = None):
         self.call, self.action_space = call, action_space  # call: the observation's arrays by input -> answer(s)
+        # What the policy takes, where its framework says: {"keys": [...]} (a Dict) or {"shape": [...]} (one array)
+        self.observation_space = observation_space
         self.normalizer: dict | None = None
 
     def predict(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -136,7 +139,8 @@ def load(spec: dict) -> tuple[Source, dict]:
     source = LOADERS[spec["kind"]](spec["target"])
     if spec.get("normalize"):
         source.normalizer = _normalizer(Path(spec["normalize"]), spec["inputs"])
-    facts = {"versions": _versions(), "action_space": source.action_space, "normalizer": _listed(source.normalizer)}
+    facts = {"versions": _versions(), "action_space": source.action_space, "normalizer": _listed(source.normalizer),
+             "observation_space": source.observation_space}
     return source, facts
 
 
@@ -154,8 +158,11 @@ def _load_sb3(target: str) -> Source:
     model = getattr(importlib.import_module(package), name).load(target, device="cpu")
     space = model.action_space
     bounds = {"low": np.asarray(space.low).tolist(), "high": np.asarray(space.high).tolist()} if hasattr(space, "low") else None
-    takes_dict = isinstance(model.observation_space, gymnasium.spaces.Dict)  # a MultiInputPolicy, even with one key
-    return Source(lambda feeds: model.predict(feeds if takes_dict else _one_or_dict(feeds), deterministic=True)[0], bounds)
+    observation = model.observation_space
+    takes_dict = isinstance(observation, gymnasium.spaces.Dict)  # a MultiInputPolicy, even with one key
+    takes = {"keys": list(observation.spaces)} if takes_dict else {"shape": list(observation.shape or ())}
+    return Source(lambda feeds: model.predict(feeds if takes_dict else _one_or_dict(feeds), deterministic=True)[0], bounds,
+                  takes)
 
 
 def _torch_call(module):

@@ -334,6 +334,8 @@ def summary_markdown(results: RunResults) -> str:
         lines += ["### Lints", ""] + [f"- **{lint.level}** {md(lint.id)}: {md(lint.message)}" for lint in errors] + [""]
     for variant, error in results.variant_errors.items():
         lines += [f"> **The tool could not make the {variant} variant** (its cells are SKIP): {md(error)}", ""]
+    for variant, why in results.variants_not_made.items():
+        lines += [f"{md(variant)} variant {md(why)}", ""]
     if results.regressions:
         lines += [f"### ❗ {len(results.regressions)} regressions against the baseline", ""]
         lines += [f"- {md(str(r))}" for r in results.regressions] + [""]

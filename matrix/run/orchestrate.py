@@ -187,8 +187,11 @@ def run(config: RunConfig, console: Console) -> RunResults:
     feeds = observations.read(obs_path)
     console.print(f"[bold]observations[/]: {escape(obs_source.describe(observations.count(feeds, model.batch_axes)))}", highlight=False)
     reference.save(ref, config.out / "reference.npz")
-    for variant, error in variant_errors.items():
+    failed, not_made = variants.split_errors(variant_errors)
+    for variant, error in failed.items():
         console.print(f"[red]the tool could not make the {variant} variant[/] (its cells are SKIP): {escape(error)}")
+    for variant, why in not_made.items():
+        console.print(f"[bold]{variant} variant[/] {escape(why)}", highlight=False)
     template = CellInputs(
         observations=str(obs_path.resolve()),
         onnx_variants={k: str(v) for k, v in onnx_variants.items()}, variant_errors=variant_errors,
@@ -198,7 +201,8 @@ def run(config: RunConfig, console: Console) -> RunResults:
     )
     inputs_by_model = {"": template, **_candidate_inputs(template, candidate_variants)}
     results = _empty_results(config, feeds, template, judge)
-    results.variant_errors = {v: e for v, e in variant_errors.items() if v in config.variants}
+    results.variant_errors = {v: e for v, e in failed.items() if v in config.variants}
+    results.variants_not_made = {v: why for v, why in not_made.items() if v in config.variants}
     if config.rollout:
         results.run_options["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe(),
                                        "return_rule": "paired per-seed return differences, Student's t interval of the mean"}

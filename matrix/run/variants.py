@@ -21,8 +21,10 @@ names) stay float32 through the converter's `node_block_list`, and the variant
 says which (`kept_fp32`). A variant that still fails is the tool's problem: its
 cells are skipped with the reason, never failed on a runtime's account, and so is
 an fp16 file holding no float16 weight the original did not (a float64 model). An int8
-file in which nothing was quantized is not int8 either (`quantization`), nor is one that quantized nothing
-beyond what a user's already-quantized model held (its fp32 cell is that int8 model, as given).
+file in which nothing was quantized is not int8 either (`quantization`). A model its user already made fp16
+or int8 is not converted again (`NothingToMake`): its fp32 cell is that model as given, and not making the
+variant is the run's decision, not the tool failing; its reason starts with "not made: " (`split_errors`), so
+the run and the report say it as a note, never under the tool's failure banner.
 
 A run makes fp32 itself (a copy of the loaded model: nothing is evaluated) and
 each other variant in its own guarded process (`produce_guarded`, see
@@ -58,6 +60,7 @@ from ..inputs import model as model_loader
 from ..inputs.graph_facts import QUANTIZED_OPS, computes_in, subgraphs, weight_types
 from ..inputs.model import ModelInfo
 from ..outdir import write_atomic, write_atomic_with
+from targets.base import NOT_MADE
 from targets.paths import cache_dir
 
 RECIPE = "fp16-keep-io-cast-io-or-blocked-halved/int8-dynamic-u8u8-beyond-own/validated"  # part of the cache key: change it when a recipe changes
@@ -122,9 +125,17 @@ def guarded_step(spec: dict, folder: Path) -> dict:
 
 
 def _variant_error(variant: str, error: Exception) -> str:
+    if isinstance(error, NothingToMake):
+        return f"{NOT_MADE}{error}"
     if isinstance(error, VariantError):
         return str(error)
     return f"{variant} conversion failed: {type(error).__name__}: {error}".splitlines()[0]
+
+
+def split_errors(errors: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the variants the tool failed to make, those it had nothing to make for), each with its reason."""
+    failed = {variant: why for variant, why in errors.items() if not why.startswith(NOT_MADE)}
+    return failed, {variant: why for variant, why in errors.items() if variant not in failed}
 
 
 # --- the content-addressed cache -----------------------------------------------------------
@@ -220,7 +231,7 @@ def _fp16(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     """Whole if the converter can, else with the fewest nodes it names kept in fp32; the nodes kept."""
     precision, evidence = computes_in(model.proto)
     if precision == "fp16":  # onnxconverter-common refuses any graph holding float16, in its own words
-        raise VariantError(f"fp16 conversion converted nothing to float16 beyond the model's own ({evidence}): the fp32 "
+        raise NothingToMake(f"fp16 conversion converted nothing to float16 beyond the model's own ({evidence}): the fp32 "
                            "cell runs that fp16 model as given")
     source = named_nodes(model.proto)
     blocked, first_error = list(keep_fp32), None
@@ -319,7 +330,7 @@ def _int8(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     if counted["quantized_ops"] <= own["quantized_ops"] and counted["quantized_weights"] <= own["quantized_weights"]:
         out.unlink()
         if own["quantized_ops"] or own["quantized_weights"]:  # a user's int8 model: its as-given cell is the int8 one
-            raise VariantError(
+            raise NothingToMake(
                 f"dynamic quantization quantized nothing beyond the model's own ({own['quantized_ops']} quantized ops, "
                 f"{own['quantized_weights']} 8-bit weight tensors): the fp32 cell runs that int8 model as given")
         raise VariantError(
@@ -331,6 +342,10 @@ def _int8(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
 
 class VariantError(Exception):
     """The tool could not make a variant that keeps the model's interface and validity."""
+
+
+class NothingToMake(VariantError):
+    """The model as given already computes in this variant's precision: the run does not make it (a decision)."""
 
 
 def validate(original: onnx.ModelProto, variant: onnx.ModelProto, name: str) -> None:

@@ -210,6 +210,27 @@ def test_a_fix_file_a_shard_saved_is_named_from_the_merged_report(shard, tmp_pat
     assert (tmp_path / "merged" / fixed.fixes[0].prepared_onnx).resolve() == tmp_path / "shards" / "b" / "fixes" / "c" / "opset17.onnx"
 
 
+def test_the_files_a_shards_words_name_are_named_from_the_merged_report(shard, tmp_path):
+    """The fix file was rebased but the words naming it were not: the cell's 'fix: … (prepared graph: fixes/…)'
+    and WebGL's fixed-batch 'workaround: …; saved as cells/…' still named the shard's folder from the merged one."""
+    from matrix.judge import rules
+
+    assisted = _on_host(shard, "assisted")
+    cell = _cell(assisted)
+    cell.fixes = [schema.FixAttempt(preparation="opset17", verdict="PASS", prepared_onnx="fixes/c/opset17.onnx")]
+    cell.reasons.append("fix: opset17 makes it PASS (prepared graph: fixes/c/opset17.onnx)")
+    saved = rules.workaround_note("a fixed batch of 1", "the runtime's words", ["cells/w/b1.onnx", "cells/w/b2.onnx"])
+    cell.artifact.notes.append(saved)
+    cell.reasons.append(saved)
+    merged = merge([_save(shard, tmp_path / "shards" / "a"), _save(assisted, tmp_path / "shards" / "b")], out=tmp_path / "merged")
+    fixed = next(cell for cell in merged.cells if cell.fixes)
+    assert "fix: opset17 makes it PASS (prepared graph: ../shards/b/fixes/c/opset17.onnx)" in fixed.reasons
+    rebased = ("workaround: a fixed batch of 1 (the exported file fails: the runtime's words); saved as "
+               "../shards/b/cells/w/b1.onnx, ../shards/b/cells/w/b2.onnx")
+    assert rebased in fixed.reasons and fixed.artifact.notes[-1] == rebased
+    assert rules.workaround(fixed.artifact.notes)[1] == "../shards/b/cells/w/"
+
+
 def _on_host(shard: schema.RunResults, label: str) -> schema.RunResults:
     other = shard.model_copy(deep=True)
     for cell in other.cells:

@@ -216,7 +216,9 @@ def test_a_float_input_the_graph_scales_from_pixels_first_gets_pixel_values(load
     rows = observations.seeded(model, 32, seed=0)["obs"]
     assert rows.dtype == np.float32 and rows.min() == 0 and rows.max() == 255 and np.array_equal(rows, rows.round())
     assert rows[0].max() == 0 and rows[1].min() == 255  # the range's ends, as a uint8 input's edge rows
-    assert f"'obs': whole numbers in [0, 255], the pixels its graph scales first ({said})" in choose(None, None, model, 0).detail
+    assert choose(None, None, model, 0).detail == (f"synthetic rows (seed 0: normal samples and edge values; 'obs': whole "
+                                                   f"numbers in [0, 255], the pixels its graph scales first ({said})): "
+                                                   "not states the policy visits")  # the seed read as the pixels' own
 
 
 def test_an_input_used_as_it_is_keeps_normal_samples(load_policy):
