@@ -11,6 +11,10 @@ bench/polygraphy_pair.py can say how much of a check's start-up is the design's 
   each child in its own session, as the tool's jobs are;
 - the runner compares, writes results.json and an HTML page through Jinja2.
 
+It is a floor for this shape of processes written plainly, not for every design: it starts the server as a second
+interpreter beside the runner (as the tool does); a runner that imported everything and forked its server from
+itself, or overlapped the page's Jinja2 import with the jobs, could go lower.
+
 What it leaves out, all of which a check by the tool does: the model's checks (onnx.checker, shape inference,
 the limits on what it reads), lints, variants, the contract, the placement profile, percentiles' confidence
 intervals, the decision, the report's charts and the progress display.
