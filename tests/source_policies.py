@@ -59,6 +59,11 @@ def act_pixels(obs):
     return _network(obs / np.float32(255))
 
 
+def act_scaled(feeds):
+    """A policy taking its observation and a rank-0 `scale` beside it: the dict of the model's inputs."""
+    return _network(feeds["obs"]) * feeds["scale"]
+
+
 def act_crashes(obs):
     raise RuntimeError("the checkpoint needs a GPU that is not there")
 
@@ -86,6 +91,15 @@ def mlp_onnx(weights: dict[str, np.ndarray]) -> onnx.ModelProto:
         [numpy_helper.from_array(value, name) for name, value in weights.items()],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def with_scale_input(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The actor's action multiplied by a rank-0 `scale` input (trained_policy.act_scaled): a side input fed whole."""
+    graph = model.graph
+    graph.node[-1].output[0] = "a_unscaled"
+    graph.node.append(helper.make_node("Mul", ["a_unscaled", "scale"], ["action"]))
+    graph.input.append(helper.make_tensor_value_info("scale", TensorProto.FLOAT, []))
+    return model
 
 
 def mlp_with_source(folder: Path) -> Path:
@@ -122,6 +136,36 @@ example = torch.zeros(1, 3)
 torch.onnx.export(policy, example, "policy.onnx", opset_version=17, input_names=["obs"], output_names=["action"],
                   dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
 torch.jit.trace(policy, example).save("policy.pt")
+'''
+
+# A policy with a rank-0 side input beside its observation, as torch.onnx.export passes it (positionally): a bool
+# `deterministic` flag, one value for every row of a batch, chooses the mean or a shifted action.
+TORCH_FLAG_EXPORT = '''
+"""A module taking (obs, deterministic), exported by torch.onnx.export and traced to TorchScript."""
+import torch
+
+
+class FlagPolicy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+    def forward(self, obs, deterministic):
+        mean = self.net(obs)
+        return torch.tanh(torch.where(deterministic, mean, mean + 0.5))
+
+
+def make_policy():
+    return FlagPolicy().eval()
+
+
+if __name__ == "__main__":
+    policy = make_policy()
+    example = (torch.zeros(1, 3), torch.tensor(True))
+    torch.onnx.export(policy, example, "flag_policy.onnx", opset_version=17, input_names=["obs", "deterministic"],
+                      output_names=["action"], dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+    torch.jit.trace(policy, example).save("flag_policy.pt")
 '''
 
 # Stable-Baselines3's export guide: the actor (SAC) or the policy (PPO) wrapped in a module that calls it
@@ -185,6 +229,12 @@ def torch_with_source(folder: Path, python: Path) -> None:
     (folder / "torch_policy.py").write_text(TORCH_MODULE)
     (folder / "export.py").write_text(TORCH_EXPORT)
     subprocess.run([str(python), "export.py"], cwd=folder, check=True, capture_output=True, timeout=600)
+
+
+def torch_flag_with_source(folder: Path, python: Path) -> None:
+    """flag_policy.py, flag_policy.onnx and flag_policy.pt: a module taking a rank-0 `deterministic` beside `obs`."""
+    (folder / "flag_policy.py").write_text(TORCH_FLAG_EXPORT)
+    subprocess.run([str(python), "flag_policy.py"], cwd=folder, check=True, capture_output=True, timeout=600)
 
 
 def sb3_with_sources(folder: Path, python: Path) -> None:

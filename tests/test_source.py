@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import psutil
 import pytest
 from conftest import run_cli
@@ -23,7 +24,7 @@ from matrix.errors import InputError
 from matrix.inputs import model as model_loader
 from matrix.inputs import observations
 from matrix.reference import source
-from tests.source_policies import mlp_with_source
+from tests.source_policies import mlp_with_source, with_scale_input
 
 FAST = ("--targets", "ort-cpu", "--variants", "fp32", "--iters", "10", "--warmup", "2", "--batch-sizes", "1",
         "--fail-on", "never")
@@ -45,6 +46,19 @@ def test_a_source_that_matches_its_export_passes_at_1e_5(tmp_path, policy_matrix
     assert cell["verdict"] == "PASS" and cell["variant"] == "python"
     assert cell["parity"][0]["max_abs"] <= 1e-5
     assert cell["latency"][0]["batch"] == 1 and any("training framework's Python path" in n for n in cell["notes"])
+
+
+@pytest.mark.slow
+def test_a_rank_0_side_input_goes_whole_to_a_python_source_beside_each_observation(tmp_path, policy_matrix):
+    """The callable takes the dict of the model's inputs: a rank-0 `scale` beside `obs` is not per row and goes whole
+    to every call (the runner sliced a row of it, and the IndexError was the source cell's FAIL, the tool's)."""
+    policy = mlp_with_source(tmp_path)
+    onnx.save(with_scale_input(onnx.load(policy)), policy)
+    done = policy_matrix(["run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act_scaled"])
+    assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["verdict"] == "PASS" and cell["error"] is None, cell
+    assert cell["parity"][0]["max_abs"] <= 1e-5 and cell["latency"], cell
 
 
 @pytest.mark.slow

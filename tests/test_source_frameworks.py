@@ -22,8 +22,8 @@ from targets import coreml_conversion
 from targets.build_once import exclusive
 from targets.isolated_env import env_python
 from targets.paths import cache_dir
-from tests.source_policies import (SB3_TRAIN_EXPORT, TORCH_EXPORT, TORCH_MODULE, cached_policies, sb3_with_sources,
-                                   torch_with_source)
+from tests.source_policies import (SB3_TRAIN_EXPORT, TORCH_EXPORT, TORCH_FLAG_EXPORT, TORCH_MODULE, cached_policies,
+                                   sb3_with_sources, torch_flag_with_source, torch_with_source)
 from tests.test_source import FAST, source_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.coreml_env]
@@ -76,6 +76,24 @@ def test_an_nn_module_whose_export_matches_passes_export_parity_at_1e_5(torch_po
     assert cell["verdict"] == "PASS", cell["reasons"]
     assert cell["parity"][0]["max_abs"] <= 1e-5 and cell["tolerance"] == 1e-5
     assert "torch 2." in cell["runtime_version"]
+
+
+@pytest.mark.parametrize("spec", ["torch:flag_policy:make_policy", "torchscript:flag_policy.pt"])
+def test_a_rank_0_side_input_is_fed_whole_to_a_torch_module_and_compared(torch_python, tmp_path, spec, policy_matrix,
+                                                                           monkeypatch):
+    """A module exported with a bool `deterministic` (rank 0) beside `obs`: the runner sliced a row of every input, and
+    the rank-0 array's IndexError was the source cell's FAIL, a verdict the tool caused (so was torch.where's error on
+    the float32 the runner made of every input). torch.onnx.export passed the flag positionally, whole, as a bool; the
+    runner feeds it so on every call, and the column compares the export."""
+    folder = cached_policies("torch-flag", TORCH_FLAG_EXPORT, torch_python, torch_flag_with_source)
+    _linked(folder, ("flag_policy.py", "flag_policy.onnx", "flag_policy.pt"), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    done = policy_matrix(["run", tmp_path / "flag_policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
+                          "--source-python", torch_python, "--tolerance", "source:*=1e-5"])
+    assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["verdict"] == "PASS" and cell["error"] is None, cell
+    assert cell["parity"][0]["max_abs"] <= 1e-5 and cell["latency"], cell
 
 
 @pytest.fixture(scope="module")

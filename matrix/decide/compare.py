@@ -15,7 +15,9 @@ Cells only in one of the two files are not regressions (target subsets differ); 
 common are refused, since nothing would be compared.
 Two results measured on different inputs (observation set, environment, episodes and
 seeds) or judged with different options are refused, naming the difference; with
---allow-different-inputs the difference is printed in every regression line.
+--allow-different-inputs the difference is printed in every regression line. So are two cells of one
+configuration judged at different tolerances (a release's rule changed the tolerance): merge refuses such
+shards by the same check (judged_differently), and here the cell's lines say both tolerances.
 When the runtime's version differs between the two (a nightly after an upgrade), each of that
 cell's regressions names it: "ort-web-wasm 1.22.0 -> 1.30.0: batch 1: p50 ...".
 """
@@ -43,15 +45,44 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
     _shared_host(baseline, current)
     differences = checked_inputs(baseline, current, allow_different_inputs, "the baseline", "the current run")
     caveat = f" (inputs differ: {'; '.join(differences)})" if differences else ""
+    pairs = paired_cells(baseline.cells, current.cells)
+    judged_apart = _judged_apart(pairs, allow_different_inputs)
     found = []
-    for old, cell in paired_cells(baseline.cells, current.cells):
+    for old, cell in pairs:
         change = version_change(cell.target, old.runtime_version, cell.runtime_version)
         label = f"as {old.target} in the baseline" if old.target != cell.target else ""
         prefix = ", ".join(part for part in (change, label) if part)
+        said = caveat + judged_apart.get(id(cell), "")
         found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind,
-                             detail=(f"{prefix}: {detail}" if prefix else detail) + caveat, configuration=cell.configuration.axes)
+                             detail=(f"{prefix}: {detail}" if prefix else detail) + said, configuration=cell.configuration.axes)
                   for kind, detail in _changes(old, cell, thresholds)]
     return found
+
+
+def _judged_apart(pairs: list[tuple[Cell, Cell]], allowed: bool) -> dict[int, str]:
+    """The current cells judged at another tolerance than their baseline's (a release before 05637b2 judged a user's
+    int8 model at fp32's), each with the words its regression lines carry: a verdict that changed between them is the
+    rule's doing, not the runtime's. Refused (exit 2, naming the first) unless --allow-different-inputs."""
+    apart = [(old, cell) for old, cell in pairs if old.parity and cell.parity and judged_differently(old, cell)]
+    if apart and not allowed:
+        old, cell = apart[0]
+        more = f" (and {len(apart) - 1} more)" if len(apart) > 1 else ""
+        raise InputError(f"the baseline and the current run judged alike cells at different tolerances: "
+                         f"{cell.configuration.label} on {cell.host} at {tolerance_said(old)} in the baseline vs "
+                         f"{tolerance_said(cell)} now{more}; rerun the baseline with this release, or pass "
+                         "--allow-different-inputs")
+    return {id(cell): f" (judged at {tolerance_said(old)} in the baseline, {tolerance_said(cell)} now)" for old, cell in apart}
+
+
+def judged_differently(first: Cell, second: Cell) -> bool:
+    """Whether two cells of one configuration were judged at different tolerances (compare's and merge's check); a
+    part of the tolerance a cell did not record (an older file's rtol) cannot be told apart."""
+    return any(a is not None and b is not None and a != b for a, b in ((first.tolerance, second.tolerance), (first.rtol, second.rtol)))
+
+
+def tolerance_said(cell: Cell) -> str:
+    """'atol 0.25 + rtol 0.01': the tolerance a cell was judged at, the parts it recorded."""
+    return " + ".join(f"{name} {value:g}" for name, value in (("atol", cell.tolerance), ("rtol", cell.rtol)) if value is not None)
 
 
 def absent_hosts(baseline: RunResults, current: RunResults) -> dict[str, int]:

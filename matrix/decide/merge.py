@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from .. import results as schema
-from .compare import COMPARED_OPTIONS, checked_inputs
+from .compare import COMPARED_OPTIONS, checked_inputs, judged_differently, tolerance_said
 from ..errors import InputError
 from ..judge import rules
 from ..results import Cell, RunResults
@@ -82,28 +82,19 @@ def _judged_alike(merged: RunResults, shard_of: dict, allowed: bool) -> None:
     first: dict[tuple, Cell] = {}
     drifted = (cell for cell in merged.cells if cell.parity)  # a cell with no parity was judged on no tolerance
     differing = [(first[cell.configuration.key], cell) for cell in drifted
-                 if _judged_differently(first.setdefault(cell.configuration.key, cell), cell)]
+                 if judged_differently(first.setdefault(cell.configuration.key, cell), cell)]
     if not differing:
         return
     (earlier, later), more = differing[0], len(differing) - 1
     said = (f"{shard_of[earlier.key]} and {shard_of[later.key]} judged alike cells at different tolerances: "
-            f"{later.configuration.label} at {_tolerance(earlier)} on {earlier.host} vs {_tolerance(later)} on "
+            f"{later.configuration.label} at {tolerance_said(earlier)} on {earlier.host} vs {tolerance_said(later)} on "
             f"{later.host}" + (f" (and {more} more)" if more else ""))
     if not allowed:
         raise InputError(f"{said}; rerun the older shard with this release, or pass --allow-different-inputs")
     merged.lints.append(schema.LintResult(id="tolerances", level="warn", message=f"{said}: their verdicts follow different rules"))
     for earlier, later in differing:
-        earlier.notes.append(f"judged at {_tolerance(earlier)} here; {later.host} judged this configuration at {_tolerance(later)}")
-        later.notes.append(f"judged at {_tolerance(later)} here; {earlier.host} judged this configuration at {_tolerance(earlier)}")
-
-
-def _judged_differently(first: Cell, second: Cell) -> bool:
-    """A part of the tolerance a cell did not record (an older shard's rtol) cannot be told apart."""
-    return any(a is not None and b is not None and a != b for a, b in ((first.tolerance, second.tolerance), (first.rtol, second.rtol)))
-
-
-def _tolerance(cell: Cell) -> str:
-    return " + ".join(f"{name} {value:g}" for name, value in (("atol", cell.tolerance), ("rtol", cell.rtol)) if value is not None)
+        earlier.notes.append(f"judged at {tolerance_said(earlier)} here; {later.host} judged this configuration at {tolerance_said(later)}")
+        later.notes.append(f"judged at {tolerance_said(later)} here; {earlier.host} judged this configuration at {tolerance_said(earlier)}")
 
 
 def _lints(shards) -> list[schema.LintResult]:

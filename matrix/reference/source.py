@@ -37,6 +37,7 @@ import numpy as np
 
 from ..run import cells, guarded, isolation, rollouts
 from ..inputs import contract
+from ..inputs.batch_axes import batched
 from ..judge import rules
 from .. import userfiles
 from ..errors import InputError
@@ -241,6 +242,7 @@ def execute(spec: SourceSpec, inputs: ColumnInputs, folder: Path, on_stage) -> c
         "model": str(inputs.model.path.resolve()),
         "observations": str(inputs.observations.resolve()), "chunk": inputs.chunk,
         "obs_inputs": [spec.name for spec in inputs.model.inputs], "outputs": [o.name for o in inputs.model.outputs],
+        "batch_axes": {spec.name: inputs.model.batch_axes[spec.name] for spec in batched(inputs.model)},
         "action_output": inputs.rollout.action_output if inputs.rollout else contract.action_output(inputs.model),
         "rollout": inputs.rollout.as_dict() if inputs.rollout else None, "warmup": inputs.warmup, "iters": inputs.iters,
     }

@@ -95,7 +95,7 @@ class SourceJob:
             self.arrays.update(arrays)
         self.enter("latency")
         timed = runner.call("time", observations=self.spec["observations"], inputs=self.spec["obs_inputs"],
-                            warmup=self.spec["warmup"], iters=self.spec["iters"])
+                            batch_axes=self.spec["batch_axes"], warmup=self.spec["warmup"], iters=self.spec["iters"])
         self.measurement.latency = [latency_stats(1, timed["samples_ns"])]
         self.measurement.stage = DONE
 
@@ -122,7 +122,7 @@ class SourceJob:
     def _parity(self, runner: JsonLinesProcess) -> None:
         answers_file = self.folder / ANSWERS_FILE
         answered = runner.call("predict_file", observations=self.spec["observations"], inputs=self.spec["obs_inputs"],
-                               out=str(answers_file))
+                               batch_axes=self.spec["batch_axes"], out=str(answers_file))
         with np.load(answers_file, allow_pickle=False) as data:  # written by the user's interpreter: never unpickled
             answers = [data[f"answer/{i}"] for i in range(answered["answers"])]
         self.arrays.update({f"outputs/{name}": value for name, value in self.named(answers).items()})

@@ -11,15 +11,17 @@ Ops:
 - load {spec}: load the policy (this executes the user's code and checkpoint, as training did); spec["inputs"]
   names the model's observation inputs. Its answer says what the policy takes where the framework says
   (`observation_space`: SB3's Dict keys or Box shape), for the core to tell an input it does not take.
-- predict_file {observations, inputs, out}: every row of an .npz observation set at batch 1.
+- predict_file {observations, inputs, batch_axes, out}: every row of an .npz observation set at batch 1 (an input
+  absent from batch_axes, such as a rank-0 flag, is fed whole to every call).
 - predict {obs, dtypes}: one observation (a nested list per input) -> the action(s), for episodes driven by the core.
-- time {observations, inputs, warmup, iters}: per-call latency of predict at batch 1 (ns).
+- time {observations, inputs, batch_axes, warmup, iters}: per-call latency of predict at batch 1 (ns).
 
 An observation is one array per ONNX observation input, by name: a Dict observation's keys (SB3's
 MultiInputPolicy), a single input being the one-key case. The source is called as its framework takes it:
 SB3's `predict` with the dict when its observation space is a Dict, a torch module with one tensor per input
-in the model's input order (as torch.onnx.export passed them), any other callable with the one array, or the
-dict of arrays when there are several.
+in the model's input order and dtype (as torch.onnx.export passed them; floats as float32), any other callable
+with the one array, or the dict of arrays when there are several. An input without a batch axis (a rank-0
+`deterministic` flag beside the observation) is not per row: it goes whole to every call.
 
 The source's observation normaliser (`--source-normalize`: SB3 VecNormalize statistics or an
 .npz with mean/var) is applied before each call, as VecNormalize does in deployment: per key for a Dict
@@ -170,9 +172,14 @@ def _torch_call(module):
 
     module.eval()
 
+    def tensor(obs: np.ndarray):
+        """A float input as float32 (the module's parameters); any other as the export took it: a bool
+        `deterministic` flag for torch.where, an int64 index, uint8 pixels the module scales itself."""
+        return torch.as_tensor(obs, dtype=torch.float32) if obs.dtype.kind == "f" else torch.as_tensor(obs)
+
     def call(feeds: dict[str, np.ndarray]):
         with torch.no_grad():
-            answer = module(*(torch.as_tensor(obs, dtype=torch.float32) for obs in feeds.values()))
+            answer = module(*(tensor(obs) for obs in feeds.values()))
         answers = answer if isinstance(answer, (tuple, list)) else [answer]
         return [a.detach().cpu().numpy() for a in answers]
 
@@ -258,11 +265,18 @@ def _rows(request: dict) -> dict[str, np.ndarray]:
         return rows
 
 
+def _row(rows: dict[str, np.ndarray], batch_axes: dict[str, int], index: int) -> dict[str, np.ndarray]:
+    """Observation `index` at batch 1: each batched input's slice along its batch axis; an input without one (a rank-0
+    `deterministic` flag beside the observation) is not per row, and goes whole to every call, as the export took it."""
+    return {name: np.take(values, [index], axis=batch_axes[name]) if name in batch_axes else values
+            for name, values in rows.items()}
+
+
 def predict_file(source: Source, request: dict) -> dict:
     """Each observation alone (batch 1, as `predict` is called in deployment); outputs stacked per position."""
-    rows = _rows(request)
-    count = len(next(iter(rows.values())))
-    answers = [source.predict({name: values[i:i + 1] for name, values in rows.items()}) for i in range(count)]
+    rows, axes = _rows(request), request["batch_axes"]
+    count = next((values.shape[axes[name]] for name, values in rows.items() if name in axes), 1)
+    answers = [source.predict(_row(rows, axes, i)) for i in range(count)]
     stacked = {f"answer/{i}": np.stack([np.asarray(a[i]).reshape(-1) for a in answers]) for i in range(len(answers[0]))}
     np.savez(request["out"], **stacked)
     return {"answers": len(answers[0]), "rows": len(answers)}
@@ -274,7 +288,7 @@ def time_predict(source: Source, request: dict) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "targets"))
     from timing import time_calls
 
-    first = {name: values[:1] for name, values in _rows(request).items()}
+    first = _row(_rows(request), request["batch_axes"], 0)
     return {"samples_ns": time_calls(lambda: source.predict(first), request["warmup"], request["iters"])}
 
 

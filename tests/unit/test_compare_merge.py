@@ -401,6 +401,25 @@ def test_compare_refuses_other_episodes_and_judging_settings_but_not_an_older_fi
     assert compare(shard, _on(shard, "synthetic", "b" * 64)) == []  # the fixture predates the hash: nothing to tell apart
 
 
+def test_compare_refuses_cells_judged_at_different_tolerances_or_says_it_on_their_lines(shard):
+    """A baseline of a release before 05637b2 judged a user's int8 model at fp32's tolerance, today's run at int8's: a
+    verdict that changed between them is the rule's doing, not the runtime's. Refused as merge refuses such shards,
+    naming the cell and both tolerances; with --allow-different-inputs each of that cell's regression lines says it."""
+    current = shard.model_copy(deep=True)
+    _cell(current).tolerance, _cell(current).rtol = 0.25, 0.01  # what today's run of a user's int8 model records
+    host = shard.hosts[0].label
+    with pytest.raises(InputError, match=rf"the baseline and the current run judged alike cells at different tolerances: "
+                                         rf"ort-cpu fp32 on {host} at atol 0.0001 in the baseline vs atol 0.25 \+ rtol "
+                                         rf"0.01 now; rerun the baseline with this release, or pass --allow-different-inputs"):
+        compare(shard, current)
+    _cell(current).verdict, _cell(current).reasons = "FAIL", ["drift 0.3"]
+    (line,) = compare(shard, current, allow_different_inputs=True)
+    assert (line.variant, line.detail) == ("fp32", "PASS -> FAIL: drift 0.3 (judged at atol 0.0001 in the baseline, "
+                                                    "atol 0.25 + rtol 0.01 now)")
+    _cell(current).tolerance = _cell(shard).tolerance  # the baseline's cell recorded no rtol: nothing to tell apart
+    assert [r.detail for r in compare(shard, current)] == ["PASS -> FAIL: drift 0.3"]
+
+
 def test_merge_refuses_shards_on_different_observations(shard, tmp_path):
     first, second = _on(shard, "visited", "a" * 64), _on(shard, "visited", "c" * 64)
     second.hosts[0].label, _cell(second).host, _cell(second, "fp16").host = "other", "other", "other"

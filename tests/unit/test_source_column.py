@@ -129,9 +129,26 @@ def test_the_source_reads_its_input_by_the_members_exact_name(tmp_path):
     observations.save({"a": np.zeros((3, 2), np.float32), "a.npy": np.ones((3, 2), np.float32)}, path)
     echo = source_runner.Source(lambda feeds: feeds["a.npy"])
     out = tmp_path / "answers.npz"
-    assert source_runner.predict_file(echo, {"observations": str(path), "inputs": ["a.npy"], "out": str(out)})["rows"] == 3
+    request = {"observations": str(path), "inputs": ["a.npy"], "batch_axes": {"a.npy": 0}, "out": str(out)}
+    assert source_runner.predict_file(echo, request)["rows"] == 3
     with np.load(out) as answers:
         np.testing.assert_array_equal(answers["answer/0"], np.ones((3, 2)))
+
+
+def test_an_input_without_a_batch_axis_goes_whole_to_every_call_and_the_others_a_row_each(tmp_path):
+    """A rank-0 `deterministic` beside `obs` is not per row: slicing a row of it raised IndexError, the source
+    cell's FAIL; `obs` batched on axis 1 (--batch-axis obs=1) is sliced there."""
+    path = tmp_path / "observations.npz"
+    observations.save({"obs": np.arange(6, dtype=np.float32).reshape(2, 3), "deterministic": np.float32(1)}, path)
+    seen = []
+    source = source_runner.Source(lambda feeds: seen.append(feeds) or feeds["obs"] * feeds["deterministic"])
+    request = {"observations": str(path), "inputs": ["obs", "deterministic"], "batch_axes": {"obs": 1},
+               "out": str(tmp_path / "answers.npz"), "warmup": 1, "iters": 2}
+    assert source_runner.predict_file(source, request)["rows"] == 3
+    assert [(feeds["obs"].shape, feeds["deterministic"].shape) for feeds in seen] == [((2, 1), ())] * 3
+    with np.load(request["out"]) as answers:
+        np.testing.assert_array_equal(answers["answer/0"], [[0, 3], [1, 4], [2, 5]])
+    assert len(source_runner.time_predict(source, request)["samples_ns"]) == 2
 
 
 # --- a Dict observation: one array per key ----------------------------------------------------------
@@ -172,7 +189,8 @@ def test_the_source_is_called_with_one_array_or_the_dict_of_arrays(tmp_path):
     out = tmp_path / "answers.npz"
     given = []
     keyed = source_runner.Source(lambda obs: given.append(obs) or obs["observation"].sum(axis=1) + obs["goal"][:, 0])
-    source_runner.predict_file(keyed, {"observations": str(path), "inputs": ["observation", "goal"], "out": str(out)})
+    source_runner.predict_file(keyed, {"observations": str(path), "inputs": ["observation", "goal"],
+                                         "batch_axes": {"observation": 0, "goal": 0}, "out": str(out)})
     assert sorted(given[0]) == ["goal", "observation"] and given[0]["observation"].shape == (1, 2)
     with np.load(out) as answers:
         np.testing.assert_array_equal(answers["answer/0"], [[2.0], [6.0], [10.0]])
