@@ -29,6 +29,18 @@ HIDDEN = 16
 # Observation statistics a VecNormalize-style wrapper would have gathered (Pendulum: cos, sin, theta_dot).
 NORMALIZER = {"mean": np.array([0.1, -0.2, 0.5], np.float32), "var": np.array([0.5, 0.4, 9.0], np.float32)}
 
+# SB3's documented export wrapper (its "Exporting models" guide): the policy's deterministic action, for
+# torch.onnx.export; the export scripts of the tests that train an SB3 policy in its own interpreter include it.
+SB3_ONNXABLE_POLICY = '''
+class OnnxablePolicy(th.nn.Module):
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, observation):
+        return self.policy(observation, deterministic=True)[0]
+'''
+
 TRAINING_MODULE = '''
 """The training code's policy: the exported network, as numpy evaluates it."""
 import threading

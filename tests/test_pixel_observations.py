@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import policies
 import pytest
-from source_policies import cached_policies
+from source_policies import SB3_ONNXABLE_POLICY, cached_policies
 
 from matrix.frameworks import environments, load
 from matrix.inputs import observations
@@ -47,15 +47,7 @@ class PixelEnv(gym.Env):
     def step(self, action):
         return self.observation_space.sample(), 0.0, False, False, {}
 
-
-class OnnxablePolicy(th.nn.Module):
-    def __init__(self, policy):
-        super().__init__()
-        self.policy = policy
-
-    def forward(self, observation):
-        return self.policy(observation, deterministic=True)[0]
-
+''' + SB3_ONNXABLE_POLICY + '''
 
 model = PPO("CnnPolicy", PixelEnv(), n_steps=8, batch_size=8, device="cpu", seed=0)
 with th.no_grad():

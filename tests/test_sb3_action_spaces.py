@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from source_policies import cached_policies
+from source_policies import SB3_ONNXABLE_POLICY, cached_policies
 
 from matrix.frameworks import environments, load
 from matrix.inputs import model, observations
@@ -47,15 +47,7 @@ class Env(gym.Env):
     def step(self, action):
         return self.observation_space.sample(), 0.0, False, False, {}
 
-
-class OnnxablePolicy(th.nn.Module):
-    def __init__(self, policy):
-        super().__init__()
-        self.policy = policy
-
-    def forward(self, observation):
-        return self.policy(observation, deterministic=True)[0]
-
+''' + SB3_ONNXABLE_POLICY + '''
 
 for name, action_space in (("multidiscrete", spaces.MultiDiscrete([3, 5])), ("multibinary", spaces.MultiBinary(4))):
     model = PPO("MlpPolicy", Env(action_space), n_steps=8, batch_size=8, device="cpu", seed=0)
