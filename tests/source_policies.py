@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+from matrix.frameworks import environments, load
 
 from targets.build_once import build_once
 from targets.paths import cache_dir
@@ -256,6 +260,26 @@ def sb3_with_sources(folder: Path, python: Path) -> None:
     # SB3's logger makes a folder even when it logs nothing: SB3_LOGDIR keeps it out of /tmp (its default).
     env = {**os.environ, "SB3_LOGDIR": str(folder / "sb3-log")}
     subprocess.run([str(python), "train_export.py"], cwd=folder, check=True, capture_output=True, timeout=900, env=env)
+
+
+def sb3_exports(name: str, script: str, files: tuple[Path, ...] = ()) -> Path:
+    """The folder `script` (training and exporting with SB3) leaves, run beside `files` by the SB3 framework's
+    interpreter, made once per script and files (cached_policies); the test is skipped where that interpreter is not
+    built (`policy-matrix setup frameworks`)."""
+    python = environments.python(load("sb3"))
+    if python is None:
+        pytest.skip("needs the SB3 framework environment: policy-matrix setup frameworks")
+
+    def run(folder: Path, python: Path) -> None:
+        for path in files:
+            shutil.copy(path, folder / path.name)
+        (folder / "export.py").write_text(script)
+        # SB3's logger makes a folder even when it logs nothing: SB3_LOGDIR keeps it out of /tmp (its default).
+        done = subprocess.run([str(python), "export.py"], cwd=folder, capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "SB3_LOGDIR": str(folder / "sb3-log")})
+        assert done.returncode == 0, done.stderr
+
+    return cached_policies(name, script + "".join(path.read_text() for path in files), python, run)
 
 
 def cached_policies(name: str, recipe: str, python: Path, make) -> Path:

@@ -9,9 +9,7 @@ saved checkpoint in that interpreter, SB3's predict taking the dict of arrays ke
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import load_results
-from source_policies import cached_policies
+from source_policies import sb3_exports
 
 from matrix.errors import InputError
 from matrix.frameworks import environments, load
@@ -78,20 +76,9 @@ statistics.save("vecnormalize.pkl")
 '''
 
 
-def _export(folder: Path, python: Path) -> None:
-    shutil.copy(GOAL_ENV, folder / "goal_env.py")
-    (folder / "export.py").write_text(EXPORT)
-    done = subprocess.run([str(python), "export.py"], cwd=folder, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SB3_LOGDIR": str(folder / "sb3-log")})  # SB3's logger folder, not /tmp
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.fixture(scope="module")
 def exported() -> Path:
-    python = environments.python(load("sb3"))
-    if python is None:
-        pytest.skip("needs the SB3 framework environment: policy-matrix setup frameworks")
-    return cached_policies("sb3-goal-dict", EXPORT + GOAL_ENV.read_text(), python, _export) / "goal_ppo.onnx"
+    return sb3_exports("sb3-goal-dict", EXPORT, (GOAL_ENV,)) / "goal_ppo.onnx"
 
 
 @pytest.fixture

@@ -11,17 +11,14 @@ trained one's scale (SB3 initialises it with gain 0.01) so that its decisions ha
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import policies
 import pytest
-from source_policies import SB3_ONNXABLE_POLICY, cached_policies
+from source_policies import SB3_ONNXABLE_POLICY, sb3_exports
 
-from matrix.frameworks import environments, load
 from matrix.inputs import observations
 
 pytestmark = pytest.mark.slow
@@ -59,19 +56,9 @@ th.onnx.export(OnnxablePolicy(model.policy), dummy_input, "cnn_float.onnx", opse
 '''
 
 
-def _export(folder: Path, python: Path) -> None:
-    (folder / "export.py").write_text(EXPORT)
-    done = subprocess.run([str(python), "export.py"], cwd=folder, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SB3_LOGDIR": str(folder / "sb3-log")})
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.fixture(scope="module")
 def sb3_cnn(tmp_path_factory) -> Path:
-    python = environments.python(load("sb3"))
-    if python is None:
-        pytest.skip("needs the SB3 framework environment: policy-matrix setup frameworks")
-    folder = cached_policies("sb3-cnn-float", EXPORT, python, _export)
+    folder = sb3_exports("sb3-cnn-float", EXPORT)
     return Path(shutil.copy(folder / "cnn_float.onnx", tmp_path_factory.mktemp("sb3") / "cnn_float.onnx"))
 
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from source_policies import SB3_ONNXABLE_POLICY, cached_policies
+from source_policies import SB3_ONNXABLE_POLICY, sb3_exports
 
-from matrix.frameworks import environments, load
 from matrix.inputs import model, observations
 from matrix.reference import reference
 
@@ -56,18 +54,9 @@ for name, action_space in (("multidiscrete", spaces.MultiDiscrete([3, 5])), ("mu
 '''
 
 
-def _export(folder: Path, python: Path) -> None:
-    (folder / "export.py").write_text(EXPORT)
-    done = subprocess.run([str(python), "export.py"], cwd=folder, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
-    python = environments.python(load("sb3"))
-    if python is None:
-        pytest.skip("needs the SB3 framework environment: policy-matrix setup frameworks")
-    return Path(shutil.copytree(cached_policies("sb3-action-spaces", EXPORT, python, _export),
+    return Path(shutil.copytree(sb3_exports("sb3-action-spaces", EXPORT),
                                 tmp_path_factory.mktemp("sb3") / "exported"))
 
 
