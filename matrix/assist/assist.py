@@ -23,6 +23,7 @@ import targets as registry
 from ..run import cells, guarded
 from . import diagnose, preparations
 from .. import messages
+from ..errors import console_text as escape
 from ..judge import rules
 from ..judge.judge import Evidence, Judge
 from ..inputs.model import ModelInfo
@@ -100,7 +101,7 @@ def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
     if not target.runs_onnx_as_is:
         cell.reasons.append(f"diagnosis: {cell.target} converts the graph, so its intermediates are not exposed here")
         return
-    console.print(f"[bold]diagnose[/]: {cell.configuration.label}: intermediates against float64")
+    console.print(f"[bold]diagnose[/]: {escape(cell.configuration.label)}: intermediates against float64", highlight=False)
     folder = context.out / "diagnosis" / _cell_slug(cell)
     try:
         cell.diagnosis = diagnose.diagnose_cell(cell, context.template, context.model, folder, context.env_for(target),
@@ -114,7 +115,7 @@ def _diagnose(cell: Cell, context: AssistContext, console: Console) -> None:
 
 
 def _fix(cell: Cell, context: AssistContext, console: Console) -> None:
-    console.print(f"[bold]assist[/]: {cell.configuration.label}: trying graph preparations")
+    console.print(f"[bold]assist[/]: {escape(cell.configuration.label)}: trying graph preparations", highlight=False)
     target = registry.get(cell.target)
     folder = context.out / "fixes" / _cell_slug(cell)
 
