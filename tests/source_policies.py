@@ -203,15 +203,7 @@ class OnnxableSAC(th.nn.Module):
     def forward(self, observation):
         return self.actor(observation, deterministic=True)
 
-
-class OnnxablePPO(th.nn.Module):
-    def __init__(self, policy):
-        super().__init__()
-        self.policy = policy
-
-    def forward(self, observation):
-        return self.policy(observation, deterministic=True)[0]
-
+''' + SB3_ONNXABLE_POLICY + '''
 
 def export(module, name):
     th.onnx.export(module, th.zeros(1, 3), f"{name}.onnx", opset_version=17, input_names=["obs"], output_names=["action"],
@@ -229,14 +221,14 @@ ppo.learn(64)
 with th.no_grad():
     ppo.policy.action_net.bias += 2.5  # a mean that leaves [-2, 2], as a trained Pendulum policy's often does
 ppo.save("ppo.zip")
-export(OnnxablePPO(ppo.policy), "ppo")
+export(OnnxablePolicy(ppo.policy), "ppo")
 
 # Trained under VecNormalize: its statistics are saved beside the zip and stay outside the exported graph.
 venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0), norm_reward=False)
 normalized = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu").learn(64)
 normalized.save("ppo_normalized.zip")
 venv.save("vecnormalize.pkl")
-export(OnnxablePPO(normalized.policy), "ppo_normalized")
+export(OnnxablePolicy(normalized.policy), "ppo_normalized")
 '''
 
 
