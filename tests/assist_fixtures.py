@@ -8,7 +8,8 @@
   action goes through a dead shape subgraph (Shape / ConstantOfShape / Expand /
   Reshape) and a clamp to the action bounds as Max/Min with constants.
 - `jax2onnx_like`: opset 23, IR 10, MatMul + separate Add, a Cast, as jax2onnx exports.
-- `sb3_multi_input_like`: SB3's MultiInputPolicy (two inputs flattened and concatenated) before an MLP.
+- `sb3_multi_input_like`: SB3's MultiInputPolicy (two inputs flattened and concatenated) before an MLP
+  (a continuous action, or DQN's Q-values and ArgMax).
 - `pixels_and_state_like`: a Dict policy's uint8 image (cast, scaled by 1/255) beside a float state.
 """
 
@@ -108,13 +109,15 @@ def write(model: onnx.ModelProto, directory, name: str):
     return path
 
 
-def sb3_multi_input_like() -> onnx.ModelProto:
+def sb3_multi_input_like(discrete_actions: int = 0) -> onnx.ModelProto:
     """SB3's MultiInputPolicy features: pos[B,3], vel[B,2] -> Flatten each -> Concat -> Gemm/Tanh x2 -> Gemm ->
-    action[B,2]. onnx2tf 1.29.24 converts it exact at batch 1 and wrong above it."""
+    action[B,2]; with `discrete_actions`, the last Gemm gives that many Q-values and an ArgMax the action[B] (int64),
+    as SB3's DQN exports. onnx2tf 1.29.24 converts it exact at batch 1 and wrong above it."""
     rng = np.random.default_rng(5)
+    head = discrete_actions or 2
     inits = [_tensor(rng, "pi.0.weight", 16, 5), _tensor(rng, "pi.0.bias", 16, scale=0.1),
              _tensor(rng, "pi.2.weight", 16, 16), _tensor(rng, "pi.2.bias", 16, scale=0.1),
-             _tensor(rng, "mu.weight", 2, 16), _tensor(rng, "mu.bias", 2, scale=0.1)]
+             _tensor(rng, "mu.weight", head, 16), _tensor(rng, "mu.bias", head, scale=0.1)]
     nodes = [
         helper.make_node("Flatten", ["pos"], ["pos_flat"], name="/features/pos/Flatten", axis=1),
         helper.make_node("Flatten", ["vel"], ["vel_flat"], name="/features/vel/Flatten", axis=1),
@@ -123,11 +126,16 @@ def sb3_multi_input_like() -> onnx.ModelProto:
         helper.make_node("Tanh", ["h0"], ["a0"], name="/pi/1/Tanh"),
         helper.make_node("Gemm", ["a0", "pi.2.weight", "pi.2.bias"], ["h1"], name="/pi/2/Gemm", transB=1),
         helper.make_node("Tanh", ["h1"], ["a1"], name="/pi/3/Tanh"),
-        helper.make_node("Gemm", ["a1", "mu.weight", "mu.bias"], ["action"], name="/mu/Gemm", transB=1),
+        helper.make_node("Gemm", ["a1", "mu.weight", "mu.bias"], ["q_values" if discrete_actions else "action"],
+                         name="/mu/Gemm", transB=1),
     ]
+    action = helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])
+    if discrete_actions:
+        nodes.append(helper.make_node("ArgMax", ["q_values"], ["action"], name="/ArgMax", axis=1, keepdims=0))
+        action = helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])
     return _finish(nodes, "sb3_multi_input_like", [helper.make_tensor_value_info("pos", TensorProto.FLOAT, ["batch", 3]),
                                                    helper.make_tensor_value_info("vel", TensorProto.FLOAT, ["batch", 2])],
-                   [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])], inits)
+                   [action], inits)
 
 
 def pixels_and_state_like() -> onnx.ModelProto:

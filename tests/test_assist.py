@@ -576,6 +576,21 @@ def test_drift_that_only_batches_above_1_have_is_said_with_the_batch_it_appears_
 
 
 @pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
+def test_a_discrete_action_that_flips_only_in_a_batch_says_so(tmp_path, policy_matrix):
+    """The same conversion with a DQN head (Q-values, ArgMax): observation 0's action agrees alone and flips in the
+    batch (46 of 64 rows flip). The batch evidence read float outputs only, so the cell said its flips and not why."""
+    model = write(sb3_multi_input_like(discrete_actions=4), tmp_path, "multi_input_dqn")
+    out = tmp_path / "report"
+    done = policy_matrix(["run", model, "--targets", "tflite", "--precisions", "fp32", "--out", out, *RUN_FAST])
+    assert done.returncode == 1, done.stderr
+    (tflite,) = schema.load(out / "results.json").cells
+    said = next((r for r in tflite.reasons if r.startswith("batch handling: action: ")), "")
+    assert re.match(r"batch handling: action: observation 0 agrees alone \(batch 1\) and flips in the batch of 64 \(flips "
+                    r"above the tie margin: batch 2: \d+ flips?, batch 7: [1-7] flips?\)", said), tflite.reasons
+    assert tflite.verdict == "FAIL" and tflite.parity[0].kind == "discrete" and tflite.parity[0].flips
+
+
+@pytest.mark.skipif(targets.get("tflite").unavailable_reason() is not None, reason=str(targets.get("tflite").unavailable_reason()))
 def test_a_fix_that_makes_a_cell_warn_is_said_as_the_fix_the_decision_ships(tmp_path, policy_matrix):
     """A Dict policy's image + state on tflite FAILs in XNNPack's reshape; simplify's fixed batch 1 runs it, a WARN
     (its Cast on builtin kernels). The cell said 'fix: none found by --assist (tried: simplify)' while the decision

@@ -112,33 +112,40 @@ class Judge:
             cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)
             cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
             if not self.quantizes_per_call(cell, candidate):
-                context = replace(context, batch_drifts=batch_dependence(outcome.arrays, evidence, context.tolerance))
+                context = replace(context, batch_drifts=batch_dependence(outcome.arrays, evidence, context))
         cell.verdict, cell.reasons = rules.verdict(cell, context)
         return cell
 
 
-def batch_dependence(arrays: dict, evidence: Evidence, tolerance: rules.Tolerance) -> tuple[rules.BatchDrift, ...]:
-    """Outputs whose observation 0 is within tolerance alone (the contract's batch-1 run) and beyond it in the
-    parity batch: the runtime's answer depends on the batch it runs in (rules.batch_sizes says what that means)."""
+def batch_dependence(arrays: dict, evidence: Evidence, context: rules.Context) -> tuple[rules.BatchDrift, ...]:
+    """Outputs whose observation 0 is right alone (the contract's batch-1 run) and wrong in the parity batch: the
+    runtime's answer depends on the batch it runs in (rules.batch_sizes says what that means). Right is within
+    tolerance for a continuous output; for a discrete one (metrics.parity's kinds) it is no flip above the tie margin."""
     found = []
     for name, expected in evidence.reference.outputs.items():
         alone, batched = arrays.get(f"batch1/{name}"), arrays.get(f"outputs/{name}")
-        if alone is None or batched is None or expected.dtype.kind != "f" or batched.shape != expected.shape:
+        if alone is None or batched is None or batched.shape != expected.shape:
             continue
         axis = evidence.model.batch_axes.get(name, 0)
-        if expected.ndim <= axis or expected.shape[axis] < 2:
+        if expected.ndim <= axis or expected.shape[axis] < 2 or alone.shape != _rows(expected, 1, axis).shape:
             continue
-        first = _rows(expected, 1, axis)
-        in_batch = _drifts(_rows(batched, 1, axis), first, tolerance)
-        if alone.shape != first.shape or in_batch is None or _drifts(alone, first, tolerance) is not None:
+        margins = _same_shape(evidence.reference.margins.get(name), expected)
+        decisive = None  # a continuous output's
+        if expected.dtype.kind in "iub" or margins is not None:  # a discrete one's decisions that are not near ties
+            decisive = margins > context.tie_margin if margins is not None else np.ones(expected.shape, bool)
+
+        def miss(rows: int, got: np.ndarray) -> tuple[float, bool]:
+            judged = None if decisive is None else np.take(decisive, range(rows), axis=axis)
+            return _miss(got, _rows(expected, rows, axis), judged, context.tolerance)
+
+        (alone_size, alone_wrong), (in_batch, wrong) = miss(1, alone), miss(1, _rows(batched, 1, axis))
+        if alone_wrong or not wrong:
             continue
-        small = [(rows, arrays.get(f"batch{rows}/{name}"), _rows(expected, rows, axis))
-                 for rows in CONTRACT_BATCHES[1:] if rows <= expected.shape[axis]]  # fewer rows: the worker tiled them
-        small = [(rows, got, want) for rows, got, want in small if got is not None and got.shape == want.shape]
+        small = {rows: miss(rows, got) for rows in CONTRACT_BATCHES[1:] if rows <= expected.shape[axis]  # fewer: tiled
+                 if (got := arrays.get(f"batch{rows}/{name}")) is not None and got.shape == _rows(expected, rows, axis).shape}
         found.append(rules.BatchDrift(
-            name, float(np.max(np.abs(alone - first))), in_batch, batched.shape[axis],
-            {rows: float(np.max(np.abs(got - want))) for rows, got, want in small},
-            tuple(rows for rows, got, want in small if _drifts(got, want, tolerance) is not None)))
+            name, alone_size, in_batch, batched.shape[axis], {rows: size for rows, (size, _) in small.items()},
+            tuple(rows for rows, (_, beyond) in small.items() if beyond), decisive is not None))
     return tuple(found)
 
 
@@ -146,11 +153,18 @@ def _rows(values: np.ndarray, rows: int, axis: int) -> np.ndarray:
     return np.take(values, range(rows), axis=axis).astype(np.float64)
 
 
-def _drifts(actual: np.ndarray, expected: np.ndarray, tolerance: rules.Tolerance) -> float | None:
-    """max |actual - expected| where it is beyond atol + rtol |expected| anywhere (NaN counts), else None."""
+def _miss(actual: np.ndarray, expected: np.ndarray, decisive: np.ndarray | None, tolerance: rules.Tolerance) -> tuple[float, bool]:
+    """(how far `actual` is from `expected`, whether that is wrong). Continuous (`decisive` None): max |error| (NaN
+    counts as infinite), wrong beyond atol + rtol |expected| anywhere. Discrete: the flips on decisions that are not
+    near ties (`decisive`), wrong when there is one."""
+    if decisive is not None:
+        flips = int(np.sum((actual != expected) & decisive))
+        return float(flips), flips > 0
     error = np.abs(actual.astype(np.float64) - expected)
+    if not error.size:
+        return 0.0, False
     beyond = ~(error <= tolerance.atol + tolerance.rtol * np.abs(expected))
-    return float(np.nanmax(np.where(np.isnan(error), np.inf, error))) if beyond.any() else None
+    return float(np.max(np.where(np.isnan(error), np.inf, error))), bool(beyond.any())
 
 
 def _unfinished(measurement: Measurement, duration_s: float) -> Measurement:

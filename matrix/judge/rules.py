@@ -21,9 +21,10 @@ filters (decide.py) ask the same rules.
   left out of agreement entirely; any flip WARNs, flips that bring agreement
   below the minimum FAIL; every row a near tie WARNs (agreement not measured:
   no row could confirm the runtime). Judged only where no behaviour was measured.
-- batch_sizes: an output whose observation 0 is within tolerance alone (batch 1) and beyond it in the parity
-  batch (not int8: dynamic quantization scales each call's batch): where behaviour was measured (the episodes run
-  at batch 1) it WARNs, naming the batch sizes beyond tolerance; elsewhere it names that cause of the drift.
+- batch_sizes: an output whose observation 0 is right alone (batch 1) and wrong in the parity batch (continuous:
+  beyond tolerance; discrete: a flip above the tie margin) (not int8: dynamic quantization scales each call's
+  batch): where behaviour was measured (the episodes run at batch 1) it WARNs, naming the batch sizes where it is
+  wrong; elsewhere it names that cause of the drift or flips.
 - unquantized_int8: an "int8" artifact with nothing quantized WARNs (and never ships).
 - workarounds: a conversion workaround the tool applied is listed (no verdict).
 A cell whose drift or agreement was judged on synthetic observations says so in its reasons.
@@ -184,15 +185,22 @@ class Context:
 
 @dataclass(frozen=True)
 class BatchDrift:
-    """An output whose observation 0 is within tolerance alone (the contract's batch-1 run) and beyond it in the
-    parity batch: the runtime's answer for one observation depends on the batch it runs in."""
+    """An output whose observation 0 is right alone (the contract's batch-1 run) and wrong in the parity batch: the
+    runtime's answer for one observation depends on the batch it runs in. A continuous output's sizes are max |error|,
+    a discrete one's (`discrete`) are flips above the tie margin."""
 
     output: str
-    alone: float  # observation 0's max |error| at batch 1
+    alone: float  # observation 0's size at batch 1
     in_batch: float  # observation 0's in the parity batch
     batch: int  # the parity batch's size
-    small_batches: dict[int, float]  # max |error| over the rows of each contract batch above 1 the set has
-    small_beyond: tuple[int, ...]  # those of them beyond tolerance
+    small_batches: dict[int, float]  # the size over the rows of each contract batch above 1 the set has
+    small_beyond: tuple[int, ...]  # those of them wrong
+    discrete: bool = False
+
+    def size(self, value: float) -> str:
+        if not self.discrete:
+            return f"{value:.2g}"
+        return "1 flip" if value == 1 else f"{value:.0f} flips"
 
 
 @dataclass
@@ -291,26 +299,35 @@ def batch_sizes(cell, context: Context) -> Findings:
     nothing of the batches a user steps several environments or robots in: it WARNs, naming them."""
     if not behaviour_measured(cell):
         return Findings(notes=[_batch_handling(found) for found in context.batch_drifts])
-    return Findings(warnings=[_batches_unmeasured(found, context.tolerance) for found in context.batch_drifts])
+    return Findings(warnings=[_batches_unmeasured(found, context) for found in context.batch_drifts])
 
 
 def _batch_handling(found: BatchDrift) -> str:
-    small = ", ".join(f"batch {rows}: {drift:.2g}" for rows, drift in found.small_batches.items())
-    return (f"batch handling: {found.output}: observation 0 drifts {found.alone:.2g} alone (batch 1) and "
-            f"{found.in_batch:.2g} in the batch of {found.batch} ({small}): this runtime's answer for one "
-            "observation depends on the batch it runs in, so the drift comes from batches above 1 (the conversion's "
+    small = ", ".join(f"batch {rows}: {found.size(size)}" for rows, size in found.small_batches.items())
+    if found.discrete:
+        seen = (f"observation 0 agrees alone (batch 1) and flips in the batch of {found.batch} (flips above the tie "
+                f"margin: {small or 'no smaller batch'})")
+    else:
+        seen = f"observation 0 drifts {found.alone:.2g} alone (batch 1) and {found.in_batch:.2g} in the batch of {found.batch} ({small})"
+    return (f"batch handling: {found.output}: {seen}: this runtime's answer for one observation depends on the batch it "
+            f"runs in, so the {'flips come' if found.discrete else 'drift comes'} from batches above 1 (the conversion's "
             "batch handling); a graph exported at a fixed batch 1 runs each observation alone (--assist's simplify makes one)")
 
 
-def _batches_unmeasured(found: BatchDrift, tolerance: Tolerance) -> str:
+def _batches_unmeasured(found: BatchDrift, context: Context) -> str:
     sizes = [*found.small_beyond, found.batch]
     named = f"{', '.join(map(str, sizes[:-1]))} and {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
-    small = ", of ".join(f"{rows}: {drift:.2g}" for rows, drift in found.small_batches.items())
-    return (f"batch sizes: {found.output}: beyond tolerance {tolerance.describe()} at batch {named} (observation 0 "
-            f"drifts {found.alone:.2g} alone, {found.in_batch:.2g} in the batch of {found.batch}"
-            f"{f'; the rows of batch {small}' if small else ''}), within it at batch 1, where the episodes ran and the "
-            "return decided: a user who steps several environments or robots in one call gets actions the episodes "
-            "never measured (a graph exported at a fixed batch 1 runs each observation alone: --assist's simplify makes one)")
+    small = ", of ".join(f"{rows}: {found.size(size)}" for rows, size in found.small_batches.items())
+    rows = f"; the rows of batch {small}" if small else ""
+    if found.discrete:
+        wrong = (f"flips above the tie margin {context.tie_margin:g} at batch {named} (observation 0 agrees alone and "
+                 f"flips in the batch of {found.batch}{rows}), none at batch 1")
+    else:
+        wrong = (f"beyond tolerance {context.tolerance.describe()} at batch {named} (observation 0 drifts {found.alone:.2g} "
+                 f"alone, {found.in_batch:.2g} in the batch of {found.batch}{rows}), within it at batch 1")
+    return (f"batch sizes: {found.output}: {wrong}, where the episodes ran and the return decided: a user who steps "
+            "several environments or robots in one call gets actions the episodes never measured (a graph exported at "
+            "a fixed batch 1 runs each observation alone: --assist's simplify makes one)")
 
 
 def unquantized_int8(cell, context: Context) -> Findings:

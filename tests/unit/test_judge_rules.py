@@ -308,6 +308,31 @@ def test_drift_only_in_a_batch_is_said_with_the_batches_measured_and_never_for_i
     assert not any(r.startswith("batch handling") for r in users_int8.reasons)  # its graph quantizes per call
 
 
+def test_a_discrete_action_right_alone_and_flipped_in_a_batch_carries_the_batch_evidence():
+    """An argmax action that agrees at batch 1 and flips in the batch (onnx2tf's conversion of a two-input
+    Flatten+Concat DQN head does, test_assist) had no batch evidence: the rule read float outputs only. It now WARNs
+    under behaviour with the flips per batch; observation 0 a near tie (the reference's margin at most the tie margin)
+    is no evidence."""
+    reference = np.array([2, 0, 1, 3, 1, 0, 2, 2], np.int64)
+    margins = np.array([0.3, 0.2, 0.5, 0.4, 1e-4, 0.6, 0.2, 0.1])
+    flipped = np.where(np.arange(8) % 2 == 0, (reference + 1) % 4, reference)  # rows 0, 2, 4 (a near tie), 6
+    batched = {"outputs/action": flipped, "batch1/action": reference[:1], "batch2/action": reference[:2],
+               "batch7/action": flipped[:7]}
+    evidence = Evidence(model_loader.load(example("discrete_mlp")), Reference({"action": reference}, {"action": margins}))
+    found = judge_module.batch_dependence(batched, evidence, Context())
+    assert [(f.output, f.alone, f.in_batch, f.batch, f.small_batches, f.small_beyond, f.discrete) for f in found] == [
+        ("action", 0.0, 1.0, 8, {2: 0.0, 7: 3.0}, (7,), True)]
+    cell = _cell(parity=[metrics.parity("action", flipped, reference, None, margins, 1e-3)], rollout=_rollout(REFERENCE, REFERENCE))
+    verdict, reasons = rules.verdict(cell, Context(batch_drifts=found))
+    assert verdict == "WARN" and reasons[0] == (
+        "batch sizes: action: flips above the tie margin 0.001 at batch 7 and 8 (observation 0 agrees alone and flips in "
+        "the batch of 8; the rows of batch 2: 0 flips, of 7: 3 flips), none at batch 1, where the episodes ran and the "
+        "return decided: a user who steps several environments or robots in one call gets actions the episodes never "
+        "measured (a graph exported at a fixed batch 1 runs each observation alone: --assist's simplify makes one)")
+    assert judge_module.batch_dependence(batched, evidence, Context(tie_margin=0.5)) == ()  # observation 0: a near tie
+    assert judge_module.batch_dependence({**batched, "batch1/action": flipped[:1]}, evidence, Context()) == ()
+
+
 def test_an_int8_artifact_with_nothing_quantized_keeps_its_batch_handling_reason():
     """tflite's int8 of a model it cannot quantize (three float weight ops) computes in float32 as fp32 does and
     drifts 5.24 like it, batch-dependent like it; the int8 exemption took the reason away by the variant's name."""
@@ -334,7 +359,7 @@ def test_with_behaviour_a_batch_dependent_output_warns_and_drift_alone_at_batch_
     batched = {"outputs/action": reference + 0.5, "batch2/action": reference[:2] + 0.5, "batch7/action": reference[:7]}
     evidence = Evidence(model_loader.load(example("continuous_mlp")), Reference({"action": reference}, {}))
     tolerance = Tolerance(1e-4, 1e-5)
-    found = judge_module.batch_dependence({**batched, "batch1/action": reference[:1]}, evidence, tolerance)
+    found = judge_module.batch_dependence({**batched, "batch1/action": reference[:1]}, evidence, Context(tolerance=tolerance))
     assert [(f.output, f.alone, f.in_batch, f.batch, f.small_batches, f.small_beyond) for f in found] == [
         ("action", 0.0, 0.5, 8, {2: 0.5, 7: 0.0}, (2,))]
     cell = _cell(parity=[metrics.parity("action", reference + 0.5, reference, None, None, 1e-3, tolerance)],
@@ -343,7 +368,7 @@ def test_with_behaviour_a_batch_dependent_output_warns_and_drift_alone_at_batch_
     assert verdict == "WARN" and reasons[0].startswith(
         "batch sizes: action: beyond tolerance atol 0.0001 + rtol 1e-05·|ref| at batch 2 and 8 (observation 0 drifts 0 "
         "alone, 0.5 in the batch of 8; the rows of batch 2: 0.5, of 7: 0), within it at batch 1, where the episodes ran")
-    assert judge_module.batch_dependence({**batched, "batch1/action": reference[:1] + 0.5}, evidence, tolerance) == ()
+    assert judge_module.batch_dependence({**batched, "batch1/action": reference[:1] + 0.5}, evidence, Context(tolerance=tolerance)) == ()
     assert rules.verdict(cell, Context(tolerance=tolerance)) == (
         "PASS", ["action: drift 0.5 (max rel 7.5) above tolerance atol 0.0001 + rtol 1e-05·|ref| (shown, not judged: "
                  "the return decides)"])
