@@ -73,40 +73,64 @@ def sha256(path: Path, what: str) -> str:
 
 def read_arrays(path: Path, what: str, limit_bytes: int | None, wanted: Collection[str] | None = None):
     """One ndarray (.npy), or {name: ndarray} of the `wanted` members of an .npz (all when None)."""
+    with _npy_or_npz(path, what) as (stream, is_npz):
+        if is_npz:
+            with zipfile.ZipFile(stream) as archive:
+                return _read_members(archive, _checked_members(archive, path, limit_bytes, wanted))
+        _check_header(stream, os.fstat(stream.fileno()).st_size, f"{path}", limit_bytes)
+        stream.seek(0)
+        return np.lib.format.read_array(stream, allow_pickle=False, max_header_size=MAX_NPY_HEADER)
+
+
+def npz_names(path: Path, what: str, limit_bytes: int | None) -> list[str]:
+    """The array names of an .npz, every member's header checked as read_arrays checks it; no array is read."""
+    with _npy_or_npz(path, what) as (stream, is_npz):
+        if not is_npz:
+            raise InputError(f"{path}: not an .npz file (named arrays)")
+        with zipfile.ZipFile(stream) as archive:
+            return [member.filename.removesuffix(".npy") for member in _checked_members(archive, path, limit_bytes, None)]
+
+
+@contextlib.contextmanager
+def _npy_or_npz(path: Path, what: str) -> Iterator[tuple[BinaryIO, bool]]:
+    """The file opened as open_regular opens it, at its start, and whether it is an .npz (a zip); a file numpy
+    cannot read is one line."""
     try:
         with open_regular(path, what) as stream:
-            if zipfile.is_zipfile(stream):
-                stream.seek(0)
-                return _read_npz(stream, path, limit_bytes, wanted)
+            is_npz = zipfile.is_zipfile(stream)
             stream.seek(0)
-            _check_header(stream, os.fstat(stream.fileno()).st_size, f"{path}", limit_bytes)
-            stream.seek(0)
-            return np.lib.format.read_array(stream, allow_pickle=False, max_header_size=MAX_NPY_HEADER)
+            yield stream, is_npz
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError) as error:
         raise InputError(f"{path}: not a readable .npy/.npz file ({one_line(error)})") from None
 
 
-def _read_npz(stream: BinaryIO, path: Path, limit_bytes: int | None, wanted: Collection[str] | None) -> dict:
-    with zipfile.ZipFile(stream) as archive:
-        members = archive.infolist()
-        if len(members) > MAX_NPZ_MEMBERS:
-            raise InputError(f"{path}: {len(members)} arrays, more than {MAX_NPZ_MEMBERS}: refused")
-        chosen = [m for m in members if wanted is None or m.filename.removesuffix(".npy") in wanted]
-        total = 0
-        for member in members:  # every header, used or not: a pickle anywhere in the file is refused
-            with archive.open(member) as entry:
-                label = f"{path}: array {one_line(member.filename.removesuffix('.npy'), 100)!r}"
-                declared = _check_header(entry, member.file_size, label, limit_bytes)
-            total += declared if member in chosen else 0
-        if limit_bytes is not None and total > limit_bytes:
-            raise InputError(f"{path}: the arrays needed take {memory_text(total)}, above the memory limit "
-                             f"{memory_text(limit_bytes)}")
-        arrays = {}
-        for member in chosen:
-            with archive.open(member) as entry:
-                arrays[member.filename.removesuffix(".npy")] = np.lib.format.read_array(
-                    entry, allow_pickle=False, max_header_size=MAX_NPY_HEADER)
-        return arrays
+def _checked_members(archive: zipfile.ZipFile, path: Path, limit_bytes: int | None,
+                     wanted: Collection[str] | None) -> list[zipfile.ZipInfo]:
+    """The `wanted` members (all when None), once every member's header is checked: a pickle anywhere in the file is
+    refused, and the arrays wanted fit the limit together."""
+    members = archive.infolist()
+    if len(members) > MAX_NPZ_MEMBERS:
+        raise InputError(f"{path}: {len(members)} arrays, more than {MAX_NPZ_MEMBERS}: refused")
+    chosen = [m for m in members if wanted is None or m.filename.removesuffix(".npy") in wanted]
+    total = 0
+    for member in members:
+        with archive.open(member) as entry:
+            label = f"{path}: array {one_line(member.filename.removesuffix('.npy'), 100)!r}"
+            declared = _check_header(entry, member.file_size, label, limit_bytes)
+        total += declared if member in chosen else 0
+    if limit_bytes is not None and total > limit_bytes:
+        raise InputError(f"{path}: the arrays needed take {memory_text(total)}, above the memory limit "
+                         f"{memory_text(limit_bytes)}")
+    return chosen
+
+
+def _read_members(archive: zipfile.ZipFile, members: list[zipfile.ZipInfo]) -> dict:
+    arrays = {}
+    for member in members:
+        with archive.open(member) as entry:
+            arrays[member.filename.removesuffix(".npy")] = np.lib.format.read_array(
+                entry, allow_pickle=False, max_header_size=MAX_NPY_HEADER)
+    return arrays
 
 
 def _check_header(stream, stored_bytes: int, label: str, limit_bytes: int | None) -> int:

@@ -247,6 +247,25 @@ def test_a_malformed_source_is_refused_before_anything_runs(tmp_path, monkeypatc
         source.parse(text, None, normalize)
 
 
+@pytest.mark.parametrize("statistics, words", [
+    ({"mean/observation": np.zeros(3), "var/observation": np.ones(3)}, "--source-normalize holds statistics for the keys "
+     "['observation'], which are not the model's observation inputs ['obs'] (stats.npz)"),
+    ({"mean": np.zeros(3)}, "--source-normalize holds no var beside mean (stats.npz)"),
+    ({"mean": np.zeros(3), "var": np.array([{"pickled": 1}], dtype=object)},
+     "stats.npz: array 'var' is a pickled object array: refused (pickles are never loaded)"),
+])
+def test_an_npz_normalizer_not_for_the_models_inputs_is_one_line_before_anything_runs(tmp_path, statistics, words,
+                                                                                       policy_matrix):
+    """Its keys were read in the training interpreter, so a mismatch was the source cell's FAIL after the whole run.
+    The check reads the names (no array, never a pickle) and refuses there; the training interpreter never starts."""
+    policy = mlp_with_source(tmp_path)
+    np.savez(tmp_path / "stats.npz", **statistics)
+    done = policy_matrix(["run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act",
+                          "--source-normalize", tmp_path / "stats.npz"])
+    assert done.returncode == 2 and done.stderr.strip().endswith(words) and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_missing_source_interpreter_is_refused():
     with pytest.raises(InputError, match="--source-python /no/such/python: no such executable"):
         source.parse("python:trained_policy:act", "/no/such/python", None)

@@ -463,8 +463,8 @@ def thresholds(drift_factor: float, latency_threshold: float):
 
 def _source_option(text: str | None, python: str | None, normalize: Path | None, info, memory_limit: int,
                      timeout_s: float):
-    """--source checked before the run: its form, the model's inputs (no recurrent state), and that its interpreter has
-    the framework."""
+    """--source checked before the run: its form, the model's inputs (no recurrent state), an .npz normaliser's keys,
+    and that its interpreter has the framework."""
     if text is None:
         if python or normalize:
             raise InputError("--source-python and --source-normalize need --source")
@@ -473,6 +473,7 @@ def _source_option(text: str | None, python: str | None, normalize: Path | None,
 
     spec = source.parse(text, python, normalize)
     source.check_model(info)
+    source.check_normalizer(spec, info, memory_limit)
     return source.preflight(spec, memory_limit, timeout_s)  # the spec with its checked column process, waiting
 
 

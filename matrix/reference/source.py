@@ -46,7 +46,7 @@ from ..run.protocol import STAGES_AFTER_PARITY
 from .reference import Reference
 from ..results import Cell
 from .source_fit import DIVIDE_255, NORMALIZE, Bounds, Explanation, explain
-from . import SOURCE_TARGET
+from . import SOURCE_TARGET, source_runner
 from .source_job import FACTS_FILE
 from ..judge.judge import Evidence, Judge, parity
 
@@ -112,6 +112,21 @@ def check_model(model: ModelInfo) -> None:
         states = [pair.input for pair in model.state_pairs]
         raise InputError(f"--source does not feed a recurrent policy's state; {model.path.name} carries {states} (the "
                          "source column calls the policy one observation at a time; --env drives the runtimes without it)")
+
+
+def check_normalizer(spec: SourceSpec, model: ModelInfo, memory_limit: int | None) -> None:
+    """An .npz normaliser's statistics are for the model's observation inputs, read from its array names as the
+    training interpreter reads them (source_runner.npz_statistics), bounded as every user file is, never a pickle: a
+    mismatch is one line before anything runs. A VecNormalize pickle is the user's code, unpickled in the training
+    interpreter only; its keys are checked there, in the source cell."""
+    path = Path(spec.normalize)
+    if path.suffix != ".npz":
+        return
+    names = userfiles.npz_names(path, "--source-normalize statistics", memory_limit)
+    try:
+        source_runner.statistics_inputs(source_runner.npz_statistics(names), [i.name for i in model.inputs])
+    except ValueError as error:
+        raise InputError(f"{error} ({path.name})") from None
 
 
 def preflight(spec: SourceSpec, memory_limit: int | None, timeout_s: float) -> SourceSpec:

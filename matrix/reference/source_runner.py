@@ -37,6 +37,7 @@ import json
 import os
 import sys
 import zipfile
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -222,13 +223,7 @@ def _normalizer(path: Path, inputs: list[str]) -> dict:
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as data:
             stats = {name: data[name] for name in data.files}
-        if "mean" in stats:
-            per_input = {None: {"mean": stats["mean"], "var": stats["var"]}}
-        else:
-            keys = [name.removeprefix("mean/") for name in stats if name.startswith("mean/")]
-            per_input = {key: {"mean": stats[f"mean/{key}"], "var": stats[f"var/{key}"]} for key in keys}
-        if not per_input:
-            raise ValueError(f"--source-normalize {path.name}: holds no mean and var (nor mean/KEY and var/KEY per key)")
+        per_input = {key: {"mean": stats[mean], "var": stats[var]} for key, (mean, var) in npz_statistics(stats).items()}
         return _by_input(per_input, inputs, float(stats.get("epsilon", 1e-8)), float(stats.get("clip_obs", np.inf)))
     import pickle
 
@@ -240,18 +235,41 @@ def _normalizer(path: Path, inputs: list[str]) -> dict:
     return _by_input(per_input, inputs, float(vec_normalize.epsilon), float(vec_normalize.clip_obs))
 
 
-def _by_input(per_input: dict, inputs: list[str], epsilon: float, clip_obs: float) -> dict:
-    """The statistics keyed by the model's observation inputs; one array's statistics (key None) are the one input's."""
-    if None in per_input:
+def npz_statistics(names: Collection[str]) -> dict[str | None, tuple[str, str]]:
+    """The arrays of a --source-normalize .npz that hold each key's (mean, var): ("mean", "var") for one observation's
+    (key None), ("mean/KEY", "var/KEY") per key of a Dict observation. The core checks a file's names by it before
+    the run (matrix/reference/source.py), never loading the file; this interpreter reads the file by it."""
+    if "mean" in names:
+        found: dict[str | None, tuple[str, str]] = {None: ("mean", "var")}
+    else:
+        keys = [name.removeprefix("mean/") for name in names if name.startswith("mean/")]
+        found = {key: (f"mean/{key}", f"var/{key}") for key in keys}
+    if not found:
+        raise ValueError("--source-normalize holds no mean and var (nor mean/KEY and var/KEY per key)")
+    missing = [f"{var} beside {mean}" for mean, var in found.values() if var not in names]
+    if missing:
+        raise ValueError(f"--source-normalize holds no {missing[0]}")
+    return found
+
+
+def statistics_inputs(keys: Collection[str | None], inputs: list[str]) -> dict[str | None, str]:
+    """The model's observation input each statistics key is for; one array's statistics (key None) are the one input's."""
+    if None in keys:
         if len(inputs) != 1:
             raise ValueError(f"--source-normalize holds one observation's statistics; the model has the observation "
                              f"inputs {inputs} (a Dict observation's are per key)")
-        per_input = {inputs[0]: per_input[None]}
-    unknown = sorted(set(per_input) - set(inputs))
+        return {None: inputs[0]}
+    unknown = sorted(set(keys) - set(inputs))
     if unknown:
         raise ValueError(f"--source-normalize holds statistics for the keys {unknown}, which are not the model's "
                          f"observation inputs {inputs}")
-    return {"inputs": per_input, "epsilon": epsilon, "clip_obs": clip_obs}
+    return {key: key for key in keys}
+
+
+def _by_input(per_input: dict, inputs: list[str], epsilon: float, clip_obs: float) -> dict:
+    """The statistics keyed by the model's observation inputs."""
+    named = statistics_inputs(per_input, inputs)
+    return {"inputs": {named[key]: stats for key, stats in per_input.items()}, "epsilon": epsilon, "clip_obs": clip_obs}
 
 
 def _rows(request: dict) -> dict[str, np.ndarray]:
