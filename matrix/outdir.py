@@ -26,7 +26,7 @@ from .errors import InputError
 LOCK_FILE = ".policy-matrix.lock"
 # Every file the tool writes at the top of a report folder (report.write_all, orchestrate.run).
 TOOL_FILES = ("run.json", "results.jsonl", "results.json", "results.csv", "latency.csv", "summary.md", "junit.xml",
-              "index.html", "observations.npz", "reference.npz")
+              "index.html", "observations.npz", "reference.npz", "reference_margins.npz")
 # Folders the tool fills; everything inside them is its own.
 TOOL_FOLDERS = ("cells", "variants", "reference", "diagnosis", "fixes")
 # What only the tool writes, by which it knows a folder it took before: its mark, a run's record and journal,

@@ -563,6 +563,32 @@ def test_names_that_are_npz_words_or_paths_are_saved_and_read_back_as_themselves
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "m.onnx", "out"]
 
 
+def test_an_output_named_as_another_outputs_margins_keeps_its_own_values(tmp_path, policy_matrix):
+    """reference.npz held the outputs by name and each discrete output's margins as `margin:<output>`: an output
+    literally named `margin:action` (here the best logit) was overwritten by the action's margins. The margins have
+    their own file, by output name; reference.npz keeps every output by name, as readers take it."""
+    logits = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["obs", "w"], ["logits"]),
+             helper.make_node("ArgMax", ["logits"], ["action"], axis=1, keepdims=0),
+             helper.make_node("ReduceMax", ["logits"], ["margin:action"], axes=[1], keepdims=0)]
+    outputs = [helper.make_tensor_value_info("action", TensorProto.INT64, ["b"]), _float_io(["b"], "margin:action")]
+    model = _save(tmp_path, _model(nodes, [_float_io(["b", 4])], outputs, [logits], opset=[helper.make_opsetid("", 17)]))
+    out = tmp_path / "out"
+    done = policy_matrix([model, "--targets", "ort-cpu", "--variants", "fp32", "--iters", "5", "--out", out])
+    assert done.returncode == 0, done.stderr[-2000:]
+    from matrix import userfiles
+
+    observed = userfiles.read_arrays(out / "observations.npz", "observation", None)
+    reference = userfiles.read_arrays(out / "reference.npz", "reference", None)
+    margins = userfiles.read_arrays(out / "reference_margins.npz", "margins", None)
+    best, action = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(["margin:action", "action"], observed)
+    assert sorted(reference) == ["action", "margin:action"] and sorted(margins) == ["action"]
+    np.testing.assert_allclose(reference["margin:action"], best, atol=1e-6)
+    np.testing.assert_array_equal(reference["action"], action)
+    top2 = np.sort(observed["obs"].astype(np.float64) @ numpy_helper.to_array(logits), axis=1)[:, -2:]
+    np.testing.assert_allclose(margins["action"], top2[:, 1] - top2[:, 0], atol=1e-9)
+
+
 @pytest.mark.parametrize("name", ["..onnx", "...onnx"])
 def test_a_model_named_with_dots_reports_into_a_folder_of_its_own(name, tmp_path, policy_matrix):
     """The report's default folder is reports/<the file's stem>: the stem of '...onnx' is '..', which put the

@@ -33,6 +33,7 @@ DECISION_OPS = {"ArgMax", "ArgMin", "Round"}  # Round: a float decision per elem
 PASS_THROUGH_OPS = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand"}
 LOGITS_PREFIX = "policy_matrix_logits:"
 PART_PREFIX = "policy_matrix_part:"  # a concatenated decision as the Concat takes it: the shape its margins take
+MARGINS_FILE = "reference_margins.npz"  # beside reference.npz: the decision margins by output name
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,11 @@ def evaluator_for(proto: onnx.ModelProto):
 
 
 def save(ref: Reference, path: Path) -> None:
-    """The reference beside the observations, so anyone can audit a verdict: outputs by name,
-    decision margins as `margin:<output>`."""
-    observations.save({**ref.outputs, **{f"margin:{name}": margin for name, margin in ref.margins.items()}}, path)
+    """The reference beside the observations, so anyone can audit a verdict: outputs by name in `path`, each discrete
+    output's decision margins by the output's name in MARGINS_FILE beside it. Two files, not margins as members
+    `margin:<output>` among the outputs: an output may be named anything, `margin:action` too."""
+    observations.save(ref.outputs, path)
+    observations.save(ref.margins, path.with_name(MARGINS_FILE))
 
 
 def dev_runtime(model: ModelInfo, feeds: Feeds, batch: int) -> Feeds:

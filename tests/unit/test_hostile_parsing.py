@@ -547,8 +547,8 @@ FOLDERS = {
     "run.json: not JSON": (lambda tmp: _run_json(tmp, "{"), "not JSON"),
     "run.json: a list": (lambda tmp: _run_json(tmp, "[]"), "run.json"),
     **{f"planted link: {name}": (planted_link(name), "symbolic link")
-       for name in ("run.json", "results.jsonl", "reference.npz", "observations.npz", "results.json", "index.html",
-                    ".results.json.partial", "cells/ort-cpu-fp32/worker.log", "variants")},
+       for name in ("run.json", "results.jsonl", "reference.npz", "reference_margins.npz", "observations.npz",
+                    "results.json", "index.html", ".results.json.partial", "cells/ort-cpu-fp32/worker.log", "variants")},
     "lock: a folder": (lock_is("folder"), "not a regular file"),
     "lock: a symlink": (lock_is("symlink"), "symbolic link"),
     **{f"a folder of the user's: {command}": (users_folder(command), "not a policy-matrix report")
