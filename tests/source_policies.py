@@ -184,6 +184,38 @@ if __name__ == "__main__":
     torch.jit.trace(policy, example).save("flag_policy.pt")
 '''
 
+# A pixel policy taking uint8 frames, as a camera or an Atari wrapper gives them, exported with a uint8 example. It
+# follows torchvision's convert_image_dtype convention: integer pixels are scaled to [0, 1], float frames are taken
+# as scaled already; so it computes what its export does only when fed the export's uint8.
+TORCH_PIXEL_EXPORT = '''
+"""A module taking uint8 frames [B, 3, 8, 8], exported by torch.onnx.export and traced to TorchScript."""
+import torch
+
+
+class PixelPolicy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, kernel_size=3, stride=2)
+        self.head = torch.nn.Linear(4 * 3 * 3, 2)
+
+    def forward(self, frames):
+        scaled = frames.float() / 255.0 if frames.dtype == torch.uint8 else frames
+        return torch.tanh(self.head(torch.relu(self.conv(scaled)).flatten(1)))
+
+
+def make_policy():
+    return PixelPolicy().eval()
+
+
+if __name__ == "__main__":
+    policy = make_policy()
+    example = torch.zeros(1, 3, 8, 8, dtype=torch.uint8)
+    torch.onnx.export(policy, example, "pixel_policy.onnx", opset_version=17, input_names=["frames"],
+                      output_names=["action"], dynamic_axes={"frames": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+    torch.jit.trace(policy, example).save("pixel_policy.pt")
+'''
+
 # Stable-Baselines3's export guide: the actor (SAC) or the policy (PPO) wrapped in a module that calls it
 # deterministically, exported with torch.onnx.export (dynamo=False: the new exporter fails on SB3's actors).
 SB3_TRAIN_EXPORT = '''
@@ -239,10 +271,13 @@ def torch_with_source(folder: Path, python: Path) -> None:
     subprocess.run([str(python), "export.py"], cwd=folder, check=True, capture_output=True, timeout=600)
 
 
-def torch_flag_with_source(folder: Path, python: Path) -> None:
-    """flag_policy.py, flag_policy.onnx and flag_policy.pt: a module taking a rank-0 `deterministic` beside `obs`."""
-    (folder / "flag_policy.py").write_text(TORCH_FLAG_EXPORT)
-    subprocess.run([str(python), "flag_policy.py"], cwd=folder, check=True, capture_output=True, timeout=600)
+def torch_script_exports(name: str, script: str):
+    """cached_policies' maker of NAME.py (`script`), run where it is written: it leaves its exports beside itself."""
+    def make(folder: Path, python: Path) -> None:
+        (folder / f"{name}.py").write_text(script)
+        subprocess.run([str(python), f"{name}.py"], cwd=folder, check=True, capture_output=True, timeout=600)
+
+    return make
 
 
 def sb3_with_sources(folder: Path, python: Path) -> None:

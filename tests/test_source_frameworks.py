@@ -15,6 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -22,8 +23,8 @@ from targets import coreml_conversion
 from targets.build_once import exclusive
 from targets.isolated_env import env_python
 from targets.paths import cache_dir
-from tests.source_policies import (SB3_TRAIN_EXPORT, TORCH_EXPORT, TORCH_FLAG_EXPORT, TORCH_MODULE, cached_policies,
-                                   sb3_with_sources, torch_flag_with_source, torch_with_source)
+from tests.source_policies import (SB3_TRAIN_EXPORT, TORCH_EXPORT, TORCH_FLAG_EXPORT, TORCH_MODULE, TORCH_PIXEL_EXPORT,
+                                   cached_policies, sb3_with_sources, torch_script_exports, torch_with_source)
 from tests.test_source import FAST, source_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.coreml_env]
@@ -85,12 +86,32 @@ def test_a_rank_0_side_input_is_fed_whole_to_a_torch_module_and_compared(torch_p
     the rank-0 array's IndexError was the source cell's FAIL, a verdict the tool caused (so was torch.where's error on
     the float32 the runner made of every input). torch.onnx.export passed the flag positionally, whole, as a bool; the
     runner feeds it so on every call, and the column compares the export."""
-    folder = cached_policies("torch-flag", TORCH_FLAG_EXPORT, torch_python, torch_flag_with_source)
+    folder = cached_policies("torch-flag", TORCH_FLAG_EXPORT, torch_python, torch_script_exports("flag_policy", TORCH_FLAG_EXPORT))
     _linked(folder, ("flag_policy.py", "flag_policy.onnx", "flag_policy.pt"), tmp_path)
     monkeypatch.chdir(tmp_path)
     done = policy_matrix(["run", tmp_path / "flag_policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
                           "--source-python", torch_python, "--tolerance", "source:*=1e-5"])
     assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["verdict"] == "PASS" and cell["error"] is None, cell
+    assert cell["parity"][0]["max_abs"] <= 1e-5 and cell["latency"], cell
+
+
+@pytest.mark.parametrize("spec", ["torch:pixel_policy:make_policy", "torchscript:pixel_policy.pt"])
+def test_uint8_frames_reach_a_torch_module_as_uint8_and_its_export_is_compared(torch_python, tmp_path, spec,
+                                                                              policy_matrix, monkeypatch):
+    """A pixel policy exported with uint8 frames scales integer pixels itself and takes float frames as scaled
+    (torchvision's convention): fed anything but the export's uint8, the module computes another policy. The runner
+    gives it the frames as they are, and the column compares the export on whole-number pixels."""
+    folder = cached_policies("torch-pixels", TORCH_PIXEL_EXPORT, torch_python,
+                             torch_script_exports("pixel_policy", TORCH_PIXEL_EXPORT))
+    _linked(folder, ("pixel_policy.py", "pixel_policy.onnx", "pixel_policy.pt"), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    done = policy_matrix(["run", tmp_path / "pixel_policy.onnx", *FAST, "--out", tmp_path / "out", "--source", spec,
+                          "--source-python", torch_python, "--tolerance", "source:*=1e-5"])
+    assert done.returncode == 0, done.stderr
+    frames = np.load(tmp_path / "out" / "observations.npz")["frames"]
+    assert frames.dtype == np.uint8 and frames.max() > 200  # pixels across their range, not a cast of small floats
     cell = source_cell(tmp_path / "out")
     assert cell["verdict"] == "PASS" and cell["error"] is None, cell
     assert cell["parity"][0]["max_abs"] <= 1e-5 and cell["latency"], cell
