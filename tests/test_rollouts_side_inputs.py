@@ -114,6 +114,17 @@ def test_the_given_value_is_fed_on_every_step_to_the_runtime_and_the_reference(f
     assert np.mean(swinging) > -400 and np.mean(hanging) < -600, (swinging, hanging)
 
 
+def test_a_replayed_trajectory_feeds_the_value_on_every_step(flagged, tmp_path):
+    np.save(tmp_path / "trajectory.npy", np.random.default_rng(0).uniform(-1, 1, (20, 3)).astype(np.float32))
+    info = model_loader.load(flagged)
+    for given, moves in (("deterministic=true", True), ("deterministic=false", False)):
+        plan = rollouts.plan_for(info, side_inputs.conform(side_inputs.parse([given]), info),
+                                 trajectory=str(tmp_path / "trajectory.npy"))
+        actions = rollouts.replay(_ort_step(flagged), plan)
+        assert np.allclose(actions, rollouts.reference_rollout(info, plan).actions, atol=1e-5)
+        assert bool(np.abs(actions).max() > 0.1) == moves  # false: no torque on any step
+
+
 @pytest.mark.slow
 def test_env_runs_with_the_value_and_the_observation_set_holds_it(flagged, tmp_path, policy_matrix):
     out = tmp_path / "out"
