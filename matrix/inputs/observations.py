@@ -15,6 +15,7 @@ and recorded arrays keep the model's own layout: the batch on its axis.
 
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def _check_side(recorded: Feeds, side: Feeds, path: Path) -> None:
     for name, value in side.items():
         if name in recorded and not np.array_equal(recorded[name], value):
             shown = np.array2string(recorded[name], threshold=6)[:80]
-            raise InputError(f"{path}: holds {name!r} = {shown}, but --side-input gives {value.tolist()!r}: give one "
+            raise InputError(f"{path}: holds {name!r} = {shown}, but --side-input gives {json.dumps(value.tolist())}: give one "
                              "(leave it out of the file, or the option out)")
 
 

@@ -7,7 +7,7 @@ must agree with a recorded `--obs` file that holds the input too, and is fed on 
 episode (`--env`, `--trajectory`) to the float64 reference, every cell and the `--source` column alike.
 Without it, a seeded set feeds random values, and rollouts refuse to guess.
 
-Imported only when a side input is given or a rollout is planned: a plain run never pays for it.
+Imported only when a side input is given: a plain run never pays for it.
 """
 
 from __future__ import annotations
