@@ -47,6 +47,12 @@ BATCH_AXIS_OPTION = click.option(
          "Inferred otherwise: axis 0 of the first input, a recurrent pair's axis (an LSTM state [layers, batch, hidden]: 1), "
          "the observation's batch symbol."
 )
+SIDE_INPUT_OPTION = click.option(
+    "--side-input", "side_input", multiple=True, metavar="NAME=VALUE",
+    help="The value of an input fed whole beside the observation (no batch axis: a rank-0 deterministic, rng [1]), as "
+         "JSON: deterministic=true, rng=[0.5] (repeatable). It replaces the seeded value in every observation row and is "
+         "fed on every --env/--trajectory step; --env needs one for each such input."
+)
 LATENCY_THRESHOLD_OPTION = click.option(
     "--latency-threshold", default=0.25, show_default=True, help="p50 slowdown (fraction) that counts as a regression."
 )
@@ -158,10 +164,7 @@ class Observations(Group):
         click.option("--seed", default=options.DEFAULT_SEED, show_default=True,
                   help="Seed of the generated observation set, and of the first episode (episode i resets with seed+i)."),
         BATCH_AXIS_OPTION,
-        click.option("--side-input", "side_input", multiple=True, metavar="NAME=VALUE",
-                  help="The value of an input fed whole beside the observation (no batch axis: a rank-0 deterministic, rng [1]), "
-                       "as JSON: deterministic=true, rng=[0.5] (repeatable). It replaces the seeded value in every observation "
-                       "row and is fed on every --env/--trajectory step; --env needs one for each such input."),
+        SIDE_INPUT_OPTION,
     )
 
     def parse(self, values: dict) -> dict:
@@ -169,7 +172,7 @@ class Observations(Group):
 
         return {"observations": _observations_file(values["obs"]), "n_obs": options.at_least(values["n_obs"], 1, "--n-obs"),
                 "seed": options.at_least(values["seed"], 0, "--seed"), "batch_axes_given": parse_given(values["batch_axis"]),
-                "side_inputs": _side_inputs_given(values["side_input"])}
+                "side_inputs": side_inputs_given(values["side_input"])}
 
 
 class Timing(Group):
@@ -314,7 +317,7 @@ def run_config(model_path: Path, values: dict):
              **OUTPUT.parse(values, model_path), **OBSERVATIONS.parse(values), **TIMING.parse(values),
              **JUDGING.parse(values), **ASSIST.parse(values)}
     model = load_model(model_path, parts["memory_limit"], parts["batch_axes_given"])
-    config = RunConfig(model=model, **{**parts, "side_inputs": _side_inputs(parts["side_inputs"], model)})
+    config = RunConfig(model=model, **{**parts, "side_inputs": side_input_values(parts["side_inputs"], model)})
     model_loader.check_declared_sizes(config.model, config.memory_limit, 1 if config.observations else config.n_obs)
     model_loader.check_batch_sizes(config.model, config.memory_limit, config.batch_sizes)
     with isolation.capped_runner(config.memory_limit, "reading the candidates, trajectory and initial state"):
@@ -444,7 +447,7 @@ def _observations_file(path: Path | None) -> Path | None:
     return path
 
 
-def _side_inputs_given(specs: tuple[str, ...]) -> dict:
+def side_inputs_given(specs: tuple[str, ...]) -> dict:
     """--side-input NAME=VALUE parsed (its module only when one is given: a plain run never imports it)."""
     if not specs:
         return {}
@@ -453,7 +456,7 @@ def _side_inputs_given(specs: tuple[str, ...]) -> dict:
     return side_inputs.parse(specs)
 
 
-def _side_inputs(given: dict, model) -> dict:
+def side_input_values(given: dict, model) -> dict:
     """Each --side-input value as its input takes it (declared dtype and shape), once the model is read."""
     if not given:
         return {}
@@ -502,7 +505,7 @@ def _source_option(text: str | None, python: str | None, normalize: Path | None,
     return source.preflight(spec, memory_limit, timeout_s)  # the spec with its checked column process, waiting
 
 
-def rollout_options(info, seed: int, given: dict, limits, side_inputs: dict | None = None):
+def rollout_options(info, seed: int, given: dict, limits, side_inputs: dict):
     """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
     from ..run import env_check, rollouts
     from ..judge.rules import DEFAULT_RETURN_TOLERANCE, ReturnTolerance
