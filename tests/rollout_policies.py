@@ -150,3 +150,16 @@ def goal_seeker(path: Path) -> Path:
         [numpy_helper.from_array(value, name) for name, value in inits.items()],
     )
     return _save(graph, path, {"action_space": "continuous", "action_low": "-1.0", "action_high": "1.0"})
+
+
+def pendulum_with_flag(path: Path) -> Path:
+    """The pendulum controller beside a rank-0 bool `deterministic` (as torch.onnx.export writes an actor's flag):
+    true -> its torque (swings up), false -> no torque at all (hangs). What the flag is fed decides the return."""
+    controller = onnx.load(str(pendulum(path)))
+    graph = controller.graph
+    for node in graph.node:
+        node.output[:] = ["torque" if name == "action" else name for name in node.output]
+    graph.input.append(helper.make_tensor_value_info("deterministic", TensorProto.BOOL, []))
+    graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), "no_torque"))
+    graph.node.append(helper.make_node("Where", ["deterministic", "torque", "no_torque"], ["action"], name="flagged"))
+    return _save(graph, path, {"action_space": "continuous", "action_low": "-2.0", "action_high": "2.0"})

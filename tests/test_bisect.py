@@ -80,6 +80,7 @@ def test_no_change_in_the_range_exits_1_and_a_second_bisect_keeps_the_runs(polic
     (["ort-cpu", "1.21"], "expected OLD..NEW"),
     (["ort-cpu", "1.21.0..1.23.0", "--variant", "fp32,int8"], "one variant"),
     (["ort-cpu", "1.21.0..1.23.0", "--measure", "return"], "needs --env"),
+    (["ort-cpu", "1.21.0..1.23.0", "--side-input", "obs=1"], "--side-input 'obs': this input carries the batch"),
 ])
 def test_bad_input_is_one_line_and_exit_2(policy, tmp_path, args, words, policy_matrix):
     done = policy_matrix(["bisect", *args[:2], policy, *args[2:], "--out", tmp_path])

@@ -418,10 +418,11 @@ def setup(groups: tuple[str, ...]) -> None:
 @click.option("--env", default=None, help="Gymnasium id or module:Class: each release drives episodes (the return measure).")
 @click.option("--episodes", default=None, type=int, help="Episodes per release with --env.  [default: 10]")
 @click.option("--env-kwargs", default=None, help="JSON object of keyword arguments for the environment.")
+@args.SIDE_INPUT_OPTION
 @BROWSER_ENDPOINT_OPTION
 @BROWSER_PATH_OPTION
 def bisect(target, release_range, model, measure, threshold, variant, out, obs, n_obs, seed, batch_sizes, warmup, iters,
-           threads, tolerance, timeout, memory_limit, env, episodes, env_kwargs):
+           threads, tolerance, timeout, memory_limit, env, episodes, env_kwargs, side_input):
     """The first release of TARGET's runtime between OLD and NEW where MODEL's MEASURE changed, in log2 steps."""
     from . import release_bisect as releases
     from ..run.orchestrate import RunConfig, lock_out
@@ -436,6 +437,7 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
         raise InputError(f"bisect: {target!r}: name one target, without @RELEASE (the range gives the releases)")
     offered, floor = releases.offered(names[0])
     limit = options.memory_size(memory_limit) if memory_limit else options.default_memory_limit()
+    given_side_inputs = args.side_inputs_given(side_input)
     config = RunConfig(
         targets=names, variants=_one_variant(variant), out=out or Path("reports") / f"bisect-{model.stem}", observations=obs,
         n_obs=options.at_least(n_obs, 1, "--n-obs"), seed=options.at_least(seed, 0, "--seed"),
@@ -444,8 +446,9 @@ def bisect(target, release_range, model, measure, threshold, variant, out, obs, 
         timeout_s=options.seconds(timeout, "--timeout"), tolerances=args.tolerances(list(tolerance)), memory_limit=limit,
         model=args.load_model(model, limit, {}),
     )
+    config.side_inputs = args.side_input_values(given_side_inputs, config.model)
     config.rollout, config.return_tolerance = args.rollout_options(
-        config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs}, config.limits)
+        config.model, seed, {"env": env, "episodes": episodes, "env_kwargs": env_kwargs}, config.limits, config.side_inputs)
     span = releases.releases_between(offered, old, new, floor)
     outdir.claim(config.out)
     with lock_out(config.out):

@@ -47,6 +47,12 @@ BATCH_AXIS_OPTION = click.option(
          "Inferred otherwise: axis 0 of the first input, a recurrent pair's axis (an LSTM state [layers, batch, hidden]: 1), "
          "the observation's batch symbol."
 )
+SIDE_INPUT_OPTION = click.option(
+    "--side-input", "side_input", multiple=True, metavar="NAME=VALUE",
+    help="The value of an input fed whole beside the observation (no batch axis: a rank-0 deterministic, rng [1]), as "
+         "JSON: deterministic=true, rng=[0.5] (repeatable). It replaces the seeded value in every observation row and is "
+         "fed on every --env/--trajectory step; --env needs one for each such input."
+)
 LATENCY_THRESHOLD_OPTION = click.option(
     "--latency-threshold", default=0.25, show_default=True, help="p50 slowdown (fraction) that counts as a regression."
 )
@@ -158,13 +164,15 @@ class Observations(Group):
         click.option("--seed", default=options.DEFAULT_SEED, show_default=True,
                   help="Seed of the generated observation set, and of the first episode (episode i resets with seed+i)."),
         BATCH_AXIS_OPTION,
+        SIDE_INPUT_OPTION,
     )
 
     def parse(self, values: dict) -> dict:
         from ..inputs.batch_axes import parse_given
 
         return {"observations": _observations_file(values["obs"]), "n_obs": options.at_least(values["n_obs"], 1, "--n-obs"),
-                "seed": options.at_least(values["seed"], 0, "--seed"), "batch_axes_given": parse_given(values["batch_axis"])}
+                "seed": options.at_least(values["seed"], 0, "--seed"), "batch_axes_given": parse_given(values["batch_axis"]),
+                "side_inputs": side_inputs_given(values["side_input"])}
 
 
 class Timing(Group):
@@ -224,8 +232,9 @@ class Behaviour(Group):
     )
     NAMES = ("env", "episodes", "env_kwargs", "clip_actions", "return_tolerance", "trajectory", "initial_state")
 
-    def parse(self, values: dict, model, seed: int, limits) -> dict:
-        plan, return_tolerance = rollout_options(model, seed, {name: values[name] for name in self.NAMES}, limits)
+    def parse(self, values: dict, model, seed: int, limits, side_inputs: dict) -> dict:
+        plan, return_tolerance = rollout_options(model, seed, {name: values[name] for name in self.NAMES}, limits,
+                                                 side_inputs)
         return {"rollout": plan, "return_tolerance": return_tolerance}
 
 
@@ -307,11 +316,13 @@ def run_config(model_path: Path, values: dict):
     parts = {**selection, **DECISION.parse(values, selection["targets"]), **LIMITS.parse(values),
              **OUTPUT.parse(values, model_path), **OBSERVATIONS.parse(values), **TIMING.parse(values),
              **JUDGING.parse(values), **ASSIST.parse(values)}
-    config = RunConfig(model=load_model(model_path, parts["memory_limit"], parts["batch_axes_given"]), **parts)
+    model = load_model(model_path, parts["memory_limit"], parts["batch_axes_given"])
+    config = RunConfig(model=model, **{**parts, "side_inputs": side_input_values(parts["side_inputs"], model)})
     model_loader.check_declared_sizes(config.model, config.memory_limit, 1 if config.observations else config.n_obs)
     model_loader.check_batch_sizes(config.model, config.memory_limit, config.batch_sizes)
     with isolation.capped_runner(config.memory_limit, "reading the candidates, trajectory and initial state"):
-        read = {**CANDIDATES.parse(values, config.model), **BEHAVIOUR.parse(values, config.model, config.seed, config.limits)}
+        read = {**CANDIDATES.parse(values, config.model),
+                **BEHAVIOUR.parse(values, config.model, config.seed, config.limits, config.side_inputs)}
     return replace(config, **read, **SOURCE.parse(values, config.model, config.memory_limit, config.timeout_s))
 
 
@@ -436,6 +447,24 @@ def _observations_file(path: Path | None) -> Path | None:
     return path
 
 
+def side_inputs_given(specs: tuple[str, ...]) -> dict:
+    """--side-input NAME=VALUE parsed (its module only when one is given: a plain run never imports it)."""
+    if not specs:
+        return {}
+    from ..inputs import side_inputs
+
+    return side_inputs.parse(specs)
+
+
+def side_input_values(given: dict, model) -> dict:
+    """Each --side-input value as its input takes it (declared dtype and shape), once the model is read."""
+    if not given:
+        return {}
+    from ..inputs import side_inputs
+
+    return side_inputs.conform(given, model)
+
+
 def _out_dir(out: Path | None, resume: Path | None, model: Path) -> Path:
     """--resume DIR continues in DIR; --out, when also given, must name the same folder."""
     if resume is None:
@@ -477,7 +506,7 @@ def _source_option(text: str | None, python: str | None, normalize: Path | None,
     return source.preflight(spec, memory_limit, timeout_s)  # the spec with its checked column process, waiting
 
 
-def rollout_options(info, seed: int, given: dict, limits):
+def rollout_options(info, seed: int, given: dict, limits, side_inputs: dict):
     """The rollout plan (None without --env/--trajectory) and the return tolerance, checked against the model."""
     from ..run import env_check, rollouts
     from ..judge.rules import DEFAULT_RETURN_TOLERANCE, ReturnTolerance
@@ -495,7 +524,7 @@ def rollout_options(info, seed: int, given: dict, limits):
     env_kwargs = chosen.get("env_kwargs", "{}")
     episodes = options.at_least(chosen.get("episodes", 10), 1, "--episodes")
     plan = rollouts.plan_for(
-        info, env=env or "", episodes=episodes, seed=seed, env_kwargs=rollouts.parse_env_kwargs(env_kwargs),
+        info, side_inputs, env=env or "", episodes=episodes, seed=seed, env_kwargs=rollouts.parse_env_kwargs(env_kwargs),
         clip_actions=bool(chosen.get("clip_actions", False)),
         trajectory=str(Path(trajectory).resolve()) if trajectory else "",
     )

@@ -121,7 +121,8 @@ def _side_inputs(model: ModelInfo) -> Lint:
     whole = fed_whole(model)
     if not whole:
         return Lint("side-inputs", "ok", "every input carries the batch dimension")
-    return Lint("side-inputs", "warn", f"inputs without the batch dimension, fed whole to every call: {whole}")
+    return Lint("side-inputs", "warn", f"inputs without the batch dimension, fed whole to every call: {whole} (seeded "
+                "rows give them random values; --side-input NAME=VALUE gives the one you ship, and --env needs it)")
 
 
 def _recurrent_state(model: ModelInfo) -> Lint:

@@ -3,8 +3,9 @@
 Precedence: recorded (`--obs`) > states the float64 reference visited in its own
 rollouts (`--env`) or the recorded trajectory (`--trajectory`), sampled evenly
 over episodes and steps > samples inside the environment's observation space
-(`--env`, when the rollouts cannot give the set: a model with inputs besides the
-observation) > seeded synthetic rows. Single-step drift on states a
+(`--env`, when the rollouts cannot give the set: a model with a recurrent state
+beside the observation) > seeded synthetic rows. A side input given a value
+(`--side-input`) holds that value in every set. Single-step drift on states a
 policy never visits says little about the policy (SB3 Pendulum: 50 of 128
 synthetic rows are states the environment can produce; int8 drift 0.286 there,
 0.218 on its own states, equal returns), so a cell judged on synthetic rows says so.
@@ -16,6 +17,7 @@ reference's rollout first) and saved as observations.npz like any other set.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +45,15 @@ class ObservationSource:
         return f"{size} {self.detail}{why}"
 
 
-def choose(recorded: Path | None, plan, model: ModelInfo, seed: int) -> ObservationSource:
-    """The strongest source this run has; `plan` is the rollout plan (None without --env/--trajectory)."""
+def choose(recorded: Path | None, plan, model: ModelInfo, seed: int, side: Feeds | None = None) -> ObservationSource:
+    """The strongest source this run has; `plan` is the rollout plan (None without --env/--trajectory), `side` the
+    side inputs' given values (--side-input), which every source holds in place of its own."""
+    given = "".join(f"; {name} = {json.dumps(value.tolist())} as given" for name, value in (side or {}).items())
+    source = _strongest(recorded, plan, model, seed, set(side or {}))
+    return ObservationSource(source.kind, source.detail + given, source.fallback_reason)
+
+
+def _strongest(recorded: Path | None, plan, model: ModelInfo, seed: int, side: set[str]) -> ObservationSource:
     if recorded:
         return ObservationSource(RECORDED, f"recorded observations from {Path(recorded).name}")
     pixels = pixels_said(model)
@@ -55,7 +64,7 @@ def choose(recorded: Path | None, plan, model: ModelInfo, seed: int) -> Observat
         return ObservationSource(SYNTHETIC, synthetic, "pass --obs or --env for the policy's own states")
     if plan.open_loop:
         return ObservationSource(TRAJECTORY, f"observations of the trajectory {Path(plan.trajectory).name}, sampled evenly")
-    if [spec.name for spec in model.inputs] != plan.observation_names:
+    if [spec.name for spec in model.inputs if spec.name not in side] != plan.observation_names:
         return ObservationSource(SPACE, f"samples inside {plan.env}'s observation space (uniform where bounded, normal "
                                  f"where not; other inputs seeded, seed {seed})", "the rollouts record only the observation "
                                  "inputs, and the model has others (recurrent state)")
@@ -94,12 +103,12 @@ def _shares(lengths: list[int], count: int) -> list[int]:
 
 def visited_feeds(episode_observations: list[Feeds], plan, count: int, multiple: int = 1) -> Feeds:
     """The observation set from the reference's episodes (or a trajectory as one run), one array per observation
-    input in the model's dtype and shape. The rows are the same steps for every input: which steps are taken
-    depends only on the runs' lengths."""
+    input in the model's dtype and shape, and each side input as the episodes fed it. The rows are the same steps
+    for every input: which steps are taken depends only on the runs' lengths."""
     runs = [run for run in episode_observations if len(next(iter(run.values())))]
-    return {o.input: sample_evenly([np.asarray(run[o.input]).reshape([len(run[o.input]), *o.shape]) for run in runs],
-                                   count, multiple).astype(o.dtype)
-            for o in plan.observations}
+    return {**{o.input: sample_evenly([np.asarray(run[o.input]).reshape([len(run[o.input]), *o.shape]) for run in runs],
+                                      count, multiple).astype(o.dtype)
+               for o in plan.observations}, **plan.side_feeds}
 
 
 def inside_space(feeds: Feeds, plan, seed: int) -> Feeds:

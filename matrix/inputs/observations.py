@@ -15,6 +15,7 @@ and recorded arrays keep the model's own layout: the batch on its axis.
 
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
@@ -82,17 +83,22 @@ def _values(spec: TensorSpec, shape: list[int], rng: np.random.Generator, pixels
     return values.astype(dtype)
 
 
-def load(path: Path, model: ModelInfo, limit_bytes: int | None = None) -> Feeds:
+def load(path: Path, model: ModelInfo, limit_bytes: int | None = None, side: Feeds | None = None) -> Feeds:
     """A user's recorded observations, checked before anything is allocated or unpickled (matrix.userfiles):
-    of an .npz only the model's inputs are read."""
-    path = Path(path)
+    of an .npz only the model's inputs are read. A side input given a value (`side`, --side-input) need not be
+    in the file; where it is, it must hold that value."""
+    path, side = Path(path), side or {}
     arrays = userfiles.read_arrays(path, "observation", limit_bytes, wanted=[spec.name for spec in model.inputs])
     if isinstance(arrays, np.ndarray):
-        if len(model.inputs) != 1:
+        recorded = [spec.name for spec in model.inputs if spec.name not in side]
+        if len(recorded) != 1:
             raise InputError(f"{path}: a .npy holds one array but the model has {len(model.inputs)} inputs; use .npz")
-        arrays = {model.inputs[0].name: arrays}
+        arrays = {recorded[0]: arrays}
     axes = model.batch_axes
-    feeds = {spec.name: _conform(spec, axes.get(spec.name), arrays, path, model.is_policy) for spec in model.inputs}
+    feeds = {spec.name: _conform(spec, axes.get(spec.name), arrays, path, model.is_policy)
+             for spec in model.inputs if spec.name in arrays or spec.name not in side}
+    _check_side(feeds, side, path)
+    feeds = {spec.name: feeds[spec.name] if spec.name in feeds else side[spec.name] for spec in model.inputs}
     rows = {name: array.shape[axes[name]] for name, array in feeds.items() if name in axes}
     _check_rows(rows, path, batch_multiple(model))
     return feeds
@@ -116,6 +122,15 @@ def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path, finit
     _check_finite(cast, spec, axis, path)
     check_held(array, cast, spec.name, axis, path)
     return cast
+
+
+def _check_side(recorded: Feeds, side: Feeds, path: Path) -> None:
+    """Two values for one side input (the file's and --side-input's) is a mistake to say, not one to choose between."""
+    for name, value in side.items():
+        if name in recorded and not np.array_equal(recorded[name], value):
+            shown = np.array2string(recorded[name], threshold=6)[:80]
+            raise InputError(f"{path}: holds {name!r} = {shown}, but --side-input gives {json.dumps(value.tolist())}: give one "
+                             "(leave it out of the file, or the option out)")
 
 
 def check_held(recorded: np.ndarray, cast: np.ndarray, name: str, axis: int | None, path: Path) -> None:

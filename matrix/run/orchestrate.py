@@ -90,10 +90,11 @@ class RunConfig:
     source: source.SourceSpec | None = None  # --source: the policy in its training framework, one more column
     required: list[str] = field(default_factory=list)  # --require: targets that must run (not only SKIP)
     decision: decide.Request = field(default_factory=decide.Request)  # --budget / --prefer: what to ship per target
+    side_inputs: observations.Feeds = field(default_factory=dict)  # --side-input: inputs fed whole, their given values
 
     @property
     def observation_source(self) -> observation_sources.ObservationSource:
-        return observation_sources.choose(self.observations, self.rollout, self.model, self.seed)
+        return observation_sources.choose(self.observations, self.rollout, self.model, self.seed, self.side_inputs)
 
     def judge(self) -> Judge:
         """The run's one Judge: every cell, fix attempt, candidate and release is judged by it."""
@@ -447,6 +448,8 @@ def _grid_identity(config: RunConfig) -> dict:
         identity["candidates"] = [c.sha256 for c in config.candidates]
     if config.settings_grid.settings:
         identity["settings_grid"] = config.settings_grid.describe()["settings"]
+    if config.side_inputs:
+        identity["side_inputs"] = {name: value.tolist() for name, value in config.side_inputs.items()}
     return identity
 
 
@@ -586,11 +589,11 @@ def _observation_set(config: RunConfig, obs_source: observation_sources.Observat
     reference job), under the run's memory cap."""
     with isolation.capped_runner(config.memory_limit, f"making the observation set ({obs_source.kind})"):
         if obs_source.kind == observation_sources.RECORDED:
-            return observations.load(config.observations, config.model, config.memory_limit)
+            return observations.load(config.observations, config.model, config.memory_limit, config.side_inputs)
         if obs_source.kind == observation_sources.TRAJECTORY:
             recorded = rollouts.load_trajectory(Path(config.rollout.trajectory), config.rollout)
             return observation_sources.visited_feeds([recorded], config.rollout, config.n_obs, observations.batch_multiple(config.model))
-        seeded = observations.seeded(config.model, config.n_obs, config.seed)
+        seeded = {**observations.seeded(config.model, config.n_obs, config.seed), **config.side_inputs}  # the user's value
         return observation_sources.inside_space(seeded, config.rollout, config.seed) if obs_source.kind == observation_sources.SPACE else seeded
 
 

@@ -9,11 +9,14 @@ sees the same initial states. A recurrent policy (an input/output state pair)
 carries its state from step to step, starting from zeros or the values given
 (`--initial-state`).
 
-The observation inputs are every input but the state inputs: one for a Box or
-Discrete observation, one per key for a Dict observation (SB3's MultiInputPolicy,
-goal-conditioned HER policies, image + proprioception), each key feeding the
-input of the same name. A single input is the one-key case throughout: what is
-recorded per step (and sampled, replayed, compared) is one array per input.
+The observation inputs are every input but the state inputs and the side inputs:
+one for a Box or Discrete observation, one per key for a Dict observation (SB3's
+MultiInputPolicy, goal-conditioned HER policies, image + proprioception), each key
+feeding the input of the same name. A single input is the one-key case throughout:
+what is recorded per step (and sampled, replayed, compared) is one array per input.
+A side input (fed whole, no batch axis: a rank-0 `deterministic`, `rng [1]`) is no
+part of the observation: it is fed the value the user gave (`--side-input`, see
+matrix/inputs/side_inputs.py) on every step, the same for the reference and every cell.
 
 Without an environment, a recorded observation sequence is replayed open loop
 (`--trajectory`) and the drift of each step's action is reported along it.
@@ -78,6 +81,18 @@ class ObservationInput:
 
 
 @dataclass
+class SideInput:
+    input: str  # an input fed whole (no batch axis), beside the observation
+    shape: list[int]  # as fed, whole
+    dtype: str
+    value: object  # the --side-input value as nested lists (a bare number for rank 0): plain data, it crosses processes
+
+    @property
+    def array(self) -> np.ndarray:
+        return np.asarray(self.value, dtype=self.dtype).reshape(self.shape)
+
+
+@dataclass
 class RolloutPlan:
     """What a worker needs to drive episodes; travels in the cell's spec.json."""
 
@@ -93,11 +108,13 @@ class RolloutPlan:
     initial_state: str = ""  # the --initial-state file's name, for the report (the values are in `states`)
     action_low: list[float] | None = None  # a Box action space's bounds, flattened (read from the env by check())
     action_high: list[float] | None = None
+    side_inputs: list[SideInput] = field(default_factory=list)  # fed the same value on every step
 
     @classmethod
     def from_dict(cls, data: dict) -> "RolloutPlan":
         return cls(**{**data, "observations": [ObservationInput(**o) for o in data["observations"]],
-                      "states": [StatePair(**s) for s in data.get("states", [])]})
+                      "states": [StatePair(**s) for s in data.get("states", [])],
+                      "side_inputs": [SideInput(**s) for s in data.get("side_inputs", [])]})
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,9 +127,16 @@ class RolloutPlan:
     def observation_names(self) -> list[str]:
         return [o.input for o in self.observations]
 
+    @property
+    def side_feeds(self) -> Feeds:
+        """The side inputs as fed on every step (made once per episode or replay: the loop's cost is every step's)."""
+        return {s.input: s.array for s in self.side_inputs}
+
     def describe(self) -> dict:
         """The run's options entry: what a reader needs to reproduce the episodes."""
         states = {"states": [s.input for s in self.states], "initial_state": self.initial_state or "zeros"} if self.states else {}
+        if self.side_inputs:
+            states["side_inputs"] = {s.input: s.value for s in self.side_inputs}
         if self.open_loop:
             return {"mode": "open-loop", "trajectory": Path(self.trajectory).name, **states}
         return {"mode": "closed-loop", "env": self.env, "env_kwargs": self.env_kwargs, "episodes": self.episodes,
@@ -128,15 +152,18 @@ def state_pairs(model: ModelInfo) -> list[StatePair]:
             for pair in model.state_pairs]
 
 
-def plan_for(model: ModelInfo, **settings) -> RolloutPlan:
-    """The rollout plan for this model (every input but the recurrent state inputs is fed by the observation);
-    InputError when it cannot take one observation at a time."""
+def plan_for(model: ModelInfo, side_values: Feeds | None = None, **settings) -> RolloutPlan:
+    """The rollout plan for this model (every input but the recurrent state inputs and the side inputs is fed by the
+    observation; each side input its value in `side_values`, from --side-input); InputError when it cannot take one
+    observation at a time, or a side input has no value."""
     states = state_pairs(model)
     state_inputs = {s.input for s in states}
+    sides = side_inputs(model, state_inputs, side_values or {})
+    fed = state_inputs | {s.input for s in sides}
     observed = [ObservationInput(spec.name, _fixed_dims(spec, model), spec.dtype)
-                for spec in model.inputs if spec.name not in state_inputs]
+                for spec in model.inputs if spec.name not in fed]
     if not observed:
-        raise InputError("rollouts need an observation input besides recurrent state inputs")
+        raise InputError("rollouts need an observation input besides recurrent state inputs and side inputs")
     for spec in model.inputs:
         batch = batch_dim(spec, model.batch_axes)
         if isinstance(batch, int) and batch != 1:
@@ -146,7 +173,27 @@ def plan_for(model: ModelInfo, **settings) -> RolloutPlan:
     if not actions:
         raise InputError("rollouts need an action output besides recurrent state outputs")
     action = "action" if "action" in actions else actions[0]
-    return RolloutPlan(observations=observed, action_output=action, states=states, **settings)
+    return RolloutPlan(observations=observed, action_output=action, states=states, side_inputs=sides, **settings)
+
+
+def side_inputs(model: ModelInfo, state_inputs: set[str], values: Feeds) -> list[SideInput]:
+    """The inputs fed whole beside the observation, each with its given value: the loop cannot guess a flag's or a
+    seed's value, so one without is refused, naming the option that gives it."""
+    whole = [spec for spec in model.inputs if spec.name not in model.batch_axes and spec.name not in state_inputs]
+    missing = [spec for spec in whole if spec.name not in values]
+    if missing:
+        spec = missing[0]
+        raise InputError(f"rollouts feed the input {spec.name!r} ({spec.dtype} {spec.shape}, no batch axis: a side input "
+                         f"beside the observation) one value on every step, which the tool cannot guess: give it with "
+                         f"--side-input {spec.name}=VALUE (e.g. {spec.name}={_example(spec)})")
+    return [SideInput(spec.name, list(values[spec.name].shape), spec.dtype, values[spec.name].tolist()) for spec in whole]
+
+
+def _example(spec: TensorSpec) -> str:
+    shape = [d if isinstance(d, int) else 1 for d in spec.shape]
+    if int(np.prod(shape)) == 1:  # one number: --side-input takes it for any one-element input
+        return "true" if np.dtype(spec.dtype).kind == "b" else "0"
+    return str(np.zeros(shape, int).tolist()).replace(" ", "")
 
 
 def _fixed_dims(spec: TensorSpec, model: ModelInfo) -> list[int]:
@@ -355,14 +402,14 @@ def set_initial_state(plan: RolloutPlan, path: Path, limit_bytes: int | None = N
 
 def run_episode(step: Step, env, plan: RolloutPlan, seed: int) -> Episode:
     observation, _ = env.reset(seed=seed)
-    state = initial_state(plan)
+    state, side = initial_state(plan), plan.side_feeds
     names, layout = plan.observation_names, feed_layout(plan)  # once: the loop's own cost is part of every step
     seen, actions, rewards, clipped_steps = {name: [] for name in names}, [], [], 0
     kind = _action_kind(env.action_space)
     done = False
     while not done:
         given = by_input(observation, names)
-        outputs = step({**to_feeds(given, layout), **state})
+        outputs = step({**to_feeds(given, layout), **side, **state})
         state = {s.input: outputs[s.output] for s in plan.states}
         action, clipped = to_env_action(outputs[plan.action_output], env.action_space, plan.clip_actions, kind)
         for name, value in given.items():
@@ -433,11 +480,11 @@ def trajectory_length(recorded: Feeds) -> int:
 
 def replay(step: Step, plan: RolloutPlan) -> np.ndarray:
     """Open loop: each recorded observation in order, state carried; the action of each step."""
-    state = initial_state(plan)
+    state, side = initial_state(plan), plan.side_feeds
     actions = []
     recorded = load_trajectory(Path(plan.trajectory), plan)
     for t in range(trajectory_length(recorded)):
-        outputs = step({**{name: values[t : t + 1] for name, values in recorded.items()}, **state})
+        outputs = step({**{name: values[t : t + 1] for name, values in recorded.items()}, **side, **state})
         state = {s.input: outputs[s.output] for s in plan.states}
         actions.append(np.asarray(outputs[plan.action_output], dtype=np.float64)[0])
     return np.stack(actions)

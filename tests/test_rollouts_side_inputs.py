@@ -1,0 +1,196 @@
+"""`--side-input NAME=VALUE`: a policy with an input fed whole beside its observation (a rank-0 `deterministic`
+flag, `rng [1]`, silero-vad's rank-0 `sr`) in the matrix and in the loop.
+
+The loop cannot guess a side input's value, the user can: given, it is fed on every step to the float64 reference,
+every cell and the --source column alike, and it replaces the seeded value in the observation set, so the parity
+rows are judged with it too. Real parts: onnxruntime, the float64 reference and Gymnasium's Pendulum; the
+torch.onnx.export'ed flag policy (tests/source_policies.py) with its TorchScript twin as the --source column.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import policies
+import rollout_policies
+from conftest import load_results
+from source_policies import TORCH_FLAG_EXPORT, cached_policies, torch_script_exports
+
+from matrix.errors import InputError
+from matrix.inputs import model as model_loader
+from matrix.inputs import observations, side_inputs
+from matrix.run import rollouts
+
+FAST = ("--iters", "5", "--warmup", "1", "--batch-sizes", "1", "--variants", "fp32", "--targets", "ort-cpu")
+
+
+@pytest.fixture
+def flagged(tmp_path) -> Path:
+    """The hand-written pendulum controller beside a rank-0 bool `deterministic`: true swings up, false hangs."""
+    return rollout_policies.pendulum_with_flag(tmp_path / "flagged.onnx")
+
+
+@pytest.fixture
+def with_rng(tmp_path) -> Path:
+    """obs [batch, 8] beside rng [1] (tests/policies.py): the action is scaled by rng."""
+    return policies.save(policies.side_input_policy(), tmp_path, "with_rng")
+
+
+def _ort_step(path: Path) -> rollouts.Step:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return lambda feeds: dict(zip(names, session.run(names, feeds)))
+
+
+def _returns(path: Path, given: str) -> tuple[list[float], list[float]]:
+    """Per-episode returns of onnxruntime and of the float64 reference, the flag given as `given`."""
+    info = model_loader.load(path)
+    plan = rollouts.plan_for(info, side_inputs.conform(side_inputs.parse([given]), info), env="Pendulum-v1", episodes=2)
+    measured, arrays = rollouts.drive(_ort_step(path), plan, lambda progress: None)
+    reference = rollouts.reference_rollout(info, plan)
+    record = rollouts.summarise(measured, arrays, reference, plan)
+    return [e.episode_return for e in record.episodes], [e.reference_return for e in record.episodes]
+
+
+# --- the value, checked against the input ------------------------------------------------------------
+
+def test_a_value_is_cast_to_the_inputs_dtype_and_shape(flagged, with_rng):
+    flag, rng = model_loader.load(flagged), model_loader.load(with_rng)
+    assert side_inputs.conform(side_inputs.parse(["deterministic=1"]), flag)["deterministic"] == np.array(True)
+    assert side_inputs.conform(side_inputs.parse(["deterministic=false"]), flag)["deterministic"].dtype == np.bool_
+    for spec in ("rng=0.5", "rng=[0.5]"):  # one number for a one-element input
+        value = side_inputs.conform(side_inputs.parse([spec]), rng)["rng"]
+        assert value.dtype == np.float32 and value.tolist() == [0.5]
+
+
+@pytest.mark.parametrize("policy, spec, words", [
+    ("flagged", "deterministic=2", "--side-input 'deterministic': expected true/false (or 1/0); input 'deterministic' is bool [] (one value)"),
+    ("flagged", "deterministic=[true]", "a value of shape [1]; input 'deterministic' is bool []"),
+    ("flagged", 'deterministic="yes"', "expected a JSON number, true/false or nested lists of them"),
+    ("flagged", "deterministic=True", "--side-input 'deterministic': not JSON"),
+    ("flagged", "deterministic", "expected NAME=VALUE"),
+    ("flagged", "seed=1", "--side-input 'seed': the model has no such input; its inputs fed whole are ['deterministic']"),
+    ("flagged", "obs=[0,0,0]", "--side-input 'obs': this input carries the batch (axis 0)"),
+    ("with_rng", "rng=[0.5,1]", "a value of shape [2]; input 'rng' is float32 [1]"),
+    ("with_rng", "rng=NaN", "holds a non-finite value"),
+    ("with_rng", "rng=1e39", "beyond what a float32 holds"),
+])
+def test_a_bad_value_is_one_line_naming_the_input_and_what_it_expects(policy, spec, words, request, tmp_path,
+                                                                       policy_matrix):
+    done = policy_matrix([request.getfixturevalue(policy), "--out", tmp_path / "out", "--side-input", spec])
+    assert done.returncode == 2 and len(done.lines) == 1 and words in done.lines[0], done.lines[-3:]
+
+
+def test_an_integer_input_takes_whole_numbers_it_holds(tmp_path):
+    info = model_loader.load(policies.save(policies.vad_with_sample_rate(), tmp_path, "vad"))  # rank-0 int64 `sr`
+    assert side_inputs.conform(side_inputs.parse(["sr=16000"]), info)["sr"].dtype == np.int64
+    with pytest.raises(InputError, match="expected whole numbers a int64 holds; input 'sr' is int64"):
+        side_inputs.conform(side_inputs.parse(["sr=0.5"]), info)
+    with pytest.raises(InputError, match="is given twice"):
+        side_inputs.parse(["sr=1", "sr=2"])
+    with pytest.raises(InputError, match="'state': a recurrent state input"):
+        side_inputs.conform(side_inputs.parse(["state=0"]), info)
+
+
+# --- in the loop -------------------------------------------------------------------------------------
+
+def test_without_a_value_the_loop_refuses_naming_the_option(flagged, tmp_path, policy_matrix):
+    done = policy_matrix([flagged, "--out", tmp_path / "out", "--env", "Pendulum-v1"])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-3:]
+    assert ("the input 'deterministic' (bool [], no batch axis: a side input beside the observation) one value on every "
+            "step, which the tool cannot guess: give it with --side-input deterministic=VALUE (e.g. deterministic=true)"
+            in done.lines[0])
+
+
+def test_the_given_value_is_fed_on_every_step_to_the_runtime_and_the_reference(flagged):
+    """The flag decides the return: true swings up (about -145 a seed), false hangs (about -1000); the runtime and the
+    reference fed the same value return the same."""
+    swinging, swinging_reference = _returns(flagged, "deterministic=true")
+    hanging, hanging_reference = _returns(flagged, "deterministic=false")
+    assert np.allclose(swinging, swinging_reference, rtol=1e-5) and np.allclose(hanging, hanging_reference, rtol=1e-5)
+    assert np.mean(swinging) > -400 and np.mean(hanging) < -600, (swinging, hanging)
+
+
+def test_a_replayed_trajectory_feeds_the_value_on_every_step(flagged, tmp_path):
+    np.save(tmp_path / "trajectory.npy", np.random.default_rng(0).uniform(-1, 1, (20, 3)).astype(np.float32))
+    info = model_loader.load(flagged)
+    for given, moves in (("deterministic=true", True), ("deterministic=false", False)):
+        plan = rollouts.plan_for(info, side_inputs.conform(side_inputs.parse([given]), info),
+                                 trajectory=str(tmp_path / "trajectory.npy"))
+        actions = rollouts.replay(_ort_step(flagged), plan)
+        assert np.allclose(actions, rollouts.reference_rollout(info, plan).actions, atol=1e-5)
+        assert bool(np.abs(actions).max() > 0.1) == moves  # false: no torque on any step
+
+
+@pytest.mark.slow
+def test_env_runs_with_the_value_and_the_observation_set_holds_it(flagged, tmp_path, policy_matrix):
+    out = tmp_path / "out"
+    done = policy_matrix([flagged, *FAST, "--out", out, "--env", "Pendulum-v1", "--episodes", "2",
+                          "--side-input", "deterministic=true"])
+    assert done.returncode == 0, done.stderr
+    results = load_results(out)
+    cell = results["cells"][0]
+    assert cell["verdict"] == "PASS" and cell["rollout"]["mean_return"] > -400, cell["reasons"]
+    assert abs(cell["rollout"]["return_delta"]) < 1e-3
+    assert results["model"]["observation_kind"] == "visited"  # the side input no longer stands in the way
+    assert results["model"]["observation_source"].endswith("; deterministic = true as given")
+    assert results["settings"]["rollout"]["side_inputs"] == {"deterministic": True}
+    assert observations.read(out / "observations.npz")["deterministic"] == np.array(True)
+
+
+# --- the matrix's rows -------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_seeded_rows_and_a_recorded_file_without_it_hold_the_given_value(with_rng, tmp_path, policy_matrix):
+    seeded = policy_matrix([with_rng, *FAST, "--out", tmp_path / "seeded", "--side-input", "rng=0.25"])
+    assert seeded.returncode == 0, seeded.stderr
+    assert observations.read(tmp_path / "seeded" / "observations.npz")["rng"].tolist() == [0.25]
+    recorded = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    np.save(tmp_path / "obs.npy", recorded)  # the observation alone: the side input comes from the option
+    done = policy_matrix([with_rng, *FAST, "--out", tmp_path / "recorded", "--obs", tmp_path / "obs.npy",
+                          "--side-input", "rng=0.25"])
+    assert done.returncode == 0, done.stderr
+    fed = observations.read(tmp_path / "recorded" / "observations.npz")
+    assert fed["rng"].tolist() == [0.25] and np.array_equal(fed["obs"], recorded)
+    assert load_results(tmp_path / "recorded")["cells"][0]["verdict"] == "PASS"
+
+
+def test_a_recorded_file_that_holds_another_value_is_refused(with_rng, tmp_path, policy_matrix):
+    np.savez(tmp_path / "obs.npz", obs=np.zeros((4, 8), np.float32), rng=np.array([0.5], np.float32))
+    done = policy_matrix([with_rng, "--out", tmp_path / "out", "--obs", tmp_path / "obs.npz", "--side-input", "rng=0.25"])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-3:]
+    assert "holds 'rng' = [0.5], but --side-input gives [0.25]: give one" in done.lines[0]
+
+
+# --- a real export, and its training framework's column ---------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.coreml_env  # torch lives in the Core ML converter environment
+def test_a_torch_export_with_a_rank0_flag_drives_pendulum_and_the_source_gets_the_value(tmp_path, policy_matrix,
+                                                                                       monkeypatch):
+    """torch.onnx.export wrote `deterministic` as a rank-0 bool beside `obs`: the ONNX policy on ort-cpu, the float64
+    reference and the TorchScript source are all fed false (its shifted action), in the parity rows and the episodes."""
+    from targets import coreml_conversion
+    from targets.isolated_env import env_python
+
+    python = env_python(coreml_conversion.ENV_NAME, coreml_conversion.REQUIREMENTS)
+    if python is None:
+        pytest.skip("needs the Core ML environment's torch: policy-matrix setup coreml")
+    folder = cached_policies("torch-flag", TORCH_FLAG_EXPORT, python, torch_script_exports("flag_policy", TORCH_FLAG_EXPORT))
+    for name in ("flag_policy.onnx", "flag_policy.pt"):
+        (tmp_path / name).symlink_to(folder / name)
+    monkeypatch.chdir(tmp_path)
+    done = policy_matrix([tmp_path / "flag_policy.onnx", *FAST, "--out", tmp_path / "out", "--env", "Pendulum-v1",
+                          "--episodes", "2", "--side-input", "deterministic=false", "--source", "torchscript:flag_policy.pt",
+                          "--source-python", python, "--tolerance", "source:*=1e-5"])
+    assert done.returncode == 0, done.stderr
+    cells = {cell["target"]: cell for cell in load_results(tmp_path / "out")["cells"]}
+    for target in ("ort-cpu", "source"):
+        cell = cells[target]
+        assert cell["verdict"] == "PASS" and cell["error"] is None, (target, cell["reasons"])
+        assert abs(cell["rollout"]["return_delta"]) < 1e-3, (target, cell["rollout"])
+    assert cells["source"]["parity"][0]["max_abs"] <= 1e-5
+    assert observations.read(tmp_path / "out" / "observations.npz")["deterministic"] == np.array(False)
