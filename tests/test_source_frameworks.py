@@ -97,6 +97,21 @@ def test_a_rank_0_side_input_is_fed_whole_to_a_torch_module_and_compared(torch_p
     assert cell["parity"][0]["max_abs"] <= 1e-5 and cell["latency"], cell
 
 
+def test_a_normaliser_for_the_observation_is_not_asked_for_a_side_input(torch_python, tmp_path, policy_matrix):
+    """One observation's statistics (mean, var) beside a rank-0 `deterministic`: the statistics were matched against
+    every model input, so the flag made the model look like a two-key Dict observation and the file was refused
+    (exit 2). A side input is fed whole and never normalised: the statistics are the observation's."""
+    folder = cached_policies("torch-flag", TORCH_FLAG_EXPORT, torch_python, torch_script_exports("flag_policy", TORCH_FLAG_EXPORT))
+    _linked(folder, ("flag_policy.onnx", "flag_policy.pt"), tmp_path)
+    np.savez(tmp_path / "stats.npz", mean=np.full(3, 0.5, np.float32), var=np.full(3, 4.0, np.float32))
+    done = policy_matrix(["run", tmp_path / "flag_policy.onnx", *FAST, "--out", tmp_path / "out", "--source",
+                          "torchscript:flag_policy.pt", "--source-python", torch_python, "--source-normalize",
+                          tmp_path / "stats.npz"])
+    assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["error"] is None and cell["parity"], cell
+
+
 @pytest.mark.parametrize("spec", ["torch:pixel_policy:make_policy", "torchscript:pixel_policy.pt"])
 def test_uint8_frames_reach_a_torch_module_as_uint8_and_its_export_is_compared(torch_python, tmp_path, spec,
                                                                               policy_matrix, monkeypatch):

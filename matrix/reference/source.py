@@ -124,7 +124,7 @@ def check_normalizer(spec: SourceSpec, model: ModelInfo, memory_limit: int | Non
         return
     names = userfiles.npz_names(path, "--source-normalize statistics", memory_limit)
     try:
-        source_runner.statistics_inputs(source_runner.npz_statistics(names), [i.name for i in model.inputs])
+        source_runner.statistics_inputs(source_runner.npz_statistics(names), [i.name for i in batched(model)])
     except ValueError as error:
         raise InputError(f"{error} ({path.name})") from None
 

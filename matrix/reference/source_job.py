@@ -76,7 +76,7 @@ class SourceJob:
 
     def run(self, runner: JsonLinesProcess) -> None:
         self.enter("open")
-        facts = runner.call("load", spec={**self.source, "inputs": self.spec["obs_inputs"]})
+        facts = runner.call("load", spec={**self.source, "inputs": list(self.spec["batch_axes"])})  # a normaliser's: not side inputs
         (self.folder / FACTS_FILE).write_text(json.dumps(facts))
         self.measurement.runtime_version = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in facts["versions"].items())
         not_taken = self._not_taken(facts.get("observation_space"))
