@@ -9,6 +9,7 @@ line win over the file, the file wins over the built-in defaults (click's
 targets = ["ort-cpu", "ort-web-*"]   # or "ort-cpu,ort-web-*"
 skip = ["*-webgpu"]
 variants = ["fp32", "int8"]         # `precisions`, its old name, still works
+side-input = "deterministic=true"    # a repeatable option takes a list, or one value as it is
 iters = 100
 out = "reports/nightly"              # relative paths are relative to this file
 
@@ -67,9 +68,18 @@ def default_map(command: click.Command, path: Path, table: dict) -> dict:
         if name not in params or name in NOT_FROM_FILE:
             known = ", ".join(sorted(n.replace("_", "-") for n in params if n not in NOT_FROM_FILE and not params[n].hidden))
             raise InputError(f"{path}: unknown setting {key!r}; known: {known}, and a [tolerance] table")
+        value = _as_listed(value, params[name])
         _check_type(value, params[name], f"{path}: {key}")
         defaults[params[name].name] = _as_option_value(value, params[name], path.parent)
     return defaults
+
+
+def _as_listed(value, param: click.Option):
+    """A repeatable option given one value (`side-input = "deterministic=true"`) takes it as a one-item list,
+    as `--side-input deterministic=true` once on the command line; click refuses a bare value as a default."""
+    if param.multiple and not isinstance(value, list):
+        return [value]
+    return value
 
 
 def _by_option_name(command: click.Command) -> dict[str, click.Option]:

@@ -114,6 +114,34 @@ def test_config_values_become_option_defaults(tmp_path):
                         "env_kwargs": '{"g": 9.8}'}
 
 
+def _repeatable_run_options() -> list[str]:
+    from matrix.cli.cli import run
+    return sorted(flag[2:] for param in run.params if isinstance(param, click.Option) and param.multiple
+                  for flag in param.opts if flag.startswith("--") and flag != "--tolerance")
+
+
+def test_every_repeatable_option_takes_one_value_as_a_string(tmp_path):
+    """`side-input = "deterministic=true"` is one value, as on the command line: click itself refused it
+    ("Value must be an iterable")."""
+    from matrix.cli.cli import run
+    keys = _repeatable_run_options()
+    assert {"side-input", "batch-axis", "settings", "budget", "candidate"} <= set(keys)
+    defaults = config.default_map(run, tmp_path / "matrix.toml", {key: "x=1" for key in keys})
+    context = run.make_context("run", ["policy.onnx"], default_map=defaults, resilient_parsing=True)
+    for key in keys:
+        param = next(p for p in run.params if f"--{key}" in p.opts)
+        value = param.type_cast_value(context, param.get_default(context))  # what click does with a default
+        assert len(value) == 1 and str(value[0]).endswith("x=1"), (key, value)
+
+
+@pytest.mark.parametrize("key", ["side-input", "batch-axis", "candidate"])
+@pytest.mark.parametrize("value", [5, True, 1.5])
+def test_a_repeatable_option_of_the_wrong_type_names_its_key(tmp_path, key, value):
+    from matrix.cli.cli import run
+    with pytest.raises(InputError, match=f"matrix.toml: {key} = .*: expected a string"):
+        config.default_map(run, tmp_path / "matrix.toml", {key: value})
+
+
 @pytest.mark.parametrize("key", ["itres", "config"])
 def test_unknown_or_file_only_keys_are_refused(tmp_path, key):
     with pytest.raises(InputError, match=f"unknown setting '{key}'"):
