@@ -126,6 +126,37 @@ def test_an_lstm_policy_drives_episodes_with_its_state_carried_on_axis_1(tmp_pat
     assert np.allclose(arrays["rollout/0/actions"], reference.episodes[0].actions, atol=1e-4)
 
 
+def test_a_replayed_trajectory_judges_an_lstm_on_the_states_the_reference_carried(tmp_path, policy_matrix):
+    """A trajectory recorded from a Pendulum episode, replayed open loop: each observation row comes with the h/c the
+    float64 reference carried into that step, as --env's visited states do (the reference had refused the run:
+    "Unable to find input 'h_in'")."""
+    import onnxruntime as ort
+
+    path = policies.save(policies.lstm_actor(obs_n=3, hidden=8, actions=1), tmp_path, "small_lstm")
+    info = model.load(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    [episode] = rollouts.run_episodes(lambda feeds: dict(zip(names, session.run(names, feeds))),
+                                      rollouts.plan_for(info, env="Pendulum-v1", episodes=1))
+    np.save(tmp_path / "trajectory.npy", episode.observations["obs"])  # 200 recorded steps
+    out = tmp_path / "out"
+    done = policy_matrix([path, "--trajectory", tmp_path / "trajectory.npy", "--targets", "ort-cpu", *FAST, "--out", out])
+    assert done.returncode == 0, done.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["model"]["observation_kind"] == "trajectory" and results["cells"][0]["verdict"] == "PASS"
+    feeds = observations.read(out / "observations.npz")
+    assert feeds["obs"].shape == (16, 3) and feeds["h_in"].shape == feeds["c_in"].shape == (1, 16, 8)
+    steps = [int(np.flatnonzero((episode.observations["obs"] == row).all(axis=1))[0]) for row in feeds["obs"]]
+    carried = {"h_in": np.zeros((1, 1, 8), np.float32), "c_in": np.zeros((1, 1, 8), np.float32)}
+    for t in range(max(steps) + 1):  # ORT's own replay: the state fed at each recorded step
+        for row in [i for i, step in enumerate(steps) if step == t]:
+            assert np.allclose(feeds["h_in"][:, row], carried["h_in"][:, 0], atol=1e-5)
+            assert np.allclose(feeds["c_in"][:, row], carried["c_in"][:, 0], atol=1e-5)
+        outputs = dict(zip(names, session.run(names, {"obs": episode.observations["obs"][t : t + 1], **carried})))
+        carried = {"h_in": outputs["h_out"], "c_in": outputs["c_out"]}
+    assert np.abs(feeds["h_in"]).max() > 0.01  # not the zeros every step starts from
+
+
 # --- fed right on every runtime -------------------------------------------------------------------------
 
 @pytest.mark.slow

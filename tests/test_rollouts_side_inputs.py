@@ -120,7 +120,7 @@ def test_a_replayed_trajectory_feeds_the_value_on_every_step(flagged, tmp_path):
     for given, moves in (("deterministic=true", True), ("deterministic=false", False)):
         plan = rollouts.plan_for(info, side_inputs.conform(side_inputs.parse([given]), info),
                                  trajectory=str(tmp_path / "trajectory.npy"))
-        actions = rollouts.replay(_ort_step(flagged), plan)
+        actions, _ = rollouts.replay(_ort_step(flagged), plan)
         assert np.allclose(actions, rollouts.reference_rollout(info, plan).actions, atol=1e-5)
         assert bool(np.abs(actions).max() > 0.1) == moves  # false: no torque on any step
 

@@ -8,8 +8,9 @@ the run's. Writes FOLDER/reference.npz, FOLDER/dev_runtime.npz (when ORT could
 run it), FOLDER/rollout.npz (with --env or --trajectory: the reference's
 episodes); its answer says what failed ("error", "dev_runtime_error",
 "rollout_error") and the rollout's record. When the observation set is the
-states the reference visits (matrix/inputs/observation_sources.py), the rollout runs
-first and the sampled set is written where the spec says.
+states the reference visits or the trajectory it replays (matrix/inputs/observation_sources.py),
+the rollout runs first and the sampled set, with the recurrent state the
+reference carried into each sampled step, is written where the spec says.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ def guarded_step(spec: dict, folder: Path) -> dict:
     report: dict = {}
     if spec.get("visited_states"):  # the observation set is sampled from this rollout: it runs first
         stage("rollout")
-        episodes = _rollout(info, plan, folder, report)
-        if episodes is None:
+        runs = _rollout(info, plan, folder, report)
+        if runs is None:
             return report
         wanted = spec["visited_states"]
-        observations.save(observation_sources.visited_feeds([e.observations for e in episodes], plan, wanted["count"], wanted["multiple"]),
+        observations.save(observation_sources.visited_feeds(runs, plan, wanted["count"], wanted["multiple"]),
                           Path(spec["observations"]))
     feeds = observations.read(Path(spec["observations"]))
     stage("reference")
@@ -72,9 +73,9 @@ def _plan(spec: dict) -> rollouts.RolloutPlan | None:
     return rollouts.RolloutPlan.from_dict(spec["rollout"])
 
 
-def _rollout(info, plan: rollouts.RolloutPlan, folder: Path, report: dict) -> list[rollouts.Episode] | None:
-    """The float64 policy drives the cells' episodes here too, under the same guard as the reference;
-    its episodes (None when it could not drive the environment; [] open loop)."""
+def _rollout(info, plan: rollouts.RolloutPlan, folder: Path, report: dict) -> list[observations.Feeds] | None:
+    """The float64 policy drives the cells' episodes (or replays the trajectory) here too, under the same guard as
+    the reference; what it visited per episode, state inputs included (None when it could not drive)."""
     from ..run import rollouts  # loaded by _plan
 
     try:
@@ -84,7 +85,7 @@ def _rollout(info, plan: rollouts.RolloutPlan, folder: Path, report: dict) -> li
         return None
     observations.save(arrays, folder / "rollout.npz")
     report["rollout"] = measured
-    return [] if plan.open_loop else rollouts.episodes_from(arrays, measured)
+    return rollouts.visited_runs(measured, arrays, plan)
 
 
 def load(path: Path) -> tuple[dict, dict]:

@@ -171,7 +171,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
     batched = batch_axes.batched(model)
     symbolic = bool(batched) and all(batch_axes.is_symbolic(spec, model.batch_axes) for spec in batched)
     chunk = 0 if symbolic else observations.batch_multiple(model)
-    if obs_source.kind != observation_sources.VISITED:  # visited states are sampled in the reference job, after its rollout
+    if not obs_source.sampled_by_reference:  # visited states are sampled in the reference job, after its rollout
         observations.save(_observation_set(config, obs_source), obs_path)
 
     _announce_reference_rollout(config, console)
@@ -559,10 +559,10 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_sourc
     spec = {"model": str(config.model.path.resolve()), "batch_axes_given": config.batch_axes_given,
             "observations": str(obs_path.resolve()), "chunk": chunk,
             "rollout": config.rollout.as_dict() if config.rollout else None,
-            "visited_states": {"count": config.n_obs, "multiple": chunk or 1} if obs_source.kind == observation_sources.VISITED else None}
+            "visited_states": {"count": config.n_obs, "multiple": chunk or 1} if obs_source.sampled_by_reference else None}
     answer, ending = guarded.attempt("reference", spec, folder, config.limits)
     report = answer or {}
-    if "rollout_error" in report and obs_source.kind == observation_sources.VISITED:  # no rollout: no visited states to judge on
+    if "rollout_error" in report and obs_source.sampled_by_reference:  # no rollout: no visited states to judge on
         raise InputError(report["rollout_error"])
     if "error" in report or not (folder / "reference.npz").exists():
         reason = guarded.name_out_of_memory(report["error"], config.memory_limit) if "error" in report else ending.describe()
@@ -585,16 +585,12 @@ def _reference_rollout(config: RunConfig, folder: Path, report: dict, ending) ->
 
 
 def _observation_set(config: RunConfig, obs_source: observation_sources.ObservationSource) -> observations.Feeds:
-    """The set the core makes itself: recorded, sampled from a trajectory, or seeded (visited states come from the
-    reference job), under the run's memory cap."""
+    """The set the core makes itself: recorded or seeded (visited states and a trajectory's steps come from the
+    reference job: their rows carry the recurrent state the reference fed), under the run's memory cap."""
     with isolation.capped_runner(config.memory_limit, f"making the observation set ({obs_source.kind})"):
         if obs_source.kind == observation_sources.RECORDED:
             return observations.load(config.observations, config.model, config.memory_limit, config.side_inputs)
-        if obs_source.kind == observation_sources.TRAJECTORY:
-            recorded = rollouts.load_trajectory(Path(config.rollout.trajectory), config.rollout)
-            return observation_sources.visited_feeds([recorded], config.rollout, config.n_obs, observations.batch_multiple(config.model))
-        seeded = {**observations.seeded(config.model, config.n_obs, config.seed), **config.side_inputs}  # the user's value
-        return observation_sources.inside_space(seeded, config.rollout, config.seed) if obs_source.kind == observation_sources.SPACE else seeded
+        return {**observations.seeded(config.model, config.n_obs, config.seed), **config.side_inputs}  # the user's value
 
 
 def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge) -> RunResults:

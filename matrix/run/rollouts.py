@@ -363,6 +363,7 @@ class Episode:
     rewards: np.ndarray  # [T]
     clipped_steps: int = 0
     discrete: bool = False
+    states: dict[str, np.ndarray] = field(default_factory=dict)  # per state input, [T, *fed shape]: what each step was fed
 
     @property
     def episode_return(self) -> float:
@@ -405,10 +406,12 @@ def run_episode(step: Step, env, plan: RolloutPlan, seed: int) -> Episode:
     state, side = initial_state(plan), plan.side_feeds
     names, layout = plan.observation_names, feed_layout(plan)  # once: the loop's own cost is part of every step
     seen, actions, rewards, clipped_steps = {name: [] for name in names}, [], [], 0
+    carried = {s.input: [] for s in plan.states}
     kind = _action_kind(env.action_space)
     done = False
     while not done:
         given = by_input(observation, names)
+        _carry(carried, state)
         outputs = step({**to_feeds(given, layout), **side, **state})
         state = {s.input: outputs[s.output] for s in plan.states}
         action, clipped = to_env_action(outputs[plan.action_output], env.action_space, plan.clip_actions, kind)
@@ -420,7 +423,18 @@ def run_episode(step: Step, env, plan: RolloutPlan, seed: int) -> Episode:
         clipped_steps += clipped
         done = terminated or truncated
     observed = {name: np.stack(values) for name, values in seen.items()}
-    return Episode(seed, observed, np.stack(actions), np.asarray(rewards), clipped_steps, kind != "continuous")
+    return Episode(seed, observed, np.stack(actions), np.asarray(rewards), clipped_steps, kind != "continuous",
+                   _stacked(carried))
+
+
+def _carry(carried: dict[str, list], state: Feeds) -> None:
+    """The state fed at this step, kept: the observation set's rows pair each visited observation with it."""
+    for name, value in state.items():
+        carried[name].append(value)
+
+
+def _stacked(carried: dict[str, list]) -> dict[str, np.ndarray]:
+    return {name: np.stack(values) for name, values in carried.items() if values}
 
 
 def run_episodes(step: Step, plan: RolloutPlan, on_episode: Callable[[int], None] = lambda done: None) -> list[Episode]:
@@ -478,16 +492,18 @@ def trajectory_length(recorded: Feeds) -> int:
     return len(next(iter(recorded.values())))
 
 
-def replay(step: Step, plan: RolloutPlan) -> np.ndarray:
-    """Open loop: each recorded observation in order, state carried; the action of each step."""
+def replay(step: Step, plan: RolloutPlan) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Open loop: each recorded observation in order, state carried; the action of each step and, per state
+    input, the state each step was fed ([T, *fed shape])."""
     state, side = initial_state(plan), plan.side_feeds
-    actions = []
+    actions, carried = [], {s.input: [] for s in plan.states}
     recorded = load_trajectory(Path(plan.trajectory), plan)
     for t in range(trajectory_length(recorded)):
+        _carry(carried, state)
         outputs = step({**{name: values[t : t + 1] for name, values in recorded.items()}, **side, **state})
         state = {s.input: outputs[s.output] for s in plan.states}
         actions.append(np.asarray(outputs[plan.action_output], dtype=np.float64)[0])
-    return np.stack(actions)
+    return np.stack(actions), _stacked(carried)
 
 
 # --- the float64 reference in the loop -----------------------------------------------------------
@@ -520,7 +536,7 @@ def reference_rollout(model: ModelInfo, plan: RolloutPlan) -> ReferenceRollout:
 def reference_drive(model: ModelInfo, plan: RolloutPlan) -> tuple[dict, dict[str, np.ndarray]]:
     """The reference's episodes as the worker protocol's plain record (it runs in the guarded reference job)."""
     try:
-        return drive(reference_step(model), plan, lambda progress: None)
+        return drive(reference_step(model), plan, lambda progress: None, with_states=True)
     except (ValueError, TypeError, AssertionError) as error:  # the env refused the policy's own actions
         what = "the trajectory" if plan.open_loop else f"--env {plan.env!r}"
         raise InputError(f"the float64 reference policy cannot drive {what}: {' '.join(str(error).split())[:300]}") from None
@@ -532,12 +548,22 @@ def reference_from(measured: dict, arrays: dict[str, np.ndarray]) -> ReferenceRo
     return ReferenceRollout(episodes=episodes_from(arrays, measured))
 
 
+def visited_runs(measured: dict, arrays: dict[str, np.ndarray], plan: RolloutPlan) -> list[Feeds]:
+    """What the reference visited, per episode (one run for a replayed trajectory): each observation input's and
+    each state input's value at every step, from the arrays `drive(..., with_states=True)` gave."""
+    if plan.open_loop:
+        return [{**load_trajectory(Path(plan.trajectory), plan), **_prefixed(arrays, "rollout/replay_states/")}]
+    return [{**e.observations, **e.states} for e in episodes_from(arrays, measured)]
+
+
 # --- worker <-> core: episodes as plain arrays ---------------------------------------------------
 
-def episode_arrays(episodes: list[Episode]) -> dict[str, np.ndarray]:
+def episode_arrays(episodes: list[Episode], with_states: bool = False) -> dict[str, np.ndarray]:
     arrays = {}
     for i, episode in enumerate(episodes):
         arrays.update({f"rollout/{i}/observations/{name}": values for name, values in episode.observations.items()})
+        if with_states:
+            arrays.update({f"rollout/{i}/states/{name}": values for name, values in episode.states.items()})
         arrays[f"rollout/{i}/actions"] = episode.actions
         arrays[f"rollout/{i}/rewards"] = episode.rewards
     return arrays
@@ -546,7 +572,8 @@ def episode_arrays(episodes: list[Episode]) -> dict[str, np.ndarray]:
 def episodes_from(arrays: dict[str, np.ndarray], measured: dict) -> list[Episode]:
     return [
         Episode(seed, _prefixed(arrays, f"rollout/{i}/observations/"), arrays[f"rollout/{i}/actions"],
-                arrays[f"rollout/{i}/rewards"], measured["clipped_steps"][i], measured["discrete"])
+                arrays[f"rollout/{i}/rewards"], measured["clipped_steps"][i], measured["discrete"],
+                _prefixed(arrays, f"rollout/{i}/states/"))
         for i, seed in enumerate(measured["seeds"])
     ]
 
@@ -555,19 +582,23 @@ def _prefixed(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarra
     return {name.removeprefix(prefix): values for name, values in arrays.items() if name.startswith(prefix)}
 
 
-def drive(step: Step, plan: RolloutPlan, on_progress: Callable[[str], None]) -> tuple[dict, dict[str, np.ndarray]]:
-    """The worker's half: run the episodes (or the replay) with this step function."""
+def drive(step: Step, plan: RolloutPlan, on_progress: Callable[[str], None],
+          with_states: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
+    """The worker's half: run the episodes (or the replay) with this step function; `with_states` (the reference's
+    drive) adds the recurrent state fed at every step, which the visited observation set pairs with each observation."""
     started = time.perf_counter()
     if plan.open_loop:
-        actions = replay(step, plan)
-        return {"steps": len(actions), "seconds": time.perf_counter() - started}, {"rollout/replay_actions": actions}
+        actions, states = replay(step, plan)
+        carried = {f"rollout/replay_states/{name}": values for name, values in states.items()} if with_states else {}
+        return ({"steps": len(actions), "seconds": time.perf_counter() - started},
+                {"rollout/replay_actions": actions, **carried})
     episodes = run_episodes(step, plan, lambda done: on_progress(f"{done}/{plan.episodes} episodes"))
     measured = {
         "seeds": [e.seed for e in episodes], "clipped_steps": [e.clipped_steps for e in episodes],
         "discrete": episodes[0].discrete,
         "steps": sum(e.length for e in episodes), "seconds": time.perf_counter() - started,
     }
-    return measured, episode_arrays(episodes)
+    return measured, episode_arrays(episodes, with_states)
 
 
 # --- comparison with the reference ---------------------------------------------------------------

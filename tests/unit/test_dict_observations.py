@@ -35,7 +35,7 @@ def test_each_key_feeds_its_input_the_state_is_carried_and_the_goal_is_reached(s
     assert plan.observation_names == ["observation", "achieved_goal", "desired_goal"]
     assert [s.input for s in plan.states] == ["h_in"]
     rollouts.check(plan)
-    measured, arrays = rollouts.drive(_step(seeker), plan, lambda progress: None)
+    measured, arrays = rollouts.drive(_step(seeker), plan, lambda progress: None, with_states=True)
     episodes = rollouts.episodes_from(arrays, measured)
     for episode in episodes:
         assert episode.length < 50  # reached the goal: the controller saw the goal and where it is
@@ -45,19 +45,22 @@ def test_each_key_feeds_its_input_the_state_is_carried_and_the_goal_is_reached(s
     record = rollouts.summarise(measured, arrays, rollouts.reference_rollout(info, plan), plan)
     assert [e.episode_return for e in record.episodes] == pytest.approx([e.reference_return for e in record.episodes], rel=1e-5)
     assert all(e.divergence_step is None for e in record.episodes)
-    sampled = observation_sources.visited_feeds([e.observations for e in episodes], plan, 20)
+    sampled = observation_sources.visited_feeds(rollouts.visited_runs(measured, arrays, plan), plan, 20)
     assert np.array_equal(sampled["observation"][:, :2], sampled["achieved_goal"])  # one step per row in every input
 
 
-def test_a_policy_with_a_state_input_gets_samples_inside_each_dict_entry(seeker):
+def test_a_policy_with_a_state_input_is_judged_on_visited_keys_with_the_step_count_it_carried(seeker):
+    """The seeker's state counts its steps (h_out = h_in + 1): each sampled row's h_in is the step its keys were
+    visited at."""
     info = model_loader.load(seeker)
     plan = rollouts.plan_for(info, env=ENV, episodes=3, seed=0)
-    assert observation_sources.choose(None, plan, info, 0).kind == observation_sources.SPACE
-    seeded = observations.seeded(info, 64, 0)
-    feeds = observation_sources.inside_space(seeded, plan, 0)
-    assert np.abs(feeds["desired_goal"]).max() <= 1.0 < np.abs(feeds["observation"][:, 2:]).max() <= 2.0  # each entry's Box
-    assert feeds["achieved_goal"].shape == (64, 2) and not np.array_equal(feeds["achieved_goal"], feeds["desired_goal"])
-    assert np.array_equal(feeds["h_in"], seeded["h_in"])  # the state input keeps its seeded rows
+    assert observation_sources.choose(None, plan, info, 0).kind == observation_sources.VISITED
+    runs = rollouts.visited_runs(*rollouts.reference_drive(info, plan), plan)
+    feeds = observation_sources.visited_feeds(runs, plan, 20)
+    assert feeds["h_in"].shape == (20, 1) and feeds["h_in"].min() == 0 and feeds["h_in"].max() > 5
+    for row, step in enumerate(feeds["h_in"][:, 0].astype(int)):
+        assert any(np.allclose(run["desired_goal"][step], feeds["desired_goal"][row])
+                   and np.allclose(run["observation"][step], feeds["observation"][row]) for run in runs if step < len(run["h_in"]))
 
 
 @pytest.mark.parametrize("env, words", [

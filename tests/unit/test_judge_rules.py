@@ -265,24 +265,25 @@ def test_the_source_follows_the_precedence_and_says_why_it_fell_back(tmp_path):
     assert synthetic.synthetic and "pass --obs or --env" in synthetic.describe(128)
 
 
-def test_a_recurrent_policy_with_an_env_gets_samples_inside_the_observation_space(tmp_path):
-    """The rollouts record only the observation, so a policy with a state input is fed samples inside the env's Box."""
+def test_a_recurrent_policy_with_an_env_is_judged_on_the_states_it_visited_with_its_state(tmp_path):
+    """Its episodes record the state fed at every step beside the observation: the rows are visited states, each
+    with the state the reference carried into it (they had been samples inside the env's Box, the state seeded).
+    The toggle's state alternates 0, 1 from step to step."""
     import rollout_policies
 
-    from matrix.inputs import observations
-    from matrix.run.rollouts import plan_for
+    from matrix.run import rollouts
 
     info = model_loader.load(rollout_policies.recurrent_toggle(tmp_path / "recurrent.onnx"))
-    plan = plan_for(info, env="CartPole-v1", episodes=2, seed=0)
+    plan = rollouts.plan_for(info, env="CartPole-v1", episodes=2, seed=0)
     source = observation_sources.choose(None, plan, info, 0)
-    assert source.kind == observation_sources.SPACE and source.synthetic and "recurrent state" in source.describe(64)
-    seeded = observations.seeded(info, 64, 0)
-    feeds = observation_sources.inside_space(seeded, plan, 0)
-    obs = feeds["obs"]
-    assert obs.dtype == np.float32 and obs.shape == (64, 4)
-    assert np.abs(obs[:, 0]).max() <= 4.8 and np.abs(obs[:, 2]).max() <= 0.42  # CartPole's bounded x and angle
-    assert np.abs(obs[:, 0]).max() > 1.0  # uniform over the bounds, not squeezed near zero
-    assert np.array_equal(feeds["h_in"], seeded["h_in"])  # the state input keeps its seeded rows
+    assert source.kind == observation_sources.VISITED and not source.synthetic
+    assert "each with the 'h_in' the reference carried into it" in source.describe(64)
+    runs = rollouts.visited_runs(*rollouts.reference_drive(info, plan), plan)
+    assert [run["h_in"][:4, 0, 0].tolist() for run in runs] == [[0, 1, 0, 1]] * 2
+    feeds = observation_sources.visited_feeds(runs, plan, 16)
+    assert feeds["obs"].shape == (16, 4) and feeds["h_in"].shape == (16, 1) and feeds["h_in"].dtype == np.float32
+    for obs, h in zip(feeds["obs"], feeds["h_in"][:, 0]):  # each row: an observation at a step whose parity is its h
+        assert any(np.allclose(run["obs"][t], obs) for run in runs for t in range(int(h), len(run["obs"]), 2))
 
 
 def test_drift_only_in_a_batch_is_said_with_the_batches_measured_and_never_for_int8():
