@@ -235,3 +235,89 @@ def test_the_plan_travels_as_plain_data(exported):
     again = rollouts.RolloutPlan.from_dict(json.loads(json.dumps(plan.as_dict())))  # as a worker reads spec.json
     assert again == plan and again.observations[2] == rollouts.ObservationInput("desired_goal", [2], "float32")
 
+
+
+# --- a pixel key beside a float key: what VecNormalize normalises ------------------------------------------------------
+
+PIXELS_EXPORT = '''
+import gymnasium as gym
+import numpy as np
+import torch as th
+from stable_baselines3 import PPO
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+
+class PixelsAndState(gym.Env):
+    """A uint8 camera image beside a float proprioceptive state: SB3's MultiInputPolicy scales the image by 255."""
+
+    observation_space = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (3, 36, 36), np.uint8),
+                                         "state": gym.spaces.Box(-5, 5, (3,), np.float32)})
+    action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+class OnnxablePixelPolicy(th.nn.Module):
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, image, state):
+        return self.policy({"image": image, "state": state}, deterministic=True)[0]
+
+
+model = PPO("MultiInputPolicy", PixelsAndState(), seed=0, device="cpu")  # seeded weights: nothing is trained
+th.onnx.export(OnnxablePixelPolicy(model.policy), (th.zeros(1, 3, 36, 36, dtype=th.uint8), th.zeros(1, 3)),
+               "pixels.onnx", opset_version=17, input_names=["image", "state"], output_names=["action"],
+               dynamic_axes={"image": {0: "batch"}, "state": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+model.save("pixels.zip")
+
+# Statistics gathered as training gathers them: of the state alone (norm_obs_keys, as SB3 advises for images), and of
+# every key (VecNormalize's default, which turns the image into a float32 Box: a policy trained on it takes no pixels)
+for name, keys in (("vec_state.pkl", ["state"]), ("vec_all.pkl", None)):
+    statistics = VecNormalize(DummyVecEnv([PixelsAndState]), norm_obs_keys=keys)
+    statistics.seed(0)
+    statistics.reset()
+    for _ in range(50):
+        statistics.step(np.array([statistics.action_space.sample()]))
+    statistics.save(name)
+'''
+
+
+@pytest.fixture(scope="module")
+def pixels() -> Path:
+    return sb3_exports("sb3-pixels-dict", PIXELS_EXPORT) / "pixels.onnx"
+
+
+def _pixel_source_cell(policy_matrix, pixels: Path, out: Path, statistics: str) -> dict:
+    done = policy_matrix(["run", pixels, *FAST, "--targets", "ort-cpu", "--variants", "fp32", "--n-obs", "8",
+                          "--source", f"sb3:{pixels.with_name('pixels.zip')}", "--source-python",
+                          environments.python(load("sb3")), "--source-normalize", pixels.with_name(statistics), "--out", out])
+    assert done.returncode in (0, 1), done.lines[-5:]
+    return next(cell for cell in load_results(out)["cells"] if cell["target"] == "source")
+
+
+def test_statistics_of_the_float_key_leave_the_pixels_as_they_are(pixels, tmp_path, policy_matrix):
+    """norm_obs_keys=['state']: SB3 normalises the state and gives the policy its uint8 pixels, which it divides by 255;
+    the export (no normaliser) is named by the reference on the state normalised, the image as it is."""
+    cell = _pixel_source_cell(policy_matrix, pixels, tmp_path / "out", "vec_state.pkl")
+    assert cell["reasons"][0].startswith("export: the source normalises observations with its statistics "
+                                         "(--source-normalize); the ONNX graph does not (left after it: "), cell["reasons"]
+    facts = json.loads((tmp_path / "out" / "source" / "source.json").read_text())
+    assert list(facts["normalizer"]["inputs"]) == ["state"]
+
+
+def test_statistics_of_the_pixel_key_are_refused_for_a_policy_that_takes_pixels(pixels, tmp_path, policy_matrix):
+    """VecNormalize's default normalises every key and makes the image a float32 Box: a checkpoint whose space still
+    says uint8 pixels was not trained on those statistics (SB3 refuses such an env: 'Observation spaces do not match').
+    They had been applied and cast back to uint8, pixels wrapped around, and the column compared that."""
+    cell = _pixel_source_cell(policy_matrix, pixels, tmp_path / "out", "vec_all.pkl")
+    assert cell["verdict"] == "FAIL" and len(cell["reasons"]) == 1, cell["reasons"]
+    assert ("--source-normalize holds statistics for 'image', which the policy takes as image pixels (Box(0, 255, "
+            "(3, 36, 36), uint8)): VecNormalize would have made it a float32 Box, so the policy was trained on the "
+            "pixels") in cell["reasons"][0]

@@ -37,7 +37,7 @@ import json
 import os
 import sys
 import zipfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +54,8 @@ class Source:
         # What the policy takes, where its framework says: {"keys": [...]} (a Dict) or {"shape": [...]} (one array)
         self.observation_space = observation_space
         self.normalizer: dict | None = None
+        # Why the framework could not have normalised an input with statistics ("" where it could): SB3's spaces tell
+        self.refuses_statistics: Callable[[str], str] = lambda name: ""
 
     def predict(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         if self.normalizer is not None:
@@ -64,13 +66,13 @@ class Source:
 
 def normalized(feeds: dict[str, np.ndarray], normalizer: dict) -> dict[str, np.ndarray]:
     """VecNormalize.normalize_obs: per input with statistics, (obs - mean) / sqrt(var + epsilon), clipped to
-    +-clip_obs; the others as they are (the core imports this too, to evaluate the ONNX graph on the
+    +-clip_obs, as float32 whatever the input was (uint8 pixels too: VecNormalize makes a normalised key's space a
+    float32 Box); the others as they are (the core imports this too, to evaluate the ONNX graph on the
     observations the source saw)."""
     shown = dict(feeds)
     for name, stats in normalizer["inputs"].items():
-        obs = feeds[name]
-        scaled = (obs - np.asarray(stats["mean"])) / np.sqrt(np.asarray(stats["var"]) + normalizer["epsilon"])
-        shown[name] = np.clip(scaled, -normalizer["clip_obs"], normalizer["clip_obs"]).astype(obs.dtype)
+        scaled = (feeds[name] - np.asarray(stats["mean"])) / np.sqrt(np.asarray(stats["var"]) + normalizer["epsilon"])
+        shown[name] = np.clip(scaled, -normalizer["clip_obs"], normalizer["clip_obs"]).astype(np.float32)
     return shown
 
 
@@ -142,6 +144,9 @@ def load(spec: dict) -> tuple[Source, dict]:
     source = LOADERS[spec["kind"]](spec["target"])
     if spec.get("normalize"):
         source.normalizer = _normalizer(Path(spec["normalize"]), spec["inputs"])
+        refused = [why for name in source.normalizer["inputs"] if (why := source.refuses_statistics(name))]
+        if refused:
+            raise ValueError(refused[0])
     facts = {"versions": _versions(), "action_space": source.action_space, "normalizer": _listed(source.normalizer),
              "observation_space": source.observation_space}
     return source, facts
@@ -164,8 +169,30 @@ def _load_sb3(target: str) -> Source:
     observation = model.observation_space
     takes_dict = isinstance(observation, gymnasium.spaces.Dict)  # a MultiInputPolicy, even with one key
     takes = {"keys": list(observation.spaces)} if takes_dict else {"shape": list(observation.shape or ())}
-    return Source(lambda feeds: model.predict(feeds if takes_dict else _one_or_dict(feeds), deterministic=True)[0], bounds,
-                  takes)
+    source = Source(lambda feeds: model.predict(feeds if takes_dict else _one_or_dict(feeds), deterministic=True)[0],
+                    bounds, takes)
+    source.refuses_statistics = lambda name: _vecnormalize_refuses(
+        observation.spaces.get(name) if takes_dict else observation, name)
+    return source
+
+
+def _vecnormalize_refuses(space, name: str) -> str:
+    """Why SB3's VecNormalize cannot have normalised what this policy takes as `name` ("" where it can): it refuses
+    a space that is not a Box, and a key it normalises becomes a float32 Box in the policy's space, so a policy that
+    still takes an image there (uint8 in [0, 255]) was trained on the pixels, not on statistics of them."""
+    from gymnasium import spaces
+    from stable_baselines3.common.preprocessing import is_image_space
+
+    if space is None:  # an input the policy does not take: the column says so (source_job._not_taken)
+        return ""
+    if not isinstance(space, spaces.Box):
+        return (f"--source-normalize holds statistics for {name!r}, which the policy takes as {space}: VecNormalize "
+                "normalises Box observations only")
+    if is_image_space(space):
+        return (f"--source-normalize holds statistics for {name!r}, which the policy takes as image pixels ({space}): "
+                "VecNormalize would have made it a float32 Box, so the policy was trained on the pixels (VecNormalize's "
+                "norm_obs_keys without the image key keeps them as they are)")
+    return ""
 
 
 def _torch_call(module):

@@ -175,6 +175,23 @@ def test_a_dict_observation_is_normalised_per_key_with_its_statistics(tmp_path):
         source_runner._normalizer(path, ["observation", "desired_goal"])
 
 
+def test_a_pixel_key_is_left_as_it_is_without_statistics_and_made_float32_with_them(tmp_path):
+    """SB3's VecNormalize.normalize_obs: the keys with statistics become float32 ((obs - mean) / sqrt(var + eps),
+    clipped), whatever they were; a uint8 image key without statistics (norm_obs_keys without it) stays uint8 pixels,
+    which the policy scales itself. Cast back to uint8, the normalised pixels had wrapped ([-1.5, -1, 0, 1.5] -> [255, 0, 0, 1])."""
+    image = np.array([[[[0, 64], [128, 255]]]], np.uint8)  # [1, 1, 2, 2]
+    feeds = {"image": image, "state": np.array([[3.0, 6.0]], np.float32)}
+    state_stats = {"mean/state": np.array([1.0, 2.0]), "var/state": np.array([4.0, 16.0])}
+    np.savez(tmp_path / "state.npz", **state_stats)
+    seen = source_runner.normalized(feeds, source_runner._normalizer(tmp_path / "state.npz", ["image", "state"]))
+    assert seen["image"] is image and seen["state"].dtype == np.float32
+    np.savez(tmp_path / "both.npz", **state_stats, **{"mean/image": np.full((1, 2, 2), 128.0),
+                                                      "var/image": np.full((1, 2, 2), 64.0 ** 2)}, clip_obs=1.5)
+    seen = source_runner.normalized(feeds, source_runner._normalizer(tmp_path / "both.npz", ["image", "state"]))
+    assert seen["image"].dtype == np.float32
+    np.testing.assert_allclose(seen["image"], [[[[-1.5, -1.0], [0.0, 1.5]]]], rtol=1e-6)  # clipped at clip_obs
+
+
 def test_one_key_divided_by_255_is_named_by_its_key():
     reference, on_pixels = _tanh_outputs(), _tanh_outputs(scale=0.5)
     transformed = {DIVIDE_255: reference * 0.3, divide_255_key("image"): on_pixels, divide_255_key("state"): reference}
