@@ -80,7 +80,8 @@ class ArtifactInfo(Record):
     conversion_s: float
     op_inventory: dict[str, int] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
-    # int8: quantized_ops / float_ops / quantized_weights / float_weights, counted in the artifact itself
+    # int8: quantized_ops / float_ops / quantized_weights / float_weights, counted in the artifact itself, and
+    # per_call_ops: ops that scale activations over each call's batch (dynamic int8), exempt from the batch evidence
     quantization: dict[str, int] | None = None
 
 

@@ -118,13 +118,14 @@ WEIGHT_OPS = {"linear", "conv", "conv_transpose", "matmul"}
 
 
 def quantization(ops: list[dict]) -> dict[str, int]:
-    """Weight ops whose weight comes from an 8-bit constexpr (linear_quantize_weights), and those left float."""
+    """Weight ops whose weight comes from an 8-bit constexpr (linear_quantize_weights), and those left float; weight-only,
+    so no op quantizes activations per call."""
     quantized = [op for op in ops if op.get("inserted_by") == "linear_quantize_weights"]
     users = {op["onnx_node"] for op in quantized if op["onnx_node"]}
     weight_ops = [op for op in ops if op["mil_op"] in WEIGHT_OPS]
     float_ops = [op for op in weight_ops if op["onnx_node"] not in users]
     return {"quantized_ops": len(weight_ops) - len(float_ops), "float_ops": len(float_ops),
-            "quantized_weights": len(quantized), "float_weights": len(float_ops)}
+            "quantized_weights": len(quantized), "float_weights": len(float_ops), "per_call_ops": 0}
 
 
 @dataclass(kw_only=True)

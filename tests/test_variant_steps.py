@@ -128,7 +128,7 @@ def test_two_runs_sharing_one_cache_both_get_their_variants(tmp_path, cache):
 
 def test_the_int8_count_looks_inside_subgraphs_and_constant_nodes():
     counted = variants.quantization(weights_in_if_branches())
-    assert counted == {"quantized_ops": 0, "float_ops": 2, "quantized_weights": 0, "float_weights": 2}
+    assert counted == {"quantized_ops": 0, "float_ops": 2, "quantized_weights": 0, "float_weights": 2, "per_call_ops": 0}
 
 
 def test_a_preparation_that_changes_the_interface_is_listed_as_refused_and_never_run(tmp_path, cache):

@@ -103,7 +103,7 @@ def test_int8_cells_count_what_is_quantized_and_an_unquantized_one_is_never_reco
     from matrix.results import LatencyStats, RunResults
 
     counted = variants.quantization(policies.minmax_clip_mlp())
-    assert counted == {"quantized_ops": 0, "float_ops": 3, "quantized_weights": 0, "float_weights": 3}
+    assert counted == {"quantized_ops": 0, "float_ops": 3, "quantized_weights": 0, "float_weights": 3, "per_call_ops": 0}
     stats = [LatencyStats(batch=1, n=10, p50_us=5, p90_us=5, p99_us=5, mean_us=5, std_us=0, min_us=5)]
     parity = [OutputParity(output="action", kind="continuous", max_abs=1e-7, mean_abs=0, p99_abs=0, max_rel=0)]
     fp32 = Cell(host="h", target="t", variant="fp32", verdict="PASS", latency=stats, parity=parity,

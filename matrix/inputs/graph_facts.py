@@ -248,6 +248,9 @@ QUANTIZED_OPS = {
     "DynamicQuantizeLSTM", "QGemm", "QAttention", "QLinearAdd", "QLinearMul",
 }
 QUANTIZING_OPS = QUANTIZED_OPS | {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+# Ops that quantize activations with one scale computed over the whole tensor at each call (ORT's dynamic int8): a
+# row's answer depends on the rest of the call's batch. QuantizeLinear's scale is an input fixed in the file.
+PER_CALL_QUANTIZING_OPS = {"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"}
 HALF_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 
 

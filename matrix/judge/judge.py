@@ -47,6 +47,8 @@ class Judge:
     # What each model of the run computes in as given (graph_facts.computes_in), by the cells' `candidate`
     # ("": the first model); a model not named computes in fp32.
     model_precisions: Mapping[str, str] = field(default_factory=dict)
+    # The models whose graph as given quantizes activations per call (ORT's dynamic int8), by the cells' `candidate`.
+    per_call_models: frozenset[str] = frozenset()
 
     def context(self, target: str, variant: str, candidate: str = "") -> rules.Context:
         """The rules' view of one cell of the model `candidate` names. A pinned release (ort-cpu@1.20.1) takes its own
@@ -84,12 +86,12 @@ class Judge:
                 "tie_margin": self.tie_margin, "min_agreement": self.min_agreement}
 
     def quantizes_per_call(self, cell: Cell, candidate: str = "") -> bool:
-        """Whether the cell quantizes activations over each call's batch, so that its answer depends on the batch by
-        design: its artifact quantized ops (dynamic int8: onnxruntime's, LiteRT's dynamic range), or the model
-        `candidate` names computes in int8 as given (its quantization ops). An int8 artifact with nothing quantized
-        computes in float as fp32 does, and its batch handling is judged as fp32's is."""
+        """Whether the cell quantizes activations with one scale over each call's batch, so that its answer depends on
+        the batch by design: its artifact says so (`per_call_ops`: onnxruntime's dynamic int8), or the model `candidate`
+        names does as given. Fixed scales (a static QDQ model, LiteRT's full-integer int8), per-row scales (LiteRT's
+        dynamic range) and weight-only int8 (Core ML) do not, and are judged as fp32's batch handling is."""
         counted = (cell.artifact.quantization if cell.artifact else None) or {}
-        return counted.get("quantized_ops", 0) > 0 or self.model_precisions.get(candidate) == "int8"
+        return counted.get("per_call_ops", 0) > 0 or candidate in self.per_call_models
 
     def cell(self, outcome, evidence: Evidence, *, host: str, target: str, variant: str, predicts: bool,
              candidate: str = "") -> Cell:

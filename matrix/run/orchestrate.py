@@ -98,10 +98,11 @@ class RunConfig:
 
     def judge(self) -> Judge:
         """The run's one Judge: every cell, fix attempt, candidate and release is judged by it."""
-        precisions = {name: graph_facts.computes_in(model.proto)[0]
-                      for name, model in [("", self.model), *((c.path.name, c) for c in self.candidates)]}
+        models = [("", self.model), *((c.path.name, c) for c in self.candidates)]
+        precisions = {name: graph_facts.computes_in(model.proto)[0] for name, model in models}
+        per_call = frozenset(name for name, model in models if variants.quantization(model.proto)["per_call_ops"])
         return Judge(self.tolerances, self.tie_margin, self.min_agreement, self.return_tolerance, self.observation_source,
-                     precisions)
+                     precisions, per_call)
 
     @property
     def limits(self) -> guarded.Limits:

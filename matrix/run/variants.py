@@ -57,7 +57,7 @@ import onnx
 
 from . import guarded
 from ..inputs import model as model_loader
-from ..inputs.graph_facts import QUANTIZED_OPS, computes_in, subgraphs, weight_types
+from ..inputs.graph_facts import PER_CALL_QUANTIZING_OPS, QUANTIZED_OPS, computes_in, subgraphs, weight_types
 from ..inputs.model import ModelInfo
 from ..outdir import write_atomic, write_atomic_with
 from targets.base import NOT_MADE
@@ -395,8 +395,9 @@ INTEGER_WEIGHT_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.Tens
 
 
 def quantization(proto: onnx.ModelProto) -> dict[str, int]:
-    """What an "int8" ONNX file really holds: quantized ops and 8-bit weight tensors, and what stayed float,
-    counted in every graph (If/Loop/Scan bodies too) and in Constant nodes as well as initializers."""
+    """What an "int8" ONNX file really holds: quantized ops and 8-bit weight tensors, what stayed float, and the ops
+    that scale activations per call (dynamic int8; a static QDQ file's scales are fixed), counted in every graph
+    (If/Loop/Scan bodies too) and in Constant nodes as well as initializers."""
     nodes = [node for graph in subgraphs(proto.graph) for node in graph.node]
     tensors = [*(t for graph in subgraphs(proto.graph) for t in graph.initializer),
                *(a.t for n in nodes for a in n.attribute if a.type == onnx.AttributeProto.TENSOR)]
@@ -406,6 +407,7 @@ def quantization(proto: onnx.ModelProto) -> dict[str, int]:
         "float_ops": sum(n.op_type in WEIGHT_OPS for n in nodes),
         "quantized_weights": sum(t.data_type in INTEGER_WEIGHT_TYPES for t in weights),
         "float_weights": sum(t.data_type not in INTEGER_WEIGHT_TYPES for t in weights),
+        "per_call_ops": sum(n.op_type in PER_CALL_QUANTIZING_OPS for n in nodes),
     }
 
 

@@ -5,6 +5,7 @@ agreement, paired-return behaviour, one fallback rule, synthetic inputs named, t
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from saved import fixture_json
 
@@ -286,27 +287,63 @@ def test_a_recurrent_policy_with_an_env_is_judged_on_the_states_it_visited_with_
         assert any(np.allclose(run["obs"][t], obs) for run in runs for t in range(int(h), len(run["obs"]), 2))
 
 
-def test_drift_only_in_a_batch_is_said_with_the_batches_measured_and_never_for_int8():
+def test_drift_only_in_a_batch_is_said_with_the_batches_measured():
     """Observation 0 exact alone and off in the batch: the cell says the drift comes from batches above 1, with
-    the batches it has (5 observations: no batch 7, which the worker would have tiled); an int8 cell, whose dynamic
-    quantization scales each batch, does not."""
-    reference = np.linspace(-1, 1, 10).reshape(5, 2)
-    arrays = {"outputs/action": reference + 0.5, "batch1/action": reference[:1], "batch2/action": reference[:2] + 0.5}
-    outcome = cells.CellOutcome(Measurement(stage=DONE), arrays, 0.1)
-    evidence = Evidence(model_loader.load(example("continuous_mlp")), Reference({"action": reference}, {}))
+    the batches it has (5 observations: no batch 7, which the worker would have tiled)."""
+    outcome, evidence = _drifting_in_the_batch()
     cell = Judge().cell(outcome, evidence, host="h", target="tflite", variant="fp32", predicts=True)
     assert cell.verdict == "FAIL" and [r for r in cell.reasons if r.startswith("batch handling")] == [
         "batch handling: action: observation 0 drifts 0 alone (batch 1) and 0.5 in the batch of 5 (batch 2: 0.5): this "
         "runtime's answer for one observation depends on the batch it runs in, so the drift comes from batches above 1 "
         "(the conversion's batch handling); a graph exported at a fixed batch 1 runs each observation alone "
         "(--assist's simplify makes one)"]
-    quantized = {"quantized_ops": 3, "float_ops": 0, "quantized_weights": 3, "float_weights": 0}
-    int8 = Judge().cell(_with_quantization(outcome, quantized), evidence, host="h", target="tflite", variant="int8",
-                        predicts=True)
-    assert int8.verdict == "FAIL" and not any(r.startswith("batch handling") for r in int8.reasons)
-    users_int8 = Judge(model_precisions={"": "int8"}).cell(outcome, evidence, host="h", target="tflite", variant="fp32",
-                                                           predicts=True)
-    assert not any(r.startswith("batch handling") for r in users_int8.reasons)  # its graph quantizes per call
+
+
+def _drifting_in_the_batch():
+    reference = np.linspace(-1, 1, 10).reshape(5, 2)
+    arrays = {"outputs/action": reference + 0.5, "batch1/action": reference[:1], "batch2/action": reference[:2] + 0.5}
+    evidence = Evidence(model_loader.load(example("continuous_mlp")), Reference({"action": reference}, {}))
+    return cells.CellOutcome(Measurement(stage=DONE), arrays, 0.1), evidence
+
+
+def _quantized_by_ort(tmp_path, how: str) -> onnx.ModelProto:
+    """The bundled MLP through onnxruntime.quantization as a user (or the int8 variant) quantizes it: dynamic (one
+    activation scale per call, DynamicQuantizeLinear) or static QDQ (scales calibrated once, fixed in the file)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
+
+    out = tmp_path / f"{how}.onnx"
+    if how == "dynamic":
+        quantize_dynamic(example("continuous_mlp"), out)
+        return onnx.load(str(out))
+    rows = iter({"obs": np.random.default_rng(i).normal(size=(1, 17)).astype(np.float32)} for i in range(16))
+    calibration = type("Calibration", (CalibrationDataReader,), {"get_next": lambda self: next(rows, None)})()
+    quantize_static(example("continuous_mlp"), out, calibration, quant_format=QuantFormat.QDQ)
+    return onnx.load(str(out))
+
+
+def test_only_int8_that_scales_each_calls_batch_is_exempt_from_the_batch_evidence(tmp_path):
+    """ORT's dynamic int8 quantizes activations with one scale over each call's batch: its answer for one observation
+    depends on the batch by design. A static (QDQ) int8 uses the scales calibrated into the file; LiteRT's int8 (its
+    dynamic range quantizes each row on its own: row 0 alone and in a batch of 64 equal to 2.4e-7) and Core ML's
+    weight-only int8 do not scale per call either: drifting only in a batch, they are the conversion's batch handling.
+    The exemption had gone to any int8 artifact that quantized ops, and to any model given in int8."""
+    from matrix.run import variants
+
+    outcome, evidence = _drifting_in_the_batch()
+    dynamic, static = (variants.quantization(_quantized_by_ort(tmp_path, how)) for how in ("dynamic", "qdq"))
+    assert dynamic["per_call_ops"] > 0 and static["per_call_ops"] == 0 and static["quantized_weights"] > 0
+    litert = {"quantized_ops": 3, "float_ops": 0, "quantized_weights": 3, "float_weights": 0, "per_call_ops": 0}
+
+    def batch_reason(judge: Judge, counted: dict | None, variant: str = "int8") -> bool:
+        judged = judge.cell(_with_quantization(outcome, counted) if counted else outcome, evidence, host="h",
+                            target="t", variant=variant, predicts=True)
+        return any(r.startswith("batch handling") for r in judged.reasons)
+
+    assert not batch_reason(Judge(), dynamic)
+    assert batch_reason(Judge(), static) and batch_reason(Judge(), litert)
+    # a model given in int8: its graph says how (the run counts it as it counts an artifact: variants.quantization)
+    assert not batch_reason(Judge(model_precisions={"": "int8"}, per_call_models=frozenset({""})), None, "fp32")
+    assert batch_reason(Judge(model_precisions={"": "int8"}), None, "fp32")
 
 
 def test_a_discrete_action_right_alone_and_flipped_in_a_batch_carries_the_batch_evidence():
