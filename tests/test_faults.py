@@ -6,9 +6,11 @@ reference. Every wait is for a state (a process, a file, a line), never a fixed 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
+import platform
 import re
 import resource
 import signal
@@ -169,6 +171,41 @@ def test_a_signalled_run_writes_its_report_and_leaves_nothing_running(tmp_path, 
     assert run.returncode == code, stderr
     assert "interrupted" in stderr and (tmp_path / "index.html").exists()
     _assert_gone([worker])
+
+
+TGKILL = {"x86_64": 234, "aarch64": 131}  # the tgkill system call's number (Linux; Python has no binding for it)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() not in TGKILL, reason="Linux's tgkill")
+def test_a_signal_the_kernel_gives_another_thread_still_stops_the_run(tmp_path):
+    """A SIGTERM sent to the process may be delivered to any of its threads (a cell's, a relay's), and Python runs
+    the handler in the main thread only when that thread next wakes: waiting for the cells without a timeout, the
+    run went on for 192 s, until its worker's cells ended (seen in CI). tgkill puts the signal on one other thread."""
+    run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", *SLOW, "--out", tmp_path)
+    worker = _worker_of(run, tmp_path / "cells" / "ort-cpu-fp32")
+    _tgkill(run.pid, _thread_taking(run.pid, signal.SIGTERM), signal.SIGTERM)
+    _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
+    assert run.returncode == 143, stderr
+    assert "interrupted" in stderr and (tmp_path / "index.html").exists()
+    _assert_gone([worker])
+
+
+def _thread_taking(pid: int, number: int) -> int:
+    """A thread of `pid` other than its main one that does not block signal `number` (/proc's SigBlk mask)."""
+    for thread in psutil.Process(pid).threads():
+        status = Path(f"/proc/{pid}/task/{thread.id}/status").read_text()
+        blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)", status, re.M).group(1), 16)
+        if thread.id != pid and not blocked >> (number - 1) & 1:
+            return thread.id
+    raise AssertionError(f"process {pid} has no thread besides its main one that takes signal {number}")
+
+
+def _tgkill(pid: int, thread: int, number: int) -> None:
+    """The signal to one thread of a process (os.kill picks the thread itself; signal.pthread_kill reaches this
+    process's own threads only)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(TGKILL[platform.machine()], pid, thread, number) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
 
 
 def test_a_second_run_on_the_same_folder_is_refused(tmp_path, policy_matrix):

@@ -137,6 +137,10 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# How soon the main thread acts on a signal the kernel gave another thread: Python runs a handler in the main thread
+# only, when it next runs, and a process-directed SIGTERM or Ctrl-C may land on any thread (a cell's, a relay's) and
+# then wakes nothing that waits without a timeout (a run went on for 192 s, until its worker's cells ended).
+SIGNAL_CHECK_S = 0.5
 RUN_FILE = "run.json"  # the run id and what a resumed run must match
 LOCK_FILE = outdir.LOCK_FILE
 
@@ -185,6 +189,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
         for module in ("rich.progress", "matrix.report.report", "matrix.assist.assist", "numpy.ma"):
             pool.submit(importlib.import_module, module)
         ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, obs_source, console)
+        wait_first({made})
         (onnx_variants, variant_errors), candidate_variants = made.result()
     feeds = observations.read(obs_path)
     console.print(f"[bold]observations[/]: {escape(obs_source.describe(observations.count(feeds, model.batch_axes)))}", highlight=False)
@@ -301,8 +306,7 @@ class CellSchedule:
             while pending or running:
                 while pending and len(running) < slots:
                     running.add(pool.submit(self._run_cells, self.by_worker[pending.pop(0)]))
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
+                for future in wait_first(running):
                     running.remove(future)
                     future.result()
         except BaseException:  # interrupted (or a bug): no stage is granted any more, no worker outlives the run
@@ -343,6 +347,14 @@ class CellSchedule:
 
     def cells_in_grid_order(self) -> list[Cell]:
         return [self.done[index] for index in sorted(self.done)]
+
+
+def wait_first(futures: set) -> set:
+    """concurrent.futures.wait(FIRST_COMPLETED), woken every SIGNAL_CHECK_S so a signal's handler runs meanwhile."""
+    while True:
+        finished, _ = wait(futures, timeout=SIGNAL_CHECK_S, return_when=FIRST_COMPLETED)
+        if finished:
+            return finished
 
 
 WORKER_FOOTPRINT = 1 << 30  # what one worker and its browser may hold at once (bench/matrix_wall.py measures the tree)
