@@ -34,6 +34,7 @@ import urllib.request
 from pathlib import Path
 
 from .base import RunService
+from .paths import cache_dir
 from .web_support import HarnessServer, missing_npm_package
 
 # A user's own browser instead of the one policy-matrix starts (`run --browser-endpoint / --browser-path`),
@@ -193,7 +194,34 @@ def playwright_driver():
     in a thread whose driver runs fails), and pages of several bundles (a test session, a benchmark) live side by side."""
     from playwright.sync_api import sync_playwright
 
-    return sync_playwright().start()
+    with node_compile_cache():
+        return sync_playwright().start()
+
+
+NODE_COMPILE_CACHE_ENV = "NODE_COMPILE_CACHE"
+
+
+@contextlib.contextmanager
+def node_compile_cache():
+    """Node (22.1+) started meanwhile keeps V8's compiled code of the modules it loads in the cache folder and
+    reads it back next time: the Playwright driver (node 26) compiles its ~2 MB of JavaScript once per machine,
+    not once per run (bench/web_phases.py: its start is most of the driver's CPU). Node keys the files by its
+    own version and each file's hash, writes them only when something new was compiled, and runs uncached
+    when the folder cannot be written; a user's NODE_COMPILE_CACHE (or NODE_DISABLE_COMPILE_CACHE) stays theirs.
+    Set only while the driver starts: the worker's other node processes (ort-node's runner) are left as measured."""
+    if NODE_COMPILE_CACHE_ENV in os.environ:
+        yield
+        return
+    try:
+        folder = cache_dir() / "node-compile-cache"
+    except OSError:  # no cache folder: node runs as it would without one
+        yield
+        return
+    os.environ[NODE_COMPILE_CACHE_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop(NODE_COMPILE_CACHE_ENV, None)
 
 
 class _BrowserUse:

@@ -6,6 +6,9 @@ onnxruntime-web from web_harness/node_modules, and node. `make setup` (`policy-m
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -356,3 +359,33 @@ def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path, policy_matrix):
                                                for reason in webgpu["reasons"])
     assert [r["node"] for r in webgpu["placement"] if r["fallback"]] == ["soft0"]
     assert '<span class="fell-back" title="soft0 in ort-web-webgpu fp32' in (tmp_path / "report" / "index.html").read_text()
+
+
+DRIVER_ONCE = """
+import os
+from targets.chromium import NODE_COMPILE_CACHE_ENV, playwright_driver
+playwright = playwright_driver()
+assert NODE_COMPILE_CACHE_ENV not in os.environ  # set only while the driver started
+print(playwright.chromium.name)
+playwright.stop()
+"""
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_the_playwright_driver_keeps_its_compiled_code_in_the_cache_and_runs_without_it(tmp_path, writable):
+    """The driver's node writes V8's code cache under the run's cache folder, keyed by node's version, for
+    the next driver to read; where that folder cannot be made (a file in its place) the driver runs uncached."""
+    cache = tmp_path / "cache"
+    folder = cache / "node-compile-cache"
+    if not writable:
+        cache.mkdir()
+        folder.write_text("a file where the folder goes")
+    env = {key: value for key, value in os.environ.items() if key != chromium.NODE_COMPILE_CACHE_ENV}
+    child = subprocess.run([sys.executable, "-c", DRIVER_ONCE], env={**env, "POLICY_MATRIX_CACHE": str(cache)},
+                           capture_output=True, text=True, timeout=120, cwd=Path(chromium.__file__).parent.parent)
+    assert child.returncode == 0 and child.stdout.strip() == "chromium", child.stderr
+    if writable:
+        (keyed,) = folder.iterdir()
+        assert keyed.name.startswith("v") and any(keyed.iterdir()), keyed  # e.g. v26.13.1-x64-310b2ce3-0/
+    else:
+        assert folder.read_text() == "a file where the folder goes"
