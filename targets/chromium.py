@@ -41,7 +41,16 @@ from .web_support import HarnessServer, missing_npm_package
 # e.g. a desktop Chrome with a real GPU: the same harness, its real adapter, its real latency.
 BROWSER_ENDPOINT_ENV = "POLICY_MATRIX_BROWSER_ENDPOINT"  # DevTools endpoint of a running Chrome: ws://… or http://…
 BROWSER_PATH_ENV = "POLICY_MATRIX_BROWSER_PATH"  # a Chrome / Chromium executable to launch
+# Chromium's headless shell first where it is installed (Debian: chromium-headless-shell): the same Blink, V8,
+# ANGLE and Dawn as the full browser, and the headless browser Playwright itself launches, without the full
+# browser's window, tab strip and address bar, which its headless mode still builds for every page: the
+# browser process's CPU in a run of the three web targets fell from 2.4 to 0.9 s, the run's from 15.6 to
+# 13.2 s, its peak RSS from 1.21 to 1.00 GiB (bench/web_phases.py, bench/matrix_wall.py).
+# The binary itself: Debian's /usr/bin/chromium-headless-shell wrapper runs it as a child of a shell instead of
+# exec'ing it, which leaves the browser one process removed from the one Playwright launched and ends.
+DEBIAN_HEADLESS_SHELL = "/usr/lib/chromium/chromium-headless-shell"
 SYSTEM_CHROMIUM = (
+    DEBIAN_HEADLESS_SHELL,
     "/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",  # Debian, Ubuntu, CI runners
     "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome", "/Applications/Chromium.app/Contents/MacOS/Chromium",
 )
@@ -128,7 +137,11 @@ def chromium_version() -> str:
     result = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30)
     # "Chromium 156.0.8078.108 built on Debian ..." -> "Chromium 156.0.8078.108"
     found = re.search(r"([A-Za-z][A-Za-z ]*?) (\d+(?:\.\d+)+)", result.stdout)
-    return f"{found.group(1)} {found.group(2)}" if found else f"Chromium at {executable}"
+    if not found:
+        return f"Chromium at {executable}"
+    # The headless shell calls itself "Chromium 156…" too: the report says which browser ran the page.
+    shell = " headless shell" if "headless" in Path(executable).name and "headless" not in found.group(1).lower() else ""
+    return f"{found.group(1)}{shell} {found.group(2)}"
 
 
 def web_unavailable_reason() -> str | None:
