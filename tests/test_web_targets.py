@@ -391,11 +391,11 @@ def test_the_playwright_driver_keeps_its_compiled_code_in_the_cache_and_runs_wit
         assert folder.read_text() == "a file where the folder goes"
 
 
-@pytest.mark.skipif(not Path(chromium.DEBIAN_HEADLESS_SHELL).exists(), reason="Debian's chromium-headless-shell is not installed")
+@pytest.mark.skipif(not Path(chromium.DEBIAN_HEADLESS_SHELL).exists() or chromium._may_hold_managed_chromium(),
+                    reason="Debian's chromium-headless-shell is not installed, or a Playwright-managed Chromium comes first")
 def test_the_headless_shell_runs_the_pages_where_installed_and_the_runtime_line_says_so(monkeypatch):
     """Chromium's headless shell before the full browser (targets/chromium.py), named as such in the report."""
     monkeypatch.delenv(chromium.BROWSER_PATH_ENV, raising=False)
-    monkeypatch.setattr(chromium, "_may_hold_managed_chromium", lambda: False)
     for cached in (chromium.chromium_executable, chromium.chromium_version):
         cached.cache_clear()
     try:
