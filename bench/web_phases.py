@@ -5,7 +5,7 @@ settings), then serves those same cells again in this process, in the run's orde
 code (matrix.run.worker.main, as `--serve` does, with no gate), and reads every process's CPU
 (psutil cpu_times) at each phase boundary. A phase is a worker stage (open, contract, parity, latency,
 placement, ...) crossed with the Playwright call it was in (the driver's start, the launch, a new context or
-page, the harness's goto, and each `window.harness.X` evaluate: load = the ORT bundle's import, probe,
+page, a CDP command, the harness's goto, and each `window.harness.X` evaluate: load = the ORT bundle's import, probe,
 startRuntime, open = a session's creation, run, time, release); "python" is the worker's own work between
 those calls (encoding feeds, fixed-batch copies, saving measurement files). The last target's page, the
 browser and the driver are closed at the end ("close").
@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 from matrix_wall import POLICIES, ROOT, process_kind
 
-from playwright.sync_api import Browser, BrowserContext, BrowserType, Page
+from playwright.sync_api import Browser, BrowserContext, BrowserType, CDPSession, Page
 from playwright.sync_api._context_manager import PlaywrightContextManager
 
 KINDS = ("python", "node: Playwright driver", "chromium browser", "chromium gpu process", "chromium renderer",
@@ -48,6 +48,7 @@ CALLS = {  # (class, method) -> phase name
     (Page, "goto"): "goto",
     (Page, "wait_for_function"): "goto",
     (BrowserContext, "close"): "close context",
+    (CDPSession, "send"): "cdp",
     (Browser, "close"): "close browser",
 }
 HARNESS_CALL = re.compile(r"window\.harness\.(\w+)\(")
