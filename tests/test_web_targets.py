@@ -325,7 +325,7 @@ def test_a_page_is_its_browsers_only_renderer_and_playwrights_features_still_app
         assert not [p for p in browser.children(recursive=True) if "--utility-sub-type=network.mojom.NetworkService" in p.cmdline()]
         targets = chromium.shared_page(wasm.bundle).browser.new_browser_cdp_session().send("Target.getTargets")
         assert [t["type"] for t in targets["targetInfos"]] == ["page"], targets  # no omnibox popup pages
-        deadline = time.monotonic() + 30  # a renderer of the browser's start-up may still be ending
+        deadline = time.monotonic() + 30  # a renderer that ended may be listed until its zygote reaps it
         while len(renderers := _renderers(browser)) != 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(renderers) == 1, [r.cmdline()[-3:] for r in renderers]
