@@ -34,13 +34,23 @@ import urllib.request
 from pathlib import Path
 
 from .base import RunService
+from .paths import cache_dir
 from .web_support import HarnessServer, missing_npm_package
 
 # A user's own browser instead of the one policy-matrix starts (`run --browser-endpoint / --browser-path`),
 # e.g. a desktop Chrome with a real GPU: the same harness, its real adapter, its real latency.
 BROWSER_ENDPOINT_ENV = "POLICY_MATRIX_BROWSER_ENDPOINT"  # DevTools endpoint of a running Chrome: ws://… or http://…
 BROWSER_PATH_ENV = "POLICY_MATRIX_BROWSER_PATH"  # a Chrome / Chromium executable to launch
+# Chromium's headless shell first where it is installed (Debian: chromium-headless-shell): the same Blink, V8,
+# ANGLE and Dawn as the full browser, and the headless browser Playwright itself launches, without the full
+# browser's window, tab strip and address bar, which its headless mode still builds for every page: the
+# browser process's CPU in a run of the three web targets fell from 2.4 to 0.9 s, the run's from 15.6 to
+# 13.2 s, its peak RSS from 1.21 to 1.00 GiB (bench/web_phases.py, bench/matrix_wall.py).
+# The binary itself: Debian's /usr/bin/chromium-headless-shell wrapper runs it as a child of a shell instead of
+# exec'ing it, which leaves the browser one process removed from the one Playwright launched and ends.
+DEBIAN_HEADLESS_SHELL = "/usr/lib/chromium/chromium-headless-shell"
 SYSTEM_CHROMIUM = (
+    DEBIAN_HEADLESS_SHELL,
     "/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",  # Debian, Ubuntu, CI runners
     "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome", "/Applications/Chromium.app/Contents/MacOS/Chromium",
 )
@@ -127,7 +137,11 @@ def chromium_version() -> str:
     result = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30)
     # "Chromium 156.0.8078.108 built on Debian ..." -> "Chromium 156.0.8078.108"
     found = re.search(r"([A-Za-z][A-Za-z ]*?) (\d+(?:\.\d+)+)", result.stdout)
-    return f"{found.group(1)} {found.group(2)}" if found else f"Chromium at {executable}"
+    if not found:
+        return f"Chromium at {executable}"
+    # The headless shell calls itself "Chromium 156…" too: the report says which browser ran the page.
+    shell = " headless shell" if "headless" in Path(executable).name and "headless" not in found.group(1).lower() else ""
+    return f"{found.group(1)}{shell} {found.group(2)}"
 
 
 def web_unavailable_reason() -> str | None:
@@ -193,7 +207,36 @@ def playwright_driver():
     in a thread whose driver runs fails), and pages of several bundles (a test session, a benchmark) live side by side."""
     from playwright.sync_api import sync_playwright
 
-    return sync_playwright().start()
+    with node_compile_cache():
+        return sync_playwright().start()
+
+
+NODE_COMPILE_CACHE_ENV = "NODE_COMPILE_CACHE"
+
+
+@contextlib.contextmanager
+def node_compile_cache():
+    """Node (22.1+) started meanwhile keeps V8's compiled code of the modules it loads in the cache folder and
+    reads it back next time: the Playwright driver (node 26) compiles its ~7 MB of bundled JavaScript once per
+    machine, not once per run (its start is most of the driver's CPU: bench/web_phases.py; driver CPU for a start,
+    a launch, a page and 50 evaluates fell by a median 0.13 s). Node keys the files by its own version and each
+    file's hash, writes them only when something new was compiled, and runs uncached when the folder cannot be
+    written; a user's NODE_COMPILE_CACHE (or NODE_DISABLE_COMPILE_CACHE) stays theirs. Set only while the driver
+    starts: ort-node's runner runs on the system's node (20 here: no compile cache), and under node 26 its start
+    cost the same with the cache or without (0.17 CPU s)."""
+    if NODE_COMPILE_CACHE_ENV in os.environ:
+        yield
+        return
+    try:
+        folder = cache_dir() / "node-compile-cache"
+    except OSError:  # no cache folder: node runs as it would without one
+        yield
+        return
+    os.environ[NODE_COMPILE_CACHE_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop(NODE_COMPILE_CACHE_ENV, None)
 
 
 class _BrowserUse:
@@ -245,15 +288,33 @@ class HarnessPage:
         self.browser = _hold_browser(self.browser_key)
         self.answers: dict[tuple, object] = {}  # call_once's
         try:
-            self.context = self.browser.new_context()
-            self.page = self.context.new_page()
             self.server = HarnessServer()
-            self.page.goto(f"{self.server.origin}/harness/index.html")
+            self.page = self._page_at(f"{self.server.origin}/harness/index.html")
             self.page.wait_for_function("window.harness !== undefined")
             self.versions = self.call("load", f"{self.server.origin}/ort/{bundle}", f"{self.server.origin}/ort/")
         except BaseException:
             self.close()
             raise
+
+    def _page_at(self, url: str):
+        """A fresh context (self.context) and its one page, created at `url` by CDP's Target.createTarget.
+        Playwright's new_page opens about:blank first, in a renderer the cross-origin-isolated harness cannot
+        share: every target's page started and ended a renderer for nothing (a page was ready in 0.42 s instead
+        of 0.55, and the processes that outlive it spent 0.04 CPU s less, the about:blank renderer's own CPU
+        besides; medians of 6, load ~10). Playwright attaches to the page as to any page its context opens
+        (paused until it is set up), so it is driven like one from new_page."""
+        cdp = self.browser.new_browser_cdp_session()
+        try:
+            known = set(cdp.send("Target.getBrowserContexts")["browserContextIds"])
+            self.context = self.browser.new_context()
+            # The one context id that appeared (only this thread makes contexts in a browser the worker launched;
+            # in a user's browser another one appearing at this very moment fails this page rather than pick one).
+            (context_id,) = set(cdp.send("Target.getBrowserContexts")["browserContextIds"]) - known
+            with self.context.expect_page() as opened:
+                cdp.send("Target.createTarget", {"url": url, "browserContextId": context_id})
+            return opened.value
+        finally:
+            cdp.detach()
 
     def call(self, function: str, *args):
         """Call window.harness[function](...args) in the page; raise with ORT's own message."""

@@ -6,6 +6,9 @@ onnxruntime-web from web_harness/node_modules, and node. `make setup` (`policy-m
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -322,7 +325,7 @@ def test_a_page_is_its_browsers_only_renderer_and_playwrights_features_still_app
         assert not [p for p in browser.children(recursive=True) if "--utility-sub-type=network.mojom.NetworkService" in p.cmdline()]
         targets = chromium.shared_page(wasm.bundle).browser.new_browser_cdp_session().send("Target.getTargets")
         assert [t["type"] for t in targets["targetInfos"]] == ["page"], targets  # no omnibox popup pages
-        deadline = time.monotonic() + 30  # the about:blank page's renderer goes once the harness page commits
+        deadline = time.monotonic() + 30  # a renderer that ended may be listed until its zygote reaps it
         while len(renderers := _renderers(browser)) != 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(renderers) == 1, [r.cmdline()[-3:] for r in renderers]
@@ -356,3 +359,48 @@ def test_matrix_reports_the_softsign_fallback_as_warn(tmp_path, policy_matrix):
                                                for reason in webgpu["reasons"])
     assert [r["node"] for r in webgpu["placement"] if r["fallback"]] == ["soft0"]
     assert '<span class="fell-back" title="soft0 in ort-web-webgpu fp32' in (tmp_path / "report" / "index.html").read_text()
+
+
+DRIVER_ONCE = """
+import os
+from targets.chromium import NODE_COMPILE_CACHE_ENV, playwright_driver
+playwright = playwright_driver()
+assert NODE_COMPILE_CACHE_ENV not in os.environ  # set only while the driver started
+print(playwright.chromium.name)
+playwright.stop()
+"""
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_the_playwright_driver_keeps_its_compiled_code_in_the_cache_and_runs_without_it(tmp_path, writable):
+    """The driver's node writes V8's code cache under the run's cache folder, keyed by node's version, for
+    the next driver to read; where that folder cannot be made (a file in its place) the driver runs uncached."""
+    cache = tmp_path / "cache"
+    folder = cache / "node-compile-cache"
+    if not writable:
+        cache.mkdir()
+        folder.write_text("a file where the folder goes")
+    env = {key: value for key, value in os.environ.items() if key != chromium.NODE_COMPILE_CACHE_ENV}
+    child = subprocess.run([sys.executable, "-c", DRIVER_ONCE], env={**env, "POLICY_MATRIX_CACHE": str(cache)},
+                           capture_output=True, text=True, timeout=120, cwd=Path(chromium.__file__).parent.parent)
+    assert child.returncode == 0 and child.stdout.strip() == "chromium", child.stderr
+    if writable:
+        (keyed,) = folder.iterdir()
+        assert keyed.name.startswith("v") and any(keyed.iterdir()), keyed  # e.g. v26.13.1-x64-310b2ce3-0/
+    else:
+        assert folder.read_text() == "a file where the folder goes"
+
+
+@pytest.mark.skipif(not Path(chromium.DEBIAN_HEADLESS_SHELL).exists() or chromium._may_hold_managed_chromium(),
+                    reason="Debian's chromium-headless-shell is not installed, or a Playwright-managed Chromium comes first")
+def test_the_headless_shell_runs_the_pages_where_installed_and_the_runtime_line_says_so(monkeypatch):
+    """Chromium's headless shell before the full browser (targets/chromium.py), named as such in the report."""
+    monkeypatch.delenv(chromium.BROWSER_PATH_ENV, raising=False)
+    for cached in (chromium.chromium_executable, chromium.chromium_version):
+        cached.cache_clear()
+    try:
+        assert chromium.chromium_executable() == chromium.DEBIAN_HEADLESS_SHELL
+        assert "Chromium headless shell 1" in REGISTRY["ort-web-wasm"].runtime_version()
+    finally:
+        for cached in (chromium.chromium_executable, chromium.chromium_version):
+            cached.cache_clear()

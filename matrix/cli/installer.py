@@ -148,26 +148,36 @@ def python_playwright(report: Reporter) -> None:
 
 
 def chromium(report: Reporter) -> None:
-    """A Playwright-managed Chromium where one exists, else the system's; Debian's package as root."""
+    """A Playwright-managed Chromium where one exists, else the system's; Debian's package as root, with its
+    headless shell (targets/chromium.py: the same engine without the browser UI, ~2 CPU s less a run) where apt has it."""
     from targets import chromium as browser  # this function's own name is `chromium`
 
     browser.playwright_missing.cache_clear()  # playwright may have been installed by the step before
     browser.chromium_executable.cache_clear()
     found = browser.chromium_executable()
-    if found:
-        report.ok(f"Chromium at {found}")
+    as_root_with_apt = os.geteuid() == 0 and shutil.which("apt-get")
+    if not found and not as_root_with_apt:
+        report.warn("no Chromium found: install Chromium or Chrome (see web_harness/README.md), "
+                    "or run `python -m playwright install chromium`")
         return
-    if os.geteuid() == 0 and shutil.which("apt-get"):
+    if not found:
         with report.work("apt-get install chromium"):
             for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
-                done = subprocess.run(command, capture_output=True, text=True,
-                                      env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-                if done.returncode != 0:
-                    raise SetupError(f"{' '.join(command)} failed: {_last_line(done.stderr)}")
-        browser.chromium_executable.cache_clear()
-        return
-    report.warn("no Chromium found: install Chromium or Chrome (see web_harness/README.md), "
-                "or run `python -m playwright install chromium`")
+                if (error := _apt(command)) is not None:
+                    raise SetupError(error)
+    if as_root_with_apt and found != browser.DEBIAN_HEADLESS_SHELL and (not found or found in browser.SYSTEM_CHROMIUM):
+        with report.work("apt-get install chromium-headless-shell"):
+            error = _apt(["apt-get", "install", "-y", "-qq", "chromium-headless-shell"])
+        if error is not None:  # not every release of every distribution has it: the full browser runs the pages
+            report.warn(f"{error}: the web targets run in the full Chromium")
+    browser.chromium_executable.cache_clear()
+    report.ok(f"Chromium at {browser.chromium_executable()}")
+
+
+def _apt(command: list[str]) -> str | None:
+    """Run an apt-get command; None when it worked, else what failed in apt's last words."""
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    return None if done.returncode == 0 else f"{' '.join(command)} failed: {_last_line(done.stderr)}"
 
 
 def litert_runtime(report: Reporter) -> None:
