@@ -165,13 +165,23 @@ def chromium(report: Reporter) -> None:
             for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
                 if (error := _apt(command)) is not None:
                     raise SetupError(error)
-    if as_root_with_apt and found != browser.DEBIAN_HEADLESS_SHELL and (not found or found in browser.SYSTEM_CHROMIUM):
-        with report.work("apt-get install chromium-headless-shell"):
-            error = _apt(["apt-get", "install", "-y", "-qq", "chromium-headless-shell"])
-        if error is not None:  # not every release of every distribution has it: the full browser runs the pages
+    if (as_root_with_apt and found != browser.DEBIAN_HEADLESS_SHELL and (not found or found in browser.SYSTEM_CHROMIUM)
+            and _apt_knows(HEADLESS_SHELL_PACKAGE)):  # not every release of every distribution has it: quietly none
+        with report.work(f"apt-get install {HEADLESS_SHELL_PACKAGE}"):
+            error = _apt(["apt-get", "install", "-y", "-qq", HEADLESS_SHELL_PACKAGE])
+        if error is not None:
             report.warn(f"{error}: the web targets run in the full Chromium")
     browser.chromium_executable.cache_clear()
     report.ok(f"Chromium at {browser.chromium_executable()}")
+
+
+HEADLESS_SHELL_PACKAGE = "chromium-headless-shell"
+
+
+def _apt_knows(package: str) -> bool:
+    """Whether apt's package lists hold `package` (an Ubuntu image has no such package: setup then stays quiet
+    instead of warning on every run about a package it cannot have)."""
+    return subprocess.run(["apt-cache", "show", package], capture_output=True).returncode == 0
 
 
 def _apt(command: list[str]) -> str | None:
