@@ -140,7 +140,7 @@ def check_held(recorded: np.ndarray, cast: np.ndarray, name: str, axis: int | No
         return
     with np.errstate(invalid="ignore"):
         changed = np.argwhere(cast.astype(recorded.dtype) != recorded)
-    if changed.size:
+    if len(changed):  # not .size: a rank-0 array's one hit is a row of no coordinates
         at = tuple(changed[0])
         where = f" at row {at[axis]}" if axis is not None else ""
         raise InputError(f"{path}: {name!r} holds {recorded[at]:g}{where}, which a {cast.dtype} input cannot hold: "
@@ -152,7 +152,7 @@ def first_non_finite(array: np.ndarray) -> tuple[int, ...] | None:
     if array.dtype.kind != "f":
         return None
     bad = np.argwhere(~np.isfinite(array))
-    return tuple(int(i) for i in bad[0]) if bad.size else None
+    return tuple(int(i) for i in bad[0]) if len(bad) else None  # a rank-0 array's hit has no coordinates: not .size
 
 
 def _check_finite(array: np.ndarray, spec: TensorSpec, axis: int | None, path: Path) -> None:
