@@ -128,8 +128,8 @@ def _check_side(recorded: Feeds, side: Feeds, path: Path) -> None:
     """Two values for one side input (the file's and --side-input's) is a mistake to say, not one to choose between."""
     for name, value in side.items():
         if name in recorded and not np.array_equal(recorded[name], value):
-            shown = np.array2string(recorded[name], threshold=6)[:80]
-            raise InputError(f"{path}: holds {name!r} = {shown}, but --side-input gives {json.dumps(value.tolist())}: give one "
+            shown, given = (json.dumps(array.tolist())[:80] for array in (recorded[name], value))  # as the option takes it
+            raise InputError(f"{path}: holds {name!r} = {shown}, but --side-input gives {given}: give one "
                              "(leave it out of the file, or the option out)")
 
 

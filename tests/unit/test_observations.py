@@ -144,6 +144,14 @@ def test_a_rank0_input_a_file_gives_is_checked_like_any_other(tmp_path, flag, wo
         observations.load(tmp_path / "obs.npz", flagged)
 
 
+def test_a_file_disagreeing_with_the_side_input_option_is_said_in_json(tmp_path):
+    """The option takes JSON (deterministic=true): the file's value had been said in numpy's words (False)."""
+    flagged = model.load(rollout_policies.pendulum_with_flag(tmp_path / "flagged.onnx"))
+    np.savez(tmp_path / "obs.npz", obs=np.zeros((4, 3), np.float32), deterministic=np.array(False))
+    with pytest.raises(InputError, match="holds 'deterministic' = false, but --side-input gives true: give one"):
+        observations.load(tmp_path / "obs.npz", flagged, side={"deterministic": np.array(True)})
+
+
 @pytest.mark.parametrize("recorded, words", [
     (np.full((4, 3, 8, 8), 0.64, np.float32), "holds 0.64 at row 0, which a uint8 input cannot hold"),  # [0, 1] floats
     (np.full((4, 3, 8, 8), 300, np.int64), "holds 300 at row 0, which a uint8 input cannot hold"),
