@@ -22,7 +22,7 @@ filters (decide.py) ask the same rules.
   below the minimum FAIL; every row a near tie WARNs (agreement not measured:
   no row could confirm the runtime). Judged only where no behaviour was measured.
 - batch_sizes: an output whose observation 0 is right alone (batch 1) and wrong in the parity batch, or else one
-  of the first 7 observations right in one batch and wrong in another (continuous: beyond tolerance; discrete: a
+  of the first 7 observations' decisions right in one batch and wrong in another (continuous: beyond tolerance; discrete: a
   flip above the tie margin) (not int8: dynamic quantization scales each call's batch): where behaviour was measured (the episodes run at batch 1) it WARNs, naming the batch sizes where it is
   wrong; elsewhere it names that cause of the drift or flips.
 - unquantized_int8: an "int8" artifact with nothing quantized WARNs (and never ships).

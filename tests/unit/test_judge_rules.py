@@ -359,6 +359,12 @@ def test_an_observation_whose_action_changes_between_batches_is_evidence_though_
                for r in rules.verdict(no_rollout, Context(batch_drifts=found))[1])
     steady = {**batched, "batch2/action": reference[:2], "batch7/action": reference[:7]}  # the same answer in every batch
     assert judge_module.batch_dependence(steady, evidence, Context()) == ()
+    # a continuous row near its tolerance may cross it from one batch's rounding to another's: no such evidence
+    actions = np.linspace(-1, 1, 20).reshape(10, 2)
+    crossing = {"outputs/action": actions, "batch1/action": actions[:1], "batch2/action": actions[:2] + 1e-3,
+                "batch7/action": actions[:7]}
+    continuous = Evidence(model_loader.load(example("continuous_mlp")), Reference({"action": actions}, {}))
+    assert judge_module.batch_dependence(crossing, continuous, Context()) == ()
 
 
 def test_an_int8_artifact_with_nothing_quantized_keeps_its_batch_handling_reason():
