@@ -34,6 +34,7 @@ MAX_CALIBRATION_SAMPLES = 128
 RECIPE_FILES = {"dynamic": ("fp32", "fp16", "int8"), "full": ("int8-full",)}
 WORK_FOLDER = "<onnx2tf's work folder>"  # stands for the converting cell's folder in cached reasons
 CACHED_WORDS = cached_words("onnx2tf")
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
 
 
 def converter_pin() -> str:
@@ -64,7 +65,10 @@ def converted(ctx: PrepareContext, model: Path, recipe: str) -> tuple[Path, bool
             keep_refusal(staging, answer["error"])
 
     made = build_once(entry, convert, ready=converted_or_refused("meta.json"))
-    raise_if_refused(entry, made, "onnx2tf")  # every cell of this recipe fails with its words
+    try:
+        raise_if_refused(entry, made, "onnx2tf")  # every cell of this recipe fails with its words
+    except RuntimeError as refused:
+        raise RuntimeError(calibration_words(str(refused), model)) from None
     return entry, made
 
 
@@ -108,6 +112,23 @@ def run_converter(ctx: PrepareContext, model: Path, recipe: str, calibration: Fe
         answer["error"] = answer["error"].replace(str(work), WORK_FOLDER)
     answer["errors"] = {name: text.replace(str(work), WORK_FOLDER) for name, text in answer.get("errors", {}).items()}
     return answer
+
+
+def calibration_words(error: str, model: Path) -> str:
+    """onnx2tf's full-integer calibration casts every input's samples to float32 (its representative dataset does),
+    and LiteRT refuses them for an input of another type ("Cannot set tensor: Got value of type FLOAT32 but expected
+    type BOOL for input 0, name: serving_default_deterministic:0"): the converter's words, with the inputs it cannot
+    calibrate, so a rank-0 flag's FAIL does not read as a broken model."""
+    if "Cannot set tensor: Got value of type FLOAT32" not in error:
+        return error
+    graph = onnx.load(str(model), load_external_data=False).graph
+    constants = {init.name for init in graph.initializer}
+    others = [f"{value.name!r} ({onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)})"
+              for value in graph.input if value.name not in constants and value.type.tensor_type.elem_type not in FLOAT_TYPES]
+    if not others:
+        return error
+    return (f"{error} (onnx2tf's int8 calibration feeds every input as float32; this model also takes "
+            f"{', '.join(others)}, which it cannot calibrate)")
 
 
 def store(staging: Path, answer: dict, wanted: tuple[str, ...]) -> None:

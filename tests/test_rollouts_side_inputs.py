@@ -84,6 +84,33 @@ def test_a_bad_value_is_one_line_naming_the_input_and_what_it_expects(policy, sp
     assert done.returncode == 2 and len(done.lines) == 1 and words in done.lines[0], done.lines[-3:]
 
 
+@pytest.mark.parametrize("spec, words", [
+    # JSON's words for what was typed, not Python's ('None', "{'a': 1}")
+    ("deterministic=null", "expected a JSON number, true/false or nested lists of them (got null)"),
+    ('deterministic={"a": 1}', 'nested lists of them (got {"a": 1})'),
+    ("deterministic=[[1], null]", "nested lists of them (got [[1], null])"),
+    # a whole number beyond 64 bits is a number, refused as one, not called "not a number"
+    ("deterministic=1180591620717411303424", "expected true/false (or 1/0); input 'deterministic' is bool"),
+])
+def test_what_was_typed_is_said_in_json(flagged, spec, words):
+    with pytest.raises(InputError) as refused:
+        side_inputs.conform(side_inputs.parse([spec]), model_loader.load(flagged))
+    assert words in str(refused.value), refused.value
+
+
+def test_a_model_with_no_input_fed_whole_says_so(tmp_path):
+    """SB3's PPO exported through a `deterministic` argument traces it away: the export takes obs alone."""
+    info = model_loader.load(policies.save(policies.gemm_add_mlp(), tmp_path, "mlp"))
+    with pytest.raises(InputError, match="'deterministic': the model has no such input; every input it has carries the batch$"):
+        side_inputs.conform(side_inputs.parse(["deterministic=true"]), info)
+
+
+def test_a_huge_integer_is_refused_by_what_an_integer_input_holds(tmp_path):
+    info = model_loader.load(policies.save(policies.vad_with_sample_rate(), tmp_path, "vad"))  # rank-0 int64 `sr`
+    with pytest.raises(InputError, match="expected whole numbers a int64 holds"):
+        side_inputs.conform(side_inputs.parse([f"sr={2 ** 70}"]), info)
+
+
 def test_an_integer_input_takes_whole_numbers_it_holds(tmp_path):
     info = model_loader.load(policies.save(policies.vad_with_sample_rate(), tmp_path, "vad"))  # rank-0 int64 `sr`
     assert side_inputs.conform(side_inputs.parse(["sr=16000"]), info)["sr"].dtype == np.int64

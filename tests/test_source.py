@@ -253,6 +253,11 @@ def test_a_malformed_source_is_refused_before_anything_runs(tmp_path, monkeypatc
     ({"mean": np.zeros(3)}, "--source-normalize holds no var beside mean (stats.npz)"),
     ({"mean": np.zeros(3), "var": np.array([{"pickled": 1}], dtype=object)},
      "stats.npz: array 'var' is a pickled object array: refused (pickles are never loaded)"),
+    # a shape for another observation, a NaN and a negative variance were the source cell's FAIL on numpy's
+    # broadcasting words, or NaN observations fed to the framework
+    ({"mean": np.zeros(4), "var": np.ones(4)}, "stats.npz: 'mean' has shape [4], one observation of its input has [3]"),
+    ({"mean": np.full(3, np.nan), "var": np.ones(3)}, "stats.npz: 'mean' holds a value that is not a finite number"),
+    ({"mean": np.zeros(3), "var": -np.ones(3)}, "stats.npz: 'var' holds a negative variance: no statistics a normaliser keeps"),
 ])
 def test_an_npz_normalizer_not_for_the_models_inputs_is_one_line_before_anything_runs(tmp_path, statistics, words,
                                                                                        policy_matrix):

@@ -24,6 +24,7 @@ cell's regressions names it: "ort-web-wasm 1.22.0 -> 1.30.0: batch 1: p50 ...".
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -125,15 +126,24 @@ COMPARED_ROLLOUT = ("mode", "env", "env_kwargs", "episodes", "seeds", "trajector
 
 
 def input_differences(first: RunResults, second: RunResults) -> list[str]:
-    """What differs between the inputs and judging options of two results, in words ([] when nothing does)."""
-    found = [_difference(name, first.model.get(key), second.model.get(key)) for key, name in COMPARED_MODEL_KEYS.items()]
-    found += [_difference(key, first.run_options.get(key), second.run_options.get(key)) for key in COMPARED_OPTIONS]
+    """What differs between the inputs and judging options of two results, in words ([] when nothing does). The
+    --side-input values come first: they are why the observation sets' sha256 differ, which alone names no cause."""
     rollouts = first.run_options.get("rollout"), second.run_options.get("rollout")
+    found = [_side_inputs_difference(*rollouts)] if all(rollouts) else []
+    found += [_difference(name, first.model.get(key), second.model.get(key)) for key, name in COMPARED_MODEL_KEYS.items()]
+    found += [_difference(key, first.run_options.get(key), second.run_options.get(key)) for key in COMPARED_OPTIONS]
     if bool(rollouts[0]) != bool(rollouts[1]):
         found.append(f"rollouts: {_shown(rollouts[0])} vs {_shown(rollouts[1])}")
     elif all(rollouts):
         found += [_difference(key, rollouts[0].get(key), rollouts[1].get(key)) for key in COMPARED_ROLLOUT]
     return [line for line in found if line]
+
+
+def _side_inputs_difference(first: dict, second: dict) -> str:
+    """'side inputs deterministic=true vs deterministic=false', as --side-input takes them (none: the key is absent)."""
+    said = [", ".join(f"{name}={json.dumps(value)}" for name, value in sorted(rollout.get("side_inputs", {}).items()))
+            for rollout in (first, second)]
+    return _difference("side inputs", *said)
 
 
 def checked_inputs(first: RunResults, second: RunResults, allowed: bool, first_name: str, second_name: str) -> list[str]:

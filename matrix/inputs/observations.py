@@ -128,8 +128,8 @@ def _check_side(recorded: Feeds, side: Feeds, path: Path) -> None:
     """Two values for one side input (the file's and --side-input's) is a mistake to say, not one to choose between."""
     for name, value in side.items():
         if name in recorded and not np.array_equal(recorded[name], value):
-            shown = np.array2string(recorded[name], threshold=6)[:80]
-            raise InputError(f"{path}: holds {name!r} = {shown}, but --side-input gives {json.dumps(value.tolist())}: give one "
+            shown, given = (json.dumps(array.tolist())[:80] for array in (recorded[name], value))  # as the option takes it
+            raise InputError(f"{path}: holds {name!r} = {shown}, but --side-input gives {given}: give one "
                              "(leave it out of the file, or the option out)")
 
 
@@ -140,7 +140,7 @@ def check_held(recorded: np.ndarray, cast: np.ndarray, name: str, axis: int | No
         return
     with np.errstate(invalid="ignore"):
         changed = np.argwhere(cast.astype(recorded.dtype) != recorded)
-    if changed.size:
+    if len(changed):  # not .size: a rank-0 array's one hit is a row of no coordinates
         at = tuple(changed[0])
         where = f" at row {at[axis]}" if axis is not None else ""
         raise InputError(f"{path}: {name!r} holds {recorded[at]:g}{where}, which a {cast.dtype} input cannot hold: "
@@ -152,7 +152,7 @@ def first_non_finite(array: np.ndarray) -> tuple[int, ...] | None:
     if array.dtype.kind != "f":
         return None
     bad = np.argwhere(~np.isfinite(array))
-    return tuple(int(i) for i in bad[0]) if bad.size else None
+    return tuple(int(i) for i in bad[0]) if len(bad) else None  # a rank-0 array's hit has no coordinates: not .size
 
 
 def _check_finite(array: np.ndarray, spec: TensorSpec, axis: int | None, path: Path) -> None:

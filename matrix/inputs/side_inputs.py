@@ -12,6 +12,8 @@ Imported only when a side input is given: a plain run never pays for it.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from .. import validated
@@ -47,7 +49,8 @@ def _conformed(name: str, value: object, specs: dict[str, TensorSpec], model: Mo
     spec = specs.get(name)
     whole = [n for n in specs if n not in model.batch_axes]
     if spec is None:
-        raise InputError(f"{OPTION} {name[:100]!r}: the model has no such input; its inputs fed whole are {whole}")
+        these = f"its inputs fed whole are {whole}" if whole else "every input it has carries the batch"
+        raise InputError(f"{OPTION} {name[:100]!r}: the model has no such input; {these}")
     if name in {pair.input for pair in model.state_pairs}:
         raise InputError(f"{OPTION} {name!r}: a recurrent state input, carried from step to step (--initial-state starts it)")
     if name in model.batch_axes:
@@ -65,13 +68,22 @@ def _conformed(name: str, value: object, specs: dict[str, TensorSpec], model: Mo
 def _numbers(value: object, name: str, expects: str) -> np.ndarray:
     """The JSON value as an array of numbers or booleans (no strings, nulls, objects or ragged lists)."""
     try:
-        array = np.asarray(value)
+        array = np.asarray(value) if _numbers_only(value) else None
+        if array is not None and array.dtype == object:  # an integer beyond 64 bits: a number _cast then refuses
+            array = np.asarray(value, dtype=np.float64)
     except ValueError:  # ragged nested lists
         array = None
     if array is None or array.dtype.kind not in "biuf":
         raise InputError(f"{OPTION} {name!r}: expected a JSON number, true/false or nested lists of them "
-                         f"(got {str(value)[:60]!r}); {expects}")
+                         f"(got {json.dumps(value)[:60]}); {expects}")
     return array
+
+
+def _numbers_only(value: object) -> bool:
+    """Whether every leaf of the JSON value is a number or true/false (validated.json_value bounds the nesting)."""
+    if isinstance(value, list):
+        return all(_numbers_only(item) for item in value)
+    return isinstance(value, (int, float))
 
 
 def _fits(shape: tuple[int, ...], declared: list) -> bool:

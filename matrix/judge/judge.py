@@ -140,15 +140,45 @@ def batch_dependence(arrays: dict, evidence: Evidence, context: rules.Context) -
             judged = None if decisive is None else np.take(decisive, range(rows), axis=axis)
             return _miss(got, _rows(expected, rows, axis), judged, context.tolerance)
 
-        (alone_size, alone_wrong), (in_batch, wrong) = miss(1, alone), miss(1, _rows(batched, 1, axis))
-        if alone_wrong or not wrong:
+        def row_miss(row: int, got: np.ndarray) -> tuple[float, bool]:
+            judged = None if decisive is None else np.take(decisive, [row], axis=axis)
+            return _miss(np.take(got, [row], axis=axis), np.take(expected, [row], axis=axis).astype(np.float64), judged,
+                         context.tolerance)
+
+        runs = {1: alone} | {rows: got for rows in CONTRACT_BATCHES[1:] if rows <= expected.shape[axis]  # fewer: tiled
+                             if (got := arrays.get(f"batch{rows}/{name}")) is not None
+                             and got.shape == _rows(expected, rows, axis).shape}
+        seen = _observation_in_two_batches(runs, batched, batched.shape[axis], row_miss, decisive is not None)
+        if seen is None:
             continue
-        small = {rows: miss(rows, got) for rows in CONTRACT_BATCHES[1:] if rows <= expected.shape[axis]  # fewer: tiled
-                 if (got := arrays.get(f"batch{rows}/{name}")) is not None and got.shape == _rows(expected, rows, axis).shape}
+        small = {rows: miss(rows, got) for rows, got in runs.items() if rows > 1}
         found.append(rules.BatchDrift(
-            name, alone_size, in_batch, batched.shape[axis], {rows: size for rows, (size, _) in small.items()},
-            tuple(rows for rows, (_, beyond) in small.items() if beyond), decisive is not None))
+            name, seen["right"][1], seen["wrong"][1], batched.shape[axis], {rows: size for rows, (size, _) in small.items()},
+            tuple(rows for rows, (_, beyond) in small.items() if beyond), decisive is not None, seen["row"],
+            seen["right"][0], seen["wrong"][0], miss(batched.shape[axis], batched)[1]))
     return tuple(found)
+
+
+def _observation_in_two_batches(runs: dict[int, np.ndarray], batched: np.ndarray, parity_rows: int, row_miss,
+                                discrete: bool) -> dict | None:
+    """An observation right in one batch and wrong in another: observation 0 right alone (batch 1) and wrong in the
+    parity batch, else the first of the contract's rows (batch 2: 0-1, batch 7: 0-6) whose answer changes between the
+    batches it ran in (onnx2tf's conversion of a two-input DQN head: observation 0 right everywhere, 1 flipped in the
+    batch of 2 and right in the batch of 7); a decision only, whose flip is beyond its margin, where a continuous row
+    near its tolerance could cross it from one batch's rounding to another's. None where observation 0 is wrong
+    alone: that is batch 1's own drift. {"row", "right": (batch, size), "wrong": (batch, size)}."""
+    alone, in_batch = row_miss(0, runs[1]), row_miss(0, batched)
+    if alone[1]:  # wrong alone: the drift batch 1 has, which the episodes measured
+        return None
+    if in_batch[1]:
+        return {"row": 0, "right": (1, alone[0]), "wrong": (parity_rows, in_batch[0])}
+    for row in range(max(runs) if discrete else 0):
+        measured = [(rows, row_miss(row, got)) for rows, got in runs.items() if row < rows] + [(parity_rows, row_miss(row, batched))]
+        right = [(rows, size) for rows, (size, wrong) in measured if not wrong]
+        wrong = [(rows, size) for rows, (size, wrong) in measured if wrong]
+        if right and wrong:
+            return {"row": row, "right": right[0], "wrong": wrong[0]}
+    return None
 
 
 def _rows(values: np.ndarray, rows: int, axis: int) -> np.ndarray:

@@ -21,9 +21,9 @@ filters (decide.py) ask the same rules.
   left out of agreement entirely; any flip WARNs, flips that bring agreement
   below the minimum FAIL; every row a near tie WARNs (agreement not measured:
   no row could confirm the runtime). Judged only where no behaviour was measured.
-- batch_sizes: an output whose observation 0 is right alone (batch 1) and wrong in the parity batch (continuous:
-  beyond tolerance; discrete: a flip above the tie margin) (not int8: dynamic quantization scales each call's
-  batch): where behaviour was measured (the episodes run at batch 1) it WARNs, naming the batch sizes where it is
+- batch_sizes: an output whose observation 0 is right alone (batch 1) and wrong in the parity batch, or else one
+  of the first 7 observations' decisions right in one batch and wrong in another (continuous: beyond tolerance; discrete: a
+  flip above the tie margin) (not int8: dynamic quantization scales each call's batch): where behaviour was measured (the episodes run at batch 1) it WARNs, naming the batch sizes where it is
   wrong; elsewhere it names that cause of the drift or flips.
 - unquantized_int8: an "int8" artifact with nothing quantized WARNs (and never ships).
 - workarounds: a conversion workaround the tool applied is listed (no verdict).
@@ -185,22 +185,32 @@ class Context:
 
 @dataclass(frozen=True)
 class BatchDrift:
-    """An output whose observation 0 is right alone (the contract's batch-1 run) and wrong in the parity batch: the
-    runtime's answer for one observation depends on the batch it runs in. A continuous output's sizes are max |error|,
-    a discrete one's (`discrete`) are flips above the tie margin."""
+    """An output whose answer for one observation depends on the batch it runs in: observation `row` is right in the
+    batch of `right_in` (observation 0 alone, the contract's batch-1 run, where it can tell) and wrong in the batch of
+    `batch`. A continuous output's sizes are max |error|, a discrete one's (`discrete`) are flips above the tie margin."""
 
     output: str
-    alone: float  # observation 0's size at batch 1
-    in_batch: float  # observation 0's in the parity batch
+    alone: float  # the observation's size where it is right
+    in_batch: float  # its size where it is wrong
     batch: int  # the parity batch's size
     small_batches: dict[int, float]  # the size over the rows of each contract batch above 1 the set has
     small_beyond: tuple[int, ...]  # those of them wrong
     discrete: bool = False
+    row: int = 0
+    right_in: int = 1  # the batch the observation is right in
+    wrong_in: int = 0  # the batch it is wrong in: 0 for the parity batch
+    batch_wrong: bool = True  # whether the parity batch is wrong anywhere
+
+    def wrong_batch(self) -> int:
+        return self.wrong_in or self.batch
 
     def size(self, value: float) -> str:
         if not self.discrete:
             return f"{value:.2g}"
         return "1 flip" if value == 1 else f"{value:.0f} flips"
+
+    def where_right(self) -> str:
+        return "alone (batch 1)" if self.right_in == 1 else f"in the batch of {self.right_in}"
 
 
 @dataclass
@@ -305,26 +315,28 @@ def batch_sizes(cell, context: Context) -> Findings:
 def _batch_handling(found: BatchDrift) -> str:
     small = ", ".join(f"batch {rows}: {found.size(size)}" for rows, size in found.small_batches.items())
     if found.discrete:
-        seen = (f"observation 0 agrees alone (batch 1) and flips in the batch of {found.batch} (flips above the tie "
-                f"margin: {small or 'no smaller batch'})")
+        seen = (f"observation {found.row} agrees {found.where_right()} and flips in the batch of {found.wrong_batch()} (flips "
+                f"above the tie margin: {small or 'no smaller batch'})")
     else:
-        seen = f"observation 0 drifts {found.alone:.2g} alone (batch 1) and {found.in_batch:.2g} in the batch of {found.batch} ({small})"
+        seen = (f"observation {found.row} drifts {found.alone:.2g} {found.where_right()} and {found.in_batch:.2g} in the "
+                f"batch of {found.wrong_batch()} ({small})")
     return (f"batch handling: {found.output}: {seen}: this runtime's answer for one observation depends on the batch it "
             f"runs in, so the {'flips come' if found.discrete else 'drift comes'} from batches above 1 (the conversion's "
             "batch handling); a graph exported at a fixed batch 1 runs each observation alone (--assist's simplify makes one)")
 
 
 def _batches_unmeasured(found: BatchDrift, context: Context) -> str:
-    sizes = [*found.small_beyond, found.batch]
+    sizes = sorted({*found.small_beyond, *([found.batch] if found.batch_wrong else [])})
     named = f"{', '.join(map(str, sizes[:-1]))} and {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
     small = ", of ".join(f"{rows}: {found.size(size)}" for rows, size in found.small_batches.items())
     rows = f"; the rows of batch {small}" if small else ""
     if found.discrete:
-        wrong = (f"flips above the tie margin {context.tie_margin:g} at batch {named} (observation 0 agrees alone and "
-                 f"flips in the batch of {found.batch}{rows}), none at batch 1")
+        wrong = (f"flips above the tie margin {context.tie_margin:g} at batch {named} (observation {found.row} agrees "
+                 f"{found.where_right().removesuffix(' (batch 1)')} and flips in the batch of {found.wrong_batch()}{rows}), none at batch 1")
     else:
-        wrong = (f"beyond tolerance {context.tolerance.describe()} at batch {named} (observation 0 drifts {found.alone:.2g} "
-                 f"alone, {found.in_batch:.2g} in the batch of {found.batch}{rows}), within it at batch 1")
+        wrong = (f"beyond tolerance {context.tolerance.describe()} at batch {named} (observation {found.row} drifts "
+                 f"{found.alone:.2g} {found.where_right().removesuffix(' (batch 1)')}, {found.in_batch:.2g} in the batch of "
+                 f"{found.wrong_batch()}{rows}), within it at batch 1")
     return (f"batch sizes: {found.output}: {wrong}, where the episodes ran and the return decided: a user who steps "
             "several environments or robots in one call gets actions the episodes never measured (a graph exported at "
             "a fixed batch 1 runs each observation alone: --assist's simplify makes one)")

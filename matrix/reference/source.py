@@ -37,7 +37,7 @@ import numpy as np
 
 from ..run import cells, guarded, isolation, rollouts
 from ..inputs import contract
-from ..inputs.batch_axes import batched
+from ..inputs.batch_axes import batched, without_batch
 from ..judge import rules
 from .. import userfiles
 from ..errors import InputError
@@ -122,11 +122,35 @@ def check_normalizer(spec: SourceSpec, model: ModelInfo, memory_limit: int | Non
     path = Path(spec.normalize)
     if path.suffix != ".npz":
         return
-    names = userfiles.npz_names(path, "--source-normalize statistics", memory_limit)
+    what = "--source-normalize statistics"
+    observed = {i.name: i for i in batched(model)}
     try:
-        source_runner.statistics_inputs(source_runner.npz_statistics(names), [i.name for i in batched(model)])
+        found = source_runner.npz_statistics(userfiles.npz_names(path, what, memory_limit))
+        for_inputs = source_runner.statistics_inputs(found, list(observed))
     except ValueError as error:
         raise InputError(f"{error} ({path.name})") from None
+    arrays = userfiles.read_arrays(path, what, memory_limit, [name for pair in found.values() for name in pair])
+    for key, (mean, var) in found.items():
+        row = without_batch(observed[for_inputs[key]], model.batch_axes)
+        for name in (mean, var):
+            _check_statistic(name, arrays[name], row, path)
+        if (arrays[var] < 0).any():
+            raise InputError(f"{path.name}: '{var}' holds a negative variance: no statistics a normaliser keeps")
+
+
+def _check_statistic(name: str, values: np.ndarray, row: list, path: Path) -> None:
+    """Finite numbers of a shape that broadcasts to one observation of its input (VecNormalize keeps the
+    observation's shape): a NaN or the wrong shape had been the source cell's NaN answers or FAIL on numpy's words."""
+    if values.dtype.kind not in "biuf" or not np.isfinite(values).all():
+        raise InputError(f"{path.name}: '{name}' holds a value that is not a finite number")
+    if all(isinstance(d, int) for d in row):
+        try:
+            fits = list(np.broadcast_shapes(values.shape, tuple(row))) == row
+        except ValueError:
+            fits = False
+        if not fits:
+            raise InputError(f"{path.name}: '{name}' has shape {list(values.shape)}, one observation of its input "
+                             f"has {row}")
 
 
 def preflight(spec: SourceSpec, memory_limit: int | None, timeout_s: float) -> SourceSpec:

@@ -355,8 +355,10 @@ def summary_markdown(results: RunResults) -> str:
 
 
 def _why(cell: Cell) -> list[str]:
-    """A cell's first reason, its named cause, and what --diagnose and --assist found about it."""
-    found = [r for r in cell.reasons[1:] if r.startswith(("cause:", "batch handling:", "first divergent node", "diagnosis", "fix:"))]
+    """A cell's first reason, its named cause, the batch sizes its episodes never ran, and what --diagnose and --assist
+    found about it."""
+    found = [r for r in cell.reasons[1:] if r.startswith(("cause:", "batch handling:", "batch sizes:", "first divergent node",
+                                                       "diagnosis", "fix:"))]
     return cell.reasons[:1] + found
 
 

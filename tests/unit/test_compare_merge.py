@@ -401,6 +401,23 @@ def test_compare_refuses_other_episodes_and_judging_settings_but_not_an_older_fi
     assert compare(shard, _on(shard, "synthetic", "b" * 64)) == []  # the fixture predates the hash: nothing to tell apart
 
 
+def test_compare_names_the_side_input_that_made_the_observations_differ(shard):
+    """Runs of one policy with --side-input deterministic=true and =false: the refusal named only the observation
+    sets' sha256, the consequence; the values given come first, as the option takes them."""
+    runs = []
+    for value, sha in ((True, "a" * 64), (False, "b" * 64)):
+        run = _on(shard, "visited", sha)
+        run.run_options["rollout"] = {"mode": "closed-loop", "env": "Pendulum-v1", "episodes": 3,
+                                      "side_inputs": {"deterministic": value}}
+        runs.append(run)
+    with pytest.raises(InputError, match=r"different inputs: side inputs deterministic=true vs deterministic=false "
+                                         r"\(and 1 more\)"):
+        compare(*runs)
+    del runs[1].run_options["rollout"]["side_inputs"]  # a run given none
+    with pytest.raises(InputError, match="side inputs deterministic=true vs none"):
+        compare(*runs)
+
+
 def test_compare_refuses_cells_judged_at_different_tolerances_or_says_it_on_their_lines(shard):
     """A baseline of a release before 05637b2 judged a user's int8 model at fp32's tolerance, today's run at int8's: a
     verdict that changed between them is the rule's doing, not the runtime's. Refused as merge refuses such shards,

@@ -371,6 +371,40 @@ def test_a_discrete_action_right_alone_and_flipped_in_a_batch_carries_the_batch_
     assert judge_module.batch_dependence({**batched, "batch1/action": flipped[:1]}, evidence, Context()) == ()
 
 
+def test_an_observation_whose_action_changes_between_batches_is_evidence_though_observation_0_never_flips():
+    """onnx2tf's conversion of a two-input DQN head driven by --env on a Dict env (Discrete(4)): observation 0 agreed
+    alone and in the batch of 80, so the cell's WARN said only its fallback and its 43 flips in the batch stood
+    unexplained beside 100 % action agreement in the episodes. Observation 1 flips in the batch of 2 and agrees in the
+    batch of 7: the answer depends on the batch, and the cell says so."""
+    reference = np.ones(10, np.int64)
+    margins = np.full(10, 0.5)
+    batched = {"outputs/action": np.array([1, 1, 1, 1, 1, 1, 1, 1, 0, 0]), "batch1/action": reference[:1],
+               "batch2/action": np.array([1, 0]), "batch7/action": np.array([1, 1, 1, 1, 0, 1, 0])}
+    evidence = Evidence(model_loader.load(example("discrete_mlp")), Reference({"action": reference}, {"action": margins}))
+    found = judge_module.batch_dependence(batched, evidence, Context())
+    assert [(f.row, f.right_in, f.wrong_batch(), f.small_batches, f.small_beyond, f.batch_wrong) for f in found] == [
+        (1, 7, 2, {2: 1.0, 7: 2.0}, (2, 7), True)]
+    cell = _cell(parity=[metrics.parity("action", batched["outputs/action"], reference, None, margins, 1e-3)],
+                 rollout=_rollout(REFERENCE, REFERENCE))
+    verdict, reasons = rules.verdict(cell, Context(batch_drifts=found))
+    assert verdict == "WARN" and reasons[0].startswith(
+        "batch sizes: action: flips above the tie margin 0.001 at batch 2, 7 and 10 (observation 1 agrees in the batch "
+        "of 7 and flips in the batch of 2; the rows of batch 2: 1 flip, of 7: 2 flips), none at batch 1, where the "
+        "episodes ran"), reasons
+    no_rollout = _cell(parity=cell.parity)
+    assert any(r.startswith("batch handling: action: observation 1 agrees in the batch of 7 and flips in the batch of 2 "
+                            "(flips above the tie margin: batch 2: 1 flip, batch 7: 2 flips)")
+               for r in rules.verdict(no_rollout, Context(batch_drifts=found))[1])
+    steady = {**batched, "batch2/action": reference[:2], "batch7/action": reference[:7]}  # the same answer in every batch
+    assert judge_module.batch_dependence(steady, evidence, Context()) == ()
+    # a continuous row near its tolerance may cross it from one batch's rounding to another's: no such evidence
+    actions = np.linspace(-1, 1, 20).reshape(10, 2)
+    crossing = {"outputs/action": actions, "batch1/action": actions[:1], "batch2/action": actions[:2] + 1e-3,
+                "batch7/action": actions[:7]}
+    continuous = Evidence(model_loader.load(example("continuous_mlp")), Reference({"action": actions}, {}))
+    assert judge_module.batch_dependence(crossing, continuous, Context()) == ()
+
+
 def test_an_int8_artifact_with_nothing_quantized_keeps_its_batch_handling_reason():
     """tflite's int8 of a model it cannot quantize (three float weight ops) computes in float32 as fp32 does and
     drifts 5.24 like it, batch-dependent like it; the int8 exemption took the reason away by the variant's name."""
@@ -410,3 +444,21 @@ def test_with_behaviour_a_batch_dependent_output_warns_and_drift_alone_at_batch_
     assert rules.verdict(cell, Context(tolerance=tolerance)) == (
         "PASS", ["action: drift 0.5 (max rel 7.5) above tolerance atol 0.0001 + rtol 1e-05·|ref| (shown, not judged: "
                  "the return decides)"])
+
+
+def test_summary_why_keeps_the_batch_sizes_warning_behind_another_first_reason():
+    """LiteRT runs a DQN head's ArgMax on its builtin kernels: that fallback is the cell's first reason, and
+    summary.md's Why showed it alone, dropping the batch sizes WARN (the flips a user stepping several environments
+    gets) that the cause lines beside it had kept."""
+    from saved import FIXTURES
+
+    from matrix import results as schema
+    from matrix.report.report import summary_markdown
+
+    shard = schema.load(FIXTURES / "shard_continuous_mlp.json")
+    cell = shard.cells[0]
+    cell.verdict = "WARN"
+    cell.reasons = ["1 node of 10 fell back to builtin kernels", "batch sizes: action: flips above the tie margin at batch 2",
+                    "action: 43 action flips (shown, not judged: the return decides)"]
+    why = next(line for line in summary_markdown(shard).splitlines() if line.startswith("- **WARN**"))
+    assert why.endswith("1 node of 10 fell back to builtin kernels; batch sizes: action: flips above the tie margin at batch 2"), why

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import policies
-from matrix.inputs import batch_axes, examples, observations
+import rollout_policies
+from matrix.inputs import batch_axes, examples, model, observations
 from matrix.errors import InputError
 
 
@@ -125,6 +128,28 @@ def test_a_nan_is_refused_before_it_is_cast_to_an_integer_input(load_policy, tmp
     np.save(tmp_path / "obs.npy", rows)
     with pytest.raises(InputError, match="non-finite value at row 2 \\(as float64\\)"):
         observations.load(tmp_path / "obs.npy", discrete_obs)
+
+
+@pytest.mark.parametrize("flag, words", [
+    (np.array(np.nan, np.float32), "'deterministic' holds a non-finite value (as float32)"),
+    (np.array(7), "'deterministic' holds 7, which a bool input cannot hold"),
+])
+def test_a_rank0_input_a_file_gives_is_checked_like_any_other(tmp_path, flag, words):
+    """A side input's one value in a recorded file (a rank-0 bool `deterministic` beside the observation, as
+    torch.onnx.export writes an actor's flag): NaN and 7 had been cast to true, silently. np.argwhere of a 0-d
+    array has no element to count even where it holds."""
+    flagged = model.load(rollout_policies.pendulum_with_flag(tmp_path / "flagged.onnx"))
+    np.savez(tmp_path / "obs.npz", obs=np.zeros((4, 3), np.float32), deterministic=flag)
+    with pytest.raises(InputError, match=re.escape(words)):
+        observations.load(tmp_path / "obs.npz", flagged)
+
+
+def test_a_file_disagreeing_with_the_side_input_option_is_said_in_json(tmp_path):
+    """The option takes JSON (deterministic=true): the file's value had been said in numpy's words (False)."""
+    flagged = model.load(rollout_policies.pendulum_with_flag(tmp_path / "flagged.onnx"))
+    np.savez(tmp_path / "obs.npz", obs=np.zeros((4, 3), np.float32), deterministic=np.array(False))
+    with pytest.raises(InputError, match="holds 'deterministic' = false, but --side-input gives true: give one"):
+        observations.load(tmp_path / "obs.npz", flagged, side={"deterministic": np.array(True)})
 
 
 @pytest.mark.parametrize("recorded, words", [
