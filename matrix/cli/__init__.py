@@ -8,13 +8,15 @@ import sys
 def main() -> None:
     """The console script's entry point (`matrix.cli:main`; `python -m matrix` too): cli.main. A `run` starts its
     fork server first, before even the command line's own imports (click, the option groups), so the server's
-    imports, which the run's first job (the reference) needs, are that much further when it is asked for."""
+    imports, which the run's first job (the reference) needs, are that much further when it is asked for. The
+    server is this process forked once numpy and onnx are imported, which both need (forkserver.Client.warm)."""
     if _command(sys.argv[1:]) == "run":
         from ..run import forkserver
 
-        forkserver.CLIENT.warm()
-        if is_the_program():  # not in a test's process, whose garbage it would freeze (resume_collection)
+        program = is_the_program()  # not in a test's process: its garbage would be frozen, its threads forked
+        if program:
             forkserver.pause_collection()  # until the run has imported its modules (orchestrate.run)
+        forkserver.CLIENT.warm(fork_from_here=program)  # no thread yet: the server may be this process forked
     from .cli import main as command_line
 
     command_line()
