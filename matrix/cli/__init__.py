@@ -9,7 +9,8 @@ def main() -> None:
     """The console script's entry point (`matrix.cli:main`; `python -m matrix` too): cli.main. A `run` starts its
     fork server first, before even the command line's own imports (click, the option groups), so the server's
     imports, which the run's first job (the reference) needs, are that much further when it is asked for. The
-    server is this process forked once numpy and onnx are imported, which both need (forkserver.Client.warm)."""
+    server is this process forked once numpy, onnx and the results' schemas are imported, which both need
+    (forkserver.Client.warm)."""
     if _command(sys.argv[1:]) == "run":
         from ..run import forkserver
 

@@ -18,8 +18,9 @@ the cell's log. This server keeps exactly the `python -m` contract, so a forked 
 the same code as an exec'd one, and hands each child its three stdio descriptors over the
 socket (SCM_RIGHTS), the one thing the standard library's server does not do.
 
-A program run's server is the runner itself, forked at its entry point once numpy and onnx are imported (both
-need them; an interpreter of its own imported them again, ~0.3-0.4 CPU s of a single check's ~2.3): in its own
+A program run's server is the runner itself, forked at its entry point once numpy, onnx, pydantic and the results'
+schemas are imported (both need them; an interpreter of its own imported them again, ~0.6 CPU s of a single check's
+~2.1): in its own
 session, dying with the runner, stdin and stdout on /dev/null, none of the runner's descriptors but stderr. Elsewhere
 (a test calling the command line in its own process, a process with another thread) it is
 `python -m matrix.run.forkserver FD`, as the same server. A forked server writes its children's titles over the
@@ -61,6 +62,8 @@ REFERENCE_ENTRIES = ("matrix.reference.reference_job", "matrix.run.guarded")
 WORKER_PRELOAD = ("pydantic", "pydantic.main", "matrix.results", "matrix.run.rollouts", "numpy.ma")
 WORKER_ENTRIES = ("matrix.run.worker",)
 PRELOAD = REFERENCE_PRELOAD + WORKER_PRELOAD
+# What a run's runner imports as well: a server forked from it (Client.warm) is forked once they are loaded.
+SHARED_WITH_THE_RUNNER = ("numpy", "onnx", "pydantic", "matrix.results", "matrix.run.rollouts")
 ENTRY_MODULES = REFERENCE_ENTRIES + WORKER_ENTRIES
 # An environment whose value of these differs from the server's changes what the child would import:
 # the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned
@@ -170,8 +173,8 @@ class Client:
 
     def warm(self, *, fork_from_here: bool = False) -> None:
         """Start the server now, so its imports overlap the runner's own work. `fork_from_here`: the server is
-        this process forked once it has imported numpy and onnx, which the runner needs as well, instead of an
-        interpreter of its own that imports them again (~0.3 CPU s). Only where this process is the program (the
+        this process forked once it has imported what the runner needs as well (SHARED_WITH_THE_RUNNER), instead
+        of an interpreter of its own that imports them again (~0.6 CPU s). Only where this process is the program (the
         entry point, before anything else; not a test's process) and has no other thread: a thread's lock taken
         at the fork would stay taken in the server for good."""
         with self._lock:
@@ -231,9 +234,10 @@ class Client:
     @staticmethod
     def _fork(ours: socket.socket, theirs: socket.socket) -> ForkedServer | None:
         """This process forked, after the imports both sides need, to be the server (see warm)."""
-        import numpy  # noqa: F401
-        import onnx  # noqa: F401
+        import importlib
 
+        for name in SHARED_WITH_THE_RUNNER:
+            importlib.import_module(name)
         runner = os.getpid()
         try:
             pid = os.fork()

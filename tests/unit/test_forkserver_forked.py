@@ -52,3 +52,11 @@ def test_a_server_forked_from_the_runner_holds_nothing_of_its_but_stderr_and_its
         "server_holds_our_pipe": False,
         "server_others": ["pipe", "socket"],  # its signal wake-up pipe, its control socket and a channel per job
     }
+
+
+def test_what_the_server_is_forked_after_is_what_a_run_imports_anyway():
+    # Anything else would be imported on the runner's way to its reference for the server's sake only.
+    probe = ("import sys\nfrom matrix.run import forkserver, orchestrate\n"
+             "print(sorted(set(forkserver.SHARED_WITH_THE_RUNNER) - set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
