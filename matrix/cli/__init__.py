@@ -11,7 +11,8 @@ def main() -> None:
     imports, which the run's first job (the reference) needs, are that much further when it is asked for. The
     server is this process forked once numpy, onnx and the results' schemas are imported, which both need
     (forkserver.Client.warm)."""
-    if _command(sys.argv[1:]) == "run":
+    asks_for_help = bool(set(HELP_OPTIONS) & set(sys.argv[1:]))  # which needs neither a server nor numpy
+    if _command(sys.argv[1:]) == "run" and not asks_for_help:
         from ..run import forkserver
 
         program = is_the_program()  # not in a test's process: its garbage would be frozen, its threads forked
@@ -21,6 +22,9 @@ def main() -> None:
     from .cli import main as command_line
 
     command_line()
+
+
+HELP_OPTIONS = ("-h", "--help")
 
 
 def is_the_program() -> bool:
@@ -34,4 +38,4 @@ def _command(arguments: list[str]) -> str | None:
     return next((argument for argument in arguments if not argument.startswith("-")), None)
 
 
-__all__ = ["is_the_program", "main"]
+__all__ = ["HELP_OPTIONS", "is_the_program", "main"]
