@@ -33,3 +33,15 @@ def test_startup_within_twice_numpy_import():
     numpy_s = found["python -c 'import numpy'"]
     assert found["policy-matrix --version"] <= 2 * numpy_s
     assert found["policy-matrix --help"] <= 2 * numpy_s
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_runs_help_imports_none_of_what_a_runs_fork_server_is_forked_after(flag):
+    # The program itself (python -m matrix), where a run forks its server once numpy, onnx and pydantic are loaded.
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "matrix", "run", flag], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # By package: a module imported through importlib.import_module has no line of its own, only its submodules
+    imported = {line.split("|")[2].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert not imported & {"numpy", "onnx", "pydantic"}, imported & {"numpy", "onnx", "pydantic"}

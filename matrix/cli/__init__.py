@@ -8,16 +8,23 @@ import sys
 def main() -> None:
     """The console script's entry point (`matrix.cli:main`; `python -m matrix` too): cli.main. A `run` starts its
     fork server first, before even the command line's own imports (click, the option groups), so the server's
-    imports, which the run's first job (the reference) needs, are that much further when it is asked for."""
-    if _command(sys.argv[1:]) == "run":
+    imports, which the run's first job (the reference) needs, are that much further when it is asked for. The
+    server is this process forked once numpy, onnx and the results' schemas are imported, which both need
+    (forkserver.Client.warm)."""
+    asks_for_help = bool(set(HELP_OPTIONS) & set(sys.argv[1:]))  # which needs neither a server nor numpy
+    if _command(sys.argv[1:]) == "run" and not asks_for_help:
         from ..run import forkserver
 
-        forkserver.CLIENT.warm()
-        if is_the_program():  # not in a test's process, whose garbage it would freeze (resume_collection)
+        program = is_the_program()  # not in a test's process: its garbage would be frozen, its threads forked
+        if program:
             forkserver.pause_collection()  # until the run has imported its modules (orchestrate.run)
+        forkserver.CLIENT.warm(fork_from_here=program)  # no thread yet: the server may be this process forked
     from .cli import main as command_line
 
     command_line()
+
+
+HELP_OPTIONS = ("-h", "--help")
 
 
 def is_the_program() -> bool:
@@ -31,4 +38,4 @@ def _command(arguments: list[str]) -> str | None:
     return next((argument for argument in arguments if not argument.startswith("-")), None)
 
 
-__all__ = ["is_the_program", "main"]
+__all__ = ["HELP_OPTIONS", "is_the_program", "main"]

@@ -19,14 +19,14 @@ import click
 
 from .. import __version__, options, outdir
 from . import cli_args as args
-from . import is_the_program
+from . import HELP_OPTIONS, is_the_program
 from . import config as run_config_file
 from ..errors import InputError, Terminated, raise_terminated
 from ..errors import console_text as escape
 from ..frameworks.command import frameworks as frameworks_command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=(
+@click.group(context_settings={"help_option_names": list(HELP_OPTIONS)}, epilog=(
     "Environment: POLICY_MATRIX_CACHE sets where converted artifacts and converter environments are kept "
     "(default ~/.cache/policy-matrix, or $XDG_CACHE_HOME/policy-matrix)."))
 @click.version_option(__version__, prog_name="policy-matrix")

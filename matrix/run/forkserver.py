@@ -18,6 +18,14 @@ the cell's log. This server keeps exactly the `python -m` contract, so a forked 
 the same code as an exec'd one, and hands each child its three stdio descriptors over the
 socket (SCM_RIGHTS), the one thing the standard library's server does not do.
 
+A program run's server is the runner itself, forked at its entry point once numpy, onnx, pydantic and the results'
+schemas are imported (both need them; an interpreter of its own imported them again, ~0.6 CPU s of a single check's
+~2.1): in its own
+session, dying with the runner, stdin and stdout on /dev/null, none of the runner's descriptors but stderr. Elsewhere
+(a test calling the command line in its own process, a process with another thread) it is
+`python -m matrix.run.forkserver FD`, as the same server. A forked server writes its children's titles over the
+runner's command line, so a very short one (`python -m matrix run m.onnx` typed with a bare `python`) shows them cut.
+
 Linux only (SOCK_SEQPACKET, the parent-death signal); elsewhere, and for a job whose
 environment changes what an interpreter imports (a pinned onnxruntime release on
 PYTHONPATH), `isolation.start` starts an interpreter as before.
@@ -54,6 +62,8 @@ REFERENCE_ENTRIES = ("matrix.reference.reference_job", "matrix.run.guarded")
 WORKER_PRELOAD = ("pydantic", "pydantic.main", "matrix.results", "matrix.run.rollouts", "numpy.ma")
 WORKER_ENTRIES = ("matrix.run.worker",)
 PRELOAD = REFERENCE_PRELOAD + WORKER_PRELOAD
+# What a run's runner imports as well: a server forked from it (Client.warm) is forked once they are loaded.
+SHARED_WITH_THE_RUNNER = ("numpy", "onnx", "pydantic", "matrix.results", "matrix.run.rollouts")
 ENTRY_MODULES = REFERENCE_ENTRIES + WORKER_ENTRIES
 # An environment whose value of these differs from the server's changes what the child would import:
 # the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned
@@ -158,12 +168,17 @@ class Client:
         self._lock = threading.Lock()
         self._server: subprocess.Popen | None = None
         self._control: socket.socket | None = None
-        self._ready = self._broken = False
+        self._ready = self._broken = self._fork_from_here = False
         self._imports: dict[str, str] = {}
 
-    def warm(self) -> None:
-        """Start the server now, so its imports overlap the runner's own work."""
+    def warm(self, *, fork_from_here: bool = False) -> None:
+        """Start the server now, so its imports overlap the runner's own work. `fork_from_here`: the server is
+        this process forked once it has imported what the runner needs as well (SHARED_WITH_THE_RUNNER), instead
+        of an interpreter of its own that imports them again (~0.6 CPU s). Only where this process is the program (the
+        entry point, before anything else; not a test's process) and has no other thread: a thread's lock taken
+        at the fork would stay taken in the server for good."""
         with self._lock:
+            self._fork_from_here = fork_from_here and supported() and threading.active_count() == 1
             self._ensure_started(wait=False)
 
     def start(self, command: list[str], *, env: dict[str, str], memory_limit: int | None, death_signal: bool,
@@ -206,11 +221,40 @@ class Client:
         return self._await_ready() if wait else True
 
     def _launch(self) -> bool:
-        """Started from a thread that lives as long as the server: the parent-death signal follows the thread
-        that started a process, and a pool thread that ends (the variants' pool) would take the server with it."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fork, self._fork_from_here = self._fork_from_here, False  # once: a server started again starts afresh
+        self._server = self._fork(ours, theirs) if fork else self._start(theirs)
+        theirs.close()
+        if self._server is None:
+            ours.close()
+            return False
+        self._control, self._ready, self._imports = ours, False, _import_env(os.environ)
+        return True
+
+    @staticmethod
+    def _fork(ours: socket.socket, theirs: socket.socket) -> ForkedServer | None:
+        """This process forked, after the imports both sides need, to be the server (see warm)."""
+        import importlib
+
+        for name in SHARED_WITH_THE_RUNNER:
+            importlib.import_module(name)
+        runner = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError:
+            return None
+        if pid == 0:
+            ours.close()
+            _serve_forked(theirs, runner)
+        return ForkedServer(pid)
+
+    @staticmethod
+    def _start(theirs: socket.socket) -> subprocess.Popen | None:
+        """An interpreter of its own, started from a thread that lives as long as the server: the parent-death
+        signal follows the thread that started a process, and a pool thread that ends (the variants' pool)
+        would take the server with it."""
         from . import isolation  # isolation routes through this module; the server itself is a plain start
 
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         started: queue.Queue = queue.Queue()
 
         def keep() -> None:
@@ -225,13 +269,7 @@ class Client:
             server.wait()
 
         threading.Thread(target=keep, name="forkserver", daemon=True).start()
-        self._server = started.get()
-        theirs.close()
-        if self._server is None:
-            ours.close()
-            return False
-        self._control, self._ready, self._imports = ours, False, _import_env(os.environ)
-        return True
+        return started.get()
 
     def _await_ready(self) -> bool:
         if self._ready:
@@ -252,6 +290,31 @@ class Client:
                 self._server.wait(timeout=5)
             isolation.kill_group(self._server)
             self._server = None
+
+
+class ForkedServer:
+    """The server forked from the runner (Client.warm): what the client and isolation.kill_group use of a Popen."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.poll() is None:
+            pidfd = os.pidfd_open(self.pid)  # readable once the process has ended
+            try:
+                select.select([pidfd], [], [], timeout)
+            finally:
+                os.close(pidfd)
+            if self.poll() is None:
+                raise subprocess.TimeoutExpired(["matrix.run.forkserver"], timeout)
+        return self.returncode
 
 
 class _Stdio:
@@ -335,6 +398,37 @@ def serve(control: socket.socket, preload: list) -> None:
             if not message:  # the runner closed its end: no more jobs
                 return
             _fork(json.loads(message), fds, children)
+
+
+def run_server(control: socket.socket) -> None:
+    """The server's life, in an interpreter of its own or forked from the runner. The runner may be gone while
+    the imports run (it stopped on bad input): nobody is left to serve or to read a traceback, so the server
+    ends as quietly as a closed socket."""
+    pause_collection()
+    set_title([sys.executable, "-m", "matrix.run.forkserver"])
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        serve(control, preload_steps())
+
+
+def _serve_forked(control: socket.socket, runner_pid: int) -> None:
+    """Never returns: the runner's child becomes the server, as `start_dying_with_parent` would have started it
+    (its own session, death with the runner, stdin and stdout on /dev/null, no descriptor of the runner's but
+    stderr and the control socket)."""
+    from . import isolation
+
+    code = 1
+    try:
+        os.setsid()
+        isolation.limit_this_process(None, runner_pid)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.closerange(3, control.fileno())
+        os.closerange(control.fileno() + 1, os.sysconf("SC_OPEN_MAX"))
+        run_server(control)
+        code = 0
+    finally:
+        os._exit(code)
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
@@ -458,10 +552,4 @@ def preload_steps() -> list:
 
 
 if __name__ == "__main__":
-    pause_collection()
-    control_socket = socket.socket(fileno=int(sys.argv[1]))
-    set_title([sys.executable, "-m", "matrix.run.forkserver"])
-    # The runner may be gone while the imports run (it stopped on bad input): nobody is left to serve or
-    # to read a traceback, so the server ends as quietly as a closed socket.
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        serve(control_socket, preload_steps())
+    run_server(socket.socket(fileno=int(sys.argv[1])))
