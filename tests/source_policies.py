@@ -184,6 +184,33 @@ if __name__ == "__main__":
     torch.jit.trace(policy, example).save("flag_policy.pt")
 '''
 
+# The same flag as the graph's output, as SB3's SAC actor gives it wrapped in torch.where(deterministic, its mean
+# action, its sampled one): the exploring branch's shape is computed at run time (torch.distributions' broadcast),
+# so torch names the action's width after the Where ("Whereaction_dim_1") instead of 1. Bias-free layers export as
+# MatMul, which tract runs in fp16 (it refuses an fp16 Gemm with a bias), so the fp16 variant itself is what loads.
+TORCH_WHERE_FLAG_EXPORT = '''
+"""A module taking (obs, deterministic) whose output is a Where, exported by torch.onnx.export."""
+import torch
+
+
+class WhereFlagPolicy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 32, bias=False), torch.nn.Tanh(),
+                                       torch.nn.Linear(32, 1, bias=False))
+
+    def forward(self, obs, deterministic):
+        mean = torch.tanh(self.net(obs))
+        return torch.where(deterministic, mean, torch.tanh(mean + torch.full(mean.shape, 0.5)))
+
+
+if __name__ == "__main__":
+    torch.onnx.export(WhereFlagPolicy().eval(), (torch.zeros(1, 3), torch.tensor(True)), "where_flag_policy.onnx",
+                      opset_version=17, input_names=["obs", "deterministic"], output_names=["action"],
+                      dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+'''
+
 # A pixel policy taking uint8 frames, as a camera or an Atari wrapper gives them, exported with a uint8 example. It
 # follows torchvision's convert_image_dtype convention: integer pixels are scaled to [0, 1], float frames are taken
 # as scaled already; so it computes what its export does only when fed the export's uint8.

@@ -17,7 +17,7 @@ import pytest
 from onnxconverter_common import float16
 from assist_fixtures import fp16_overflow_mlp
 from conftest import run_cli
-from source_policies import cached_policies
+from source_policies import TORCH_WHERE_FLAG_EXPORT, cached_policies, torch_script_exports
 from variant_policies import skl2onnx_regressor, stateful_detector, weights_in_if_branches
 
 from matrix.decide import decide
@@ -216,6 +216,33 @@ def test_an_sb3_style_torch_export_gets_an_fp16_variant_with_its_leading_cast_ke
     assert variants.kept_fp32(made["fp16"]) == [info.proto.graph.node[0].name]
     feeds = {"obs": np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)}
     assert 0 < np.abs(_outputs(made["fp16"], feeds) - _outputs(made["fp32"], feeds)).max() < 1e-2
+
+
+@pytest.mark.coreml_env  # torch lives in the Core ML converter's environment
+def test_an_fp16_variant_keeps_no_shape_the_converter_copied_from_torchs_guess(tmp_path, monkeypatch):
+    """torch declares the flag policy's action [batch, Whereaction_dim_1]; the converter copies that guess onto the
+    Cast it inserts before the output (and adds its own unk__ dims), and tract, which takes every declared shape as
+    a fact, refused the variant ("Impossible to unify Sym(Whereaction_dim_1) with Val(1)") though the fp32 loads."""
+    import tract
+
+    python = isolated_env.env_python(coreml_conversion.ENV_NAME, coreml_conversion.REQUIREMENTS)
+    if python is None:
+        pytest.skip(coreml_conversion.environment_missing())
+    exported = cached_policies("torch-where-flag", TORCH_WHERE_FLAG_EXPORT, python,
+                               torch_script_exports("where_flag_policy", TORCH_WHERE_FLAG_EXPORT))
+    monkeypatch.setenv("POLICY_MATRIX_CACHE", str(tmp_path / "cache"))  # the variant is made here, not found cached
+    info = model_loader.load(exported / "where_flag_policy.onnx")
+    assert info.proto.graph.output[0].type.tensor_type.shape.dim[1].dim_param == "Whereaction_dim_1"
+    made, errors = variants.produce_all(info, ["fp16"], tmp_path / "run")
+    assert not errors
+    tract.onnx().load(str(made["fp16"])).into_model().into_runnable()
+    declared = {v.name for v in info.proto.graph.value_info}
+    assert {v.name for v in onnx.load(str(made["fp16"])).graph.value_info} <= declared
+    converted = tmp_path / "converted.onnx"
+    onnx.save(float16.convert_float_to_float16(info.proto, keep_io_types=True), str(converted))
+    for flag in (True, False):
+        feeds = {"obs": np.random.default_rng(0).normal(size=(7, 3)).astype(np.float32), "deterministic": np.array(flag)}
+        np.testing.assert_array_equal(_outputs(made["fp16"], feeds), _outputs(converted, feeds))
 
 
 def test_a_cell_that_ran_a_fixed_batch_copy_ships_as_that_fix_not_as_the_export():

@@ -63,7 +63,7 @@ from ..outdir import write_atomic, write_atomic_with
 from targets.base import NOT_MADE
 from targets.paths import cache_dir
 
-RECIPE = "fp16-keep-io-cast-io-or-blocked-halved/int8-dynamic-u8u8-beyond-own/validated"  # part of the cache key: change it when a recipe changes
+RECIPE = "fp16-keep-io-cast-io-or-blocked-halved-own-shapes/int8-dynamic-u8u8-beyond-own/validated"  # part of the cache key: change it when a recipe changes
 MAX_BLOCKED_NODES = 8  # how many nodes the fp16 mixed-precision search keeps in fp32 before it gives up
 
 
@@ -269,7 +269,7 @@ def _convert_fp16(original: onnx.ModelProto, source: onnx.ModelProto, blocked: l
     for keep_io_types in (True, False):
         try:
             converted = float16.convert_float_to_float16(source, keep_io_types=keep_io_types, node_block_list=blocked or None)
-            converted = restore_interface(original, converted)
+            converted = restore_interface(original, without_added_shapes(original, converted))
             validate(original, converted, "fp16")
             return converted, None
         except Exception as error:  # the converter's own bugs raise anything; try the other route
@@ -364,6 +364,19 @@ def validate(original: onnx.ModelProto, variant: onnx.ModelProto, name: str) -> 
         onnxruntime.InferenceSession(variant.SerializeToString(), providers=["CPUExecutionProvider"])
     except Exception as error:
         raise VariantError(f"{name} variant does not load in onnxruntime: {_first_line(error)}") from None
+
+
+def without_added_shapes(original: onnx.ModelProto, variant: onnx.ModelProto) -> onnx.ModelProto:
+    """The variant declaring only the intermediate shapes the original declared. onnxconverter-common runs shape
+    inference and keeps what it infers (unk__N dims) and copies the output's declared shape onto the Cast it inserts
+    before it; where the exporter only guessed that shape (torch's `[batch, Whereaction_dim_1]` on an SB3 actor's
+    torch.where), a runtime that takes every declaration as a fact (tract: "Impossible to unify
+    Sym(Whereaction_dim_1) with Val(1)") refuses the variant although it loads the original."""
+    declared = {value.name for value in original.graph.value_info}
+    kept = [value for value in variant.graph.value_info if value.name in declared]
+    del variant.graph.value_info[:]
+    variant.graph.value_info.extend(kept)
+    return variant
 
 
 def restore_interface(original: onnx.ModelProto, variant: onnx.ModelProto) -> onnx.ModelProto:
