@@ -152,6 +152,47 @@ def test_a_replayed_trajectory_feeds_the_value_on_every_step(flagged, tmp_path):
         assert bool(np.abs(actions).max() > 0.1) == moves  # false: no torque on any step
 
 
+@pytest.mark.parametrize("recorded", [np.array(True), np.ones(20, bool)], ids=["the-value", "every-step"])
+def test_a_trajectory_recording_the_side_input_replays_with_the_given_value(flagged, tmp_path, recorded):
+    """np.savez(**feeds) keeps every input: the side input beside the observations, once or on every step."""
+    np.savez(tmp_path / "trajectory.npz", obs=np.random.default_rng(0).uniform(-1, 1, (20, 3)).astype(np.float32),
+             deterministic=recorded)
+    info = model_loader.load(flagged)
+    plan = rollouts.plan_for(info, side_inputs.conform(side_inputs.parse(["deterministic=true"]), info),
+                             trajectory=str(tmp_path / "trajectory.npz"))
+    assert set(rollouts.load_trajectory(tmp_path / "trajectory.npz", plan)) == {"obs"}
+    actions, _ = rollouts.replay(_ort_step(flagged), plan)
+    assert np.abs(actions).max() > 0.1  # true: it swings
+
+
+def test_a_trajectory_recording_another_value_is_one_line(flagged, tmp_path, policy_matrix):
+    np.savez(tmp_path / "trajectory.npz", obs=np.zeros((20, 3), np.float32), deterministic=np.zeros(20, bool))
+    done = policy_matrix([flagged, "--out", tmp_path / "out", "--trajectory", tmp_path / "trajectory.npz",
+                          "--side-input", "deterministic=true"])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-3:]
+    assert "holds 'deterministic' = [false, false, false" in done.lines[0]
+    assert "but --side-input gives true: give one" in done.lines[0]
+
+
+def test_a_trajectory_changing_the_side_input_along_its_steps_is_one_line(flagged, tmp_path, policy_matrix):
+    np.savez(tmp_path / "trajectory.npz", obs=np.zeros((20, 3), np.float32), deterministic=np.arange(20) < 10)
+    done = policy_matrix([flagged, "--out", tmp_path / "out", "--trajectory", tmp_path / "trajectory.npz"])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-3:]
+    assert "'deterministic' changes along the trajectory" in done.lines[0] and "--side-input" in done.lines[0]
+
+
+@pytest.mark.slow
+def test_a_trajectory_holding_the_only_value_of_the_side_input_gives_it(flagged, tmp_path, policy_matrix):
+    """Without --side-input the recorded value is the value, as --obs takes it: fed on every step and in the rows."""
+    np.savez(tmp_path / "trajectory.npz", obs=np.random.default_rng(0).uniform(-1, 1, (20, 3)).astype(np.float32),
+             deterministic=np.ones(20, bool))
+    done = policy_matrix([flagged, *FAST, "--out", tmp_path / "out", "--trajectory", tmp_path / "trajectory.npz"])
+    assert done.returncode == 0, done.stderr
+    assert observations.read(tmp_path / "out" / "observations.npz")["deterministic"] == np.array(True)
+    cell = load_results(tmp_path / "out")["cells"][0]
+    assert cell["verdict"] == "PASS" and cell["rollout"]["steps"] == 20 and cell["rollout"]["max_step_drift"] < 1e-5
+
+
 @pytest.mark.slow
 def test_env_runs_with_the_value_and_the_observation_set_holds_it(flagged, tmp_path, policy_matrix):
     out = tmp_path / "out"

@@ -233,9 +233,16 @@ class Behaviour(Group):
     NAMES = ("env", "episodes", "env_kwargs", "clip_actions", "return_tolerance", "trajectory", "initial_state")
 
     def parse(self, values: dict, model, seed: int, limits, side_inputs: dict) -> dict:
+        """The rollout plan and return tolerance, and the side inputs' values: --side-input's, and where it leaves one
+        out, the value a --trajectory .npz records (fed in the loop and in the parity rows alike)."""
+        if values["trajectory"] is not None and len(side_inputs) < len(model.inputs):
+            from ..run import rollouts
+
+            side_inputs = {**rollouts.recorded_side_values(values["trajectory"], model, side_inputs, limits.memory_limit),
+                           **side_inputs}
         plan, return_tolerance = rollout_options(model, seed, {name: values[name] for name in self.NAMES}, limits,
                                                  side_inputs)
-        return {"rollout": plan, "return_tolerance": return_tolerance}
+        return {"rollout": plan, "return_tolerance": return_tolerance, "side_inputs": side_inputs}
 
 
 class Candidates(Group):

@@ -97,7 +97,7 @@ def load(path: Path, model: ModelInfo, limit_bytes: int | None = None, side: Fee
     axes = model.batch_axes
     feeds = {spec.name: _conform(spec, axes.get(spec.name), arrays, path, model.is_policy)
              for spec in model.inputs if spec.name in arrays or spec.name not in side}
-    _check_side(feeds, side, path)
+    check_side(feeds, side, path)
     feeds = {spec.name: feeds[spec.name] if spec.name in feeds else side[spec.name] for spec in model.inputs}
     rows = {name: array.shape[axes[name]] for name, array in feeds.items() if name in axes}
     _check_rows(rows, path, batch_multiple(model))
@@ -124,13 +124,21 @@ def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path, finit
     return cast
 
 
-def _check_side(recorded: Feeds, side: Feeds, path: Path) -> None:
-    """Two values for one side input (the file's and --side-input's) is a mistake to say, not one to choose between."""
+def check_side(recorded: Feeds, side: Feeds, path: Path) -> None:
+    """Two values for one side input (the file's and --side-input's) is a mistake to say, not one to choose between.
+    The file may hold the value once or once per recorded step (a trajectory of stacked feeds)."""
     for name, value in side.items():
-        if name in recorded and not np.array_equal(recorded[name], value):
+        if name in recorded and not holds_only(recorded[name], value):
             shown, given = (json.dumps(array.tolist())[:80] for array in (recorded[name], value))  # as the option takes it
             raise InputError(f"{path}: holds {name!r} = {shown}, but --side-input gives {given}: give one "
                              "(leave it out of the file, or the option out)")
+
+
+def holds_only(recorded: np.ndarray, value: np.ndarray) -> bool:
+    """Whether `recorded` is `value`, once or repeated (compared as numbers: a recorded 1.0 is a given true)."""
+    if value.size == 0 or recorded.size == 0 or recorded.size % value.size:
+        return recorded.shape == value.shape
+    return bool(np.all(recorded.reshape(-1, *value.shape) == value))
 
 
 def check_held(recorded: np.ndarray, cast: np.ndarray, name: str, axis: int | None, path: Path) -> None:

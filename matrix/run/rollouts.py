@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import math
 import os
 import sys
@@ -46,7 +47,7 @@ from .. import userfiles, validated
 from ..errors import InputError
 from ..inputs.batch_axes import batch_dim, without_batch
 from ..inputs.model import ModelInfo, TensorSpec
-from ..inputs.observations import Feeds, check_held, first_non_finite
+from ..inputs.observations import Feeds, check_held, check_side, first_non_finite, holds_only
 from ..judge.rules import RETURN_FLOOR
 
 Step = Callable[[Feeds], Feeds]
@@ -187,6 +188,41 @@ def side_inputs(model: ModelInfo, state_inputs: set[str], values: Feeds) -> list
                          f"beside the observation) one value on every step, which the tool cannot guess: give it with "
                          f"--side-input {spec.name}=VALUE (e.g. {spec.name}={_example(spec)})")
     return [SideInput(spec.name, list(values[spec.name].shape), spec.dtype, values[spec.name].tolist()) for spec in whole]
+
+
+def recorded_side_values(path: Path | None, model: ModelInfo, given: Feeds, limit_bytes: int | None) -> Feeds:
+    """The side inputs a trajectory .npz records and --side-input leaves out, each as its input takes it: the value
+    is what the file holds, once or on every step (as --obs's value is the file's); one that changes along the steps
+    is refused, since the loop feeds one value on every step."""
+    from ..inputs import side_inputs as side_values
+
+    states = {pair.input for pair in model.state_pairs}
+    wanted = [spec for spec in model.inputs
+              if spec.name not in model.batch_axes and spec.name not in states and spec.name not in given]
+    if path is None or not wanted:
+        return {}
+    recorded = userfiles.read_arrays(path, "trajectory", limit_bytes, wanted=[spec.name for spec in wanted])
+    if isinstance(recorded, np.ndarray):  # an .npy holds the observation alone
+        return {}
+    found = {}
+    for spec in wanted:
+        if spec.name in recorded:
+            found[spec.name] = _recorded_value(path, spec, recorded[spec.name]).tolist()
+    return side_values.conform(found, model)
+
+
+def _recorded_value(path: Path, spec: TensorSpec, recorded: np.ndarray) -> np.ndarray:
+    """The one value a side input holds along a recording: the first step's, where every step holds it."""
+    size = int(np.prod([d for d in spec.shape if isinstance(d, int)], dtype=np.int64))
+    if recorded.size == 0 or recorded.size % size:
+        raise InputError(f"{path}: {spec.name!r} of shape {list(recorded.shape)} is no value of input {spec.name!r} "
+                         f"({spec.dtype} {spec.shape}), once or per step")
+    first = recorded.reshape(-1, size)[0].reshape([d if isinstance(d, int) else 1 for d in spec.shape])
+    if not holds_only(recorded, first):
+        shown = json.dumps(np.unique(recorded)[:4].tolist())[:80]
+        raise InputError(f"{path}: {spec.name!r} changes along the trajectory ({shown}), but the loop feeds a side input "
+                         f"one value on every step: give it with --side-input {spec.name}=VALUE")
+    return first
 
 
 def _example(spec: TensorSpec) -> str:
@@ -451,7 +487,8 @@ def run_episodes(step: Step, plan: RolloutPlan, on_episode: Callable[[int], None
 
 def load_trajectory(path: Path, plan: RolloutPlan, limit_bytes: int | None = None) -> Feeds:
     """Recorded observations per observation input, [T, *shape] (or [T, 1, *shape]) in the model's dtype: an .npy
-    for the one input, or an .npz with one array per observation input, by name (a Dict observation's keys)."""
+    for the one input, or an .npz with one array per observation input, by name (a Dict observation's keys). A side
+    input beside them (np.savez(**feeds) keeps every input) must hold the value the loop feeds, as --obs's must."""
     recorded = userfiles.read_arrays(path, "trajectory", limit_bytes)  # headers checked before any data is read
     names = plan.observation_names
     if isinstance(recorded, np.ndarray):
@@ -459,9 +496,12 @@ def load_trajectory(path: Path, plan: RolloutPlan, limit_bytes: int | None = Non
             raise InputError(f"{path}: one array, but the model has the observation inputs {names}: save one array "
                              "per input by name, np.savez('trajectory.npz', **{input: [T, ...]})")
         recorded = {names[0]: recorded}
-    elif set(recorded) != set(names):
+    check_side(recorded, plan.side_feeds, path)
+    recorded = {name: array for name, array in recorded.items() if name not in plan.side_feeds}
+    if set(recorded) != set(names):
+        sides = f" beside the side inputs {list(plan.side_feeds)}" if plan.side_feeds else ""
         raise InputError(f"{path}: holds the arrays {sorted(name[:100] for name in recorded)[:20]}, the model's observation "
-                         f"inputs are {names}: one array per input, by name")
+                         f"inputs are {names}{sides}: one array per input, by name")
     steps = {o.input: _recorded_steps(path, recorded[o.input], o, len(names) > 1) for o in plan.observations}
     if len({len(values) for values in steps.values()}) > 1:
         raise InputError(f"{path}: the inputs hold different numbers of steps "
