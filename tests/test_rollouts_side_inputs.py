@@ -132,6 +132,39 @@ def test_without_a_value_the_loop_refuses_naming_the_option(flagged, tmp_path, p
             in done.lines[0])
 
 
+# A Dict environment one of whose keys is named like the flag: `obs` and `deterministic`, as a wrapper might give both.
+DICT_ENV = """
+import gymnasium as gym
+import numpy as np
+
+
+class FlagInTheObservation(gym.Env):
+    observation_space = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3,), np.float32),
+                                         "deterministic": gym.spaces.MultiBinary(1)})
+    action_space = gym.spaces.Box(-2, 2, (1,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, True, {}
+"""
+
+
+@pytest.mark.parametrize("given", [(), ("--side-input", "deterministic=true")], ids=["without", "with-side-input"])
+def test_a_dict_key_named_like_a_side_input_gets_one_advice_with_or_without_a_value(flagged, tmp_path, policy_matrix,
+                                                                                     given):
+    """The key cannot feed an input without a batch axis, and a --side-input value cannot make the key feed it: the
+    same one line either way, naming both, not "give --side-input" and then the key mismatch once it is given."""
+    (tmp_path / "flag_env.py").write_text(DICT_ENV)
+    done = policy_matrix([flagged, "--out", tmp_path / "out", "--env", "flag_env:FlagInTheObservation", *given])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-3:]
+    assert ("its Dict observation's key 'deterministic' names the model's input 'deterministic', which has no batch "
+            "axis (bool [], fed whole beside the observation)") in done.lines[0]
+    assert "--side-input" in done.lines[0]
+
+
 def test_the_given_value_is_fed_on_every_step_to_the_runtime_and_the_reference(flagged):
     """The flag decides the return: true swings up (about -145 a seed), false hangs (about -1000); the runtime and the
     reference fed the same value return the same."""

@@ -530,11 +530,15 @@ def rollout_options(info, seed: int, given: dict, limits, side_inputs: dict):
         return None, return_tolerance
     env_kwargs = chosen.get("env_kwargs", "{}")
     episodes = options.at_least(chosen.get("episodes", 10), 1, "--episodes")
-    plan = rollouts.plan_for(
-        info, side_inputs, env=env or "", episodes=episodes, seed=seed, env_kwargs=rollouts.parse_env_kwargs(env_kwargs),
-        clip_actions=bool(chosen.get("clip_actions", False)),
-        trajectory=str(Path(trajectory).resolve()) if trajectory else "",
-    )
+    settings = dict(env=env or "", episodes=episodes, seed=seed, env_kwargs=rollouts.parse_env_kwargs(env_kwargs),
+                    clip_actions=bool(chosen.get("clip_actions", False)),
+                    trajectory=str(Path(trajectory).resolve()) if trajectory else "")
+    try:
+        plan = rollouts.plan_for(info, side_inputs, **settings)
+    except rollouts.SideValueMissing:
+        if env:  # an env whose Dict key is named like that input needs other advice than a value: its check says both
+            env_check.check(rollouts.plan_for(info, {**rollouts.stand_in_values(info), **side_inputs}, **settings), limits)
+        raise
     if chosen.get("initial_state"):
         rollouts.set_initial_state(plan, Path(chosen["initial_state"]), limits.memory_limit)
     env_check.check(plan, limits)  # the environment is made in a guarded step: under --timeout and the cap

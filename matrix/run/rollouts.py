@@ -177,6 +177,17 @@ def plan_for(model: ModelInfo, side_values: Feeds | None = None, **settings) -> 
     return RolloutPlan(observations=observed, action_output=action, states=states, side_inputs=sides, **settings)
 
 
+class SideValueMissing(InputError):
+    """A side input the loop feeds has no value (--side-input gives it)."""
+
+
+def stand_in_values(model: ModelInfo) -> Feeds:
+    """Zeros for every input fed whole: a plan to check an environment's spaces with before a side input's value is
+    asked for (no step runs with them)."""
+    return {spec.name: np.zeros([d if isinstance(d, int) else 1 for d in spec.shape], spec.dtype)
+            for spec in model.inputs if spec.name not in model.batch_axes}
+
+
 def side_inputs(model: ModelInfo, state_inputs: set[str], values: Feeds) -> list[SideInput]:
     """The inputs fed whole beside the observation, each with its given value: the loop cannot guess a flag's or a
     seed's value, so one without is refused, naming the option that gives it."""
@@ -184,7 +195,7 @@ def side_inputs(model: ModelInfo, state_inputs: set[str], values: Feeds) -> list
     missing = [spec for spec in whole if spec.name not in values]
     if missing:
         spec = missing[0]
-        raise InputError(f"rollouts feed the input {spec.name!r} ({spec.dtype} {spec.shape}, no batch axis: a side input "
+        raise SideValueMissing(f"rollouts feed the input {spec.name!r} ({spec.dtype} {spec.shape}, no batch axis: a side input "
                          f"beside the observation) one value on every step, which the tool cannot guess: give it with "
                          f"--side-input {spec.name}=VALUE (e.g. {spec.name}={_example(spec)})")
     return [SideInput(spec.name, list(values[spec.name].shape), spec.dtype, values[spec.name].tolist()) for spec in whole]
@@ -332,6 +343,7 @@ def observation_spaces(space, plan: RolloutPlan) -> dict:
             raise InputError(f"--env {plan.env!r}: its Dict observation's entry {nested[0]!r} is {space[nested[0]]}: nested "
                              "Dict/Tuple observations are not supported (flatten them into one Box per key, as the export does)")
         if set(keys) != set(names):
+            _refuse_side_input_keys(plan, keys)
             unmatched = [f"no key for input {name!r}" for name in names if name not in keys]
             unmatched += [f"no input for key {key!r}" for key in keys if key not in names][:5]
             raise InputError(f"--env {plan.env!r}: its Dict observation has keys {keys[:20]}, the model's observation inputs "
@@ -341,6 +353,20 @@ def observation_spaces(space, plan: RolloutPlan) -> dict:
         raise InputError(f"--env {plan.env!r}: its observation space {space} is one value, but the model has "
                          f"{len(names)} observation inputs {names}: a Dict observation space feeds one input per key")
     return {names[0]: space}
+
+
+def _refuse_side_input_keys(plan: RolloutPlan, keys: list[str]) -> None:
+    """A Dict key named like an input without a batch axis: the key cannot feed it, and a --side-input value, fed
+    whole on every step, does not make the key feed it either; both said at once, whether a value was given or not."""
+    for side in plan.side_inputs:
+        if side.input in keys:
+            axis = f", or say its axis with --batch-axis {side.input}=AXIS" if side.shape else ""
+            raise InputError(
+                f"--env {plan.env!r}: its Dict observation's key {side.input!r} names the model's input {side.input!r}, "
+                f"which has no batch axis ({side.dtype} {side.shape}, fed whole beside the observation): a key feeds an "
+                f"observation input, one with a batch axis (export {side.input!r} as [batch, ...]{axis}), while "
+                f"--side-input {side.input}=VALUE feeds one value on every step and leaves the key unfed; the Dict's "
+                "keys and the model's observation inputs must be the same")
 
 
 def _action_kind(space) -> str:
