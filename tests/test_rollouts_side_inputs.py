@@ -266,6 +266,26 @@ def test_a_recorded_file_that_holds_another_value_is_refused(with_rng, tmp_path,
     assert "holds 'rng' = [0.5], but --side-input gives [0.25]: give one" in done.lines[0]
 
 
+# --- what to ship ----------------------------------------------------------------------------------
+
+def test_a_training_named_input_with_its_value_given_is_no_blocker_and_the_lint_names_the_value(flagged, tmp_path,
+                                                                                             policy_matrix):
+    """The no-training-inputs lint catches an export that still takes rng/key/params by mistake; a flag fed on purpose
+    with its value given is a deployment input: it stops blocking what to ship, and the lints say the value."""
+    given = policy_matrix([flagged, *FAST, "--out", tmp_path / "given", "--side-input", "deterministic=true"])
+    assert given.returncode == 0, given.stderr
+    lints = {item["id"]: item for item in load_results(tmp_path / "given")["lints"]}
+    assert lints["no-training-inputs"]["level"] == "warn"
+    assert "['deterministic']" in lints["no-training-inputs"]["message"]
+    assert "deterministic = true as given: ship the model with that value" in lints["no-training-inputs"]["message"]
+    assert "deterministic = true as given" in lints["side-inputs"]["message"]
+    assert "seeded rows give them random values" not in lints["side-inputs"]["message"]
+    assert "not deployment-ready" not in given.stderr and "decision ort-cpu: ship" in given.stderr
+    guessed = policy_matrix([flagged, *FAST, "--out", tmp_path / "guessed"])
+    assert {item["id"]: item for item in load_results(tmp_path / "guessed")["lints"]}["no-training-inputs"]["level"] == "error"
+    assert "decision ort-cpu: not deployment-ready (no-training-inputs: " in guessed.stderr
+
+
 # --- a real export, and its training framework's column ---------------------------------------------------
 
 @pytest.mark.slow

@@ -6,7 +6,10 @@ say how it differs from the contract (DESIGN.md, "RL contract").
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+
+import numpy as np
 
 from .contract import action_output
 from .graph_facts import action_bounds, computes_in, non_finite_initializers
@@ -24,17 +27,19 @@ class Lint:
     message: str
 
 
-def lint(model: ModelInfo) -> list[Lint]:
+def lint(model: ModelInfo, given: dict[str, np.ndarray] | None = None) -> list[Lint]:
+    """The model's lints; `given`: the side inputs' values from --side-input, the inputs the user feeds on purpose."""
+    given = given or {}
     return [
         _observation_inputs(model),
         _action_output(model),
         _tensor_outputs(model),
         _symbolic_batch(model),
-        _forbidden_inputs(model),
+        _forbidden_inputs(model, given),
         _random_ops(model),
         _dropout(model),
         _action_space_declared(model),
-        _side_inputs(model),
+        _side_inputs(model, given),
         _recurrent_state(model),
         _finite_initializers(model),
         _precision(model),
@@ -82,11 +87,19 @@ def _symbolic_batch(model: ModelInfo) -> Lint:
     return Lint("symbolic-batch", "warn", f"fixed batch dimension on {fixed}: the policy cannot run batched")
 
 
-def _forbidden_inputs(model: ModelInfo) -> Lint:
+def _forbidden_inputs(model: ModelInfo, given: dict[str, np.ndarray]) -> Lint:
+    """An export still taking rng/key/params/training is usually a mistake (an error: not deployment-ready); one whose
+    value the user gives (--side-input) is fed on purpose, a deployment input to ship with that value (a warning)."""
     found = [spec.name for spec in model.inputs if spec.name.lower() in FORBIDDEN_INPUTS]
     if not found:
         return Lint("no-training-inputs", "ok", "no runtime inputs for keys, params or training flags")
-    return Lint("no-training-inputs", "error", f"runtime inputs that belong to training: {found}")
+    unvalued = [name for name in found if name not in given]
+    valued = _given_words({name: given[name] for name in found if name in given})
+    if unvalued:
+        return Lint("no-training-inputs", "error", f"runtime inputs that belong to training: {unvalued}"
+                    + (f" (fed {valued} as given)" if valued else ""))
+    return Lint("no-training-inputs", "warn", f"runtime inputs named like training's: {found}, fed {valued} as given: "
+                "ship the model with that value")
 
 
 def _random_ops(model: ModelInfo) -> Lint:
@@ -117,12 +130,20 @@ def _action_space_declared(model: ModelInfo) -> Lint:
     )
 
 
-def _side_inputs(model: ModelInfo) -> Lint:
+def _side_inputs(model: ModelInfo, given: dict[str, np.ndarray]) -> Lint:
     whole = fed_whole(model)
     if not whole:
         return Lint("side-inputs", "ok", "every input carries the batch dimension")
-    return Lint("side-inputs", "warn", f"inputs without the batch dimension, fed whole to every call: {whole} (seeded "
-                "rows give them random values; --side-input NAME=VALUE gives the one you ship, and --env needs it)")
+    unvalued = [name for name in whole if name not in given]
+    valued = f"; {_given_words({name: given[name] for name in whole if name in given})} as given" if given else ""
+    seeded = (f" ({unvalued}: seeded rows give them random values; --side-input NAME=VALUE gives the one you ship, "
+              "and --env needs it)") if unvalued else ""
+    return Lint("side-inputs", "warn", f"inputs without the batch dimension, fed whole to every call: {whole}{valued}{seeded}")
+
+
+def _given_words(values: dict[str, np.ndarray]) -> str:
+    """`deterministic = true, rng = [0.5]`: the values as --side-input takes them (JSON)."""
+    return ", ".join(f"{name} = {json.dumps(value.tolist())}" for name, value in values.items())
 
 
 def _recurrent_state(model: ModelInfo) -> Lint:

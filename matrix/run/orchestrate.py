@@ -620,7 +620,8 @@ def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge)
             "targets": config.targets, "variants": config.variants, "timeout_s": config.timeout_s,
             **judge.run_options(),
         },
-        lints=[LintResult(**vars(item)) for item in lint(config.model) + candidate_precisions(config.candidates)],
+        lints=[LintResult(**vars(item)) for item in lint(config.model, config.side_inputs)
+              + candidate_precisions(config.candidates)],
         cells=[],
     )
 
