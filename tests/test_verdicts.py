@@ -253,6 +253,17 @@ def test_latency_is_time_boxed_and_says_how_many_calls_it_timed(built, tmp_path)
     assert timed_batches([64, 1], emulated=True) == [1] and timed_batches([1, 64], emulated=False) == [1, 64]  # and its smallest batch only
 
 
+def test_a_warn_about_the_actions_comes_before_a_fallback_warn():
+    """The grid shows a cell's first reason: what the actions do (drift, batch sizes, behaviour) before where nodes ran."""
+    from targets.base import PlacementRow
+
+    parity = [OutputParity(output="action", kind="continuous", max_abs=0.2, mean_abs=0.1, p99_abs=0.2, max_rel=0.2)]
+    placement = [PlacementRow("head", "Gemm", "XNNPACK", False), PlacementRow("clip", "Min", "CPU", True)]
+    cell = Cell(host="h", target="tflite", variant="fp32", verdict="PASS", parity=parity, placement=placement)
+    judged, reasons = verdict(cell, Context(Tolerance(0.25)))
+    assert judged == "WARN" and reasons[0].startswith("action: drift 0.2") and reasons[1] == "1 node of 2 fell back to CPU"
+
+
 def test_a_conversion_only_cell_is_converted_not_passed():
     cell = Cell(host="h", target="coreml", variant="fp32", verdict="SKIP", predicts=False,
                 artifact=ArtifactInfo(size_bytes=10, conversion_s=1))

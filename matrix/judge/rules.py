@@ -228,18 +228,26 @@ def worker_error(cell, context: Context) -> Findings:
 
 
 def backend(cell, context: Context) -> Findings:
-    """Requested backend absent -> FAIL; every node elsewhere -> WARN; some nodes elsewhere -> WARN."""
-    info, fallback = cell.backend, [row for row in cell.placement if row.fallback]
+    """Requested backend absent -> FAIL."""
+    info = cell.backend
     if info and info.actual != info.requested:
         return Findings(failures=[f"requested {info.requested} but ran on {info.actual}: the requested backend is not "
                                   f"there. {info.detail}".strip()])
-    if not fallback:
+    return Findings()
+
+
+def fallback(cell, context: Context) -> Findings:
+    """Every node elsewhere -> WARN; some nodes elsewhere -> WARN. Its own rule, after the ones about the actions:
+    where nodes ran costs speed, a drift or a batch that changes the actions costs behaviour, and the grid shows a
+    cell's first reason."""
+    moved = [row for row in cell.placement if row.fallback]
+    if not moved:
         return Findings()
-    where = ", ".join(sorted({row.where for row in fallback}))
-    requested = info.requested if info else "the requested backend"
-    if len(fallback) == len(cell.placement):
-        return Findings(warnings=[f"nothing ran on {requested}: every node ({len(fallback)}) fell back to {where}"])
-    nodes = "1 node" if len(fallback) == 1 else f"{len(fallback)} nodes"
+    where = ", ".join(sorted({row.where for row in moved}))
+    requested = cell.backend.requested if cell.backend else "the requested backend"
+    if len(moved) == len(cell.placement):
+        return Findings(warnings=[f"nothing ran on {requested}: every node ({len(moved)}) fell back to {where}"])
+    nodes = "1 node" if len(moved) == 1 else f"{len(moved)} nodes"
     return Findings(warnings=[f"{nodes} of {len(cell.placement)} fell back to {where}"])
 
 
@@ -383,7 +391,7 @@ def workarounds(cell, context: Context) -> Findings:
     return Findings(notes=[note for note in (cell.artifact.notes if cell.artifact else []) if note.startswith(WORKAROUND)])
 
 
-RULES = (worker_error, backend, contract, behaviour, drift, agreement, batch_sizes, unquantized_int8, workarounds)
+RULES = (worker_error, backend, contract, behaviour, drift, agreement, batch_sizes, fallback, unquantized_int8, workarounds)
 
 
 def verdict(cell, context: Context) -> tuple[str, list[str]]:

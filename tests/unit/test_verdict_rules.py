@@ -144,5 +144,5 @@ def test_failures_come_before_warnings_in_the_reasons():
     placement = [Placement(node="a", op_type="Round", where="CPU", fallback=True),
                  Placement(node="b", op_type="Gemm", where="GPU", fallback=False)]
     verdict, reasons = verdict_of(_cell(parity=[_drift(1.0), _drift(6e-5, "value")], placement=placement), 1e-4)
-    assert verdict == "FAIL"  # then warnings in the registry's order: the backend rule before drift
-    assert reasons[0].startswith("action: drift") and "fell back" in reasons[1] and "value: drift" in reasons[2]
+    assert verdict == "FAIL"  # then warnings in the registry's order: drift before the fallback rule
+    assert reasons[0].startswith("action: drift") and "value: drift" in reasons[1] and "fell back" in reasons[2]

@@ -67,7 +67,7 @@ def test_webgpu_backend_is_read_from_the_rows(policy, actual, fallback):
 
 
 def test_a_webgpu_session_whose_every_node_ran_on_the_cpu_ep_is_a_total_fallback_not_a_missing_backend():
-    """The adapter and the EP were there: the placement rows carry the fallback (judged by matrix/judge/rules.backend)."""
+    """The adapter and the EP were there: the placement rows carry the fallback (judged by matrix/judge/rules.fallback)."""
     log, nodes = recorded("ort-web-webgpu", "softsign_only")
     rows = [PlacementRow(name, op, CPU, True) for op, name in nodes]
     info = REGISTRY["ort-web-webgpu"].verify_backend(PROBE, log, True, rows)
