@@ -235,7 +235,7 @@ class Behaviour(Group):
     def parse(self, values: dict, model, seed: int, limits, side_inputs: dict) -> dict:
         """The rollout plan and return tolerance, and the side inputs' values: --side-input's, and where it leaves one
         out, the value a --trajectory .npz records (fed in the loop and in the parity rows alike)."""
-        if values["trajectory"] is not None and len(side_inputs) < len(model.inputs):
+        if values["trajectory"] is not None:
             from ..run import rollouts
 
             side_inputs = {**rollouts.recorded_side_values(values["trajectory"], model, side_inputs, limits.memory_limit),
