@@ -22,7 +22,12 @@ forkserver.CLIENT.warm(fork_from_here=True)
 job = forkserver.CLIENT.start([sys.executable, "-m", "json.tool"], env=dict(os.environ), memory_limit=1 << 30,
                               death_signal=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 (server,) = [p for p in psutil.Process().children() if p.pid != job.pid]
-fds = {int(fd): os.readlink(f"/proc/{server.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{server.pid}/fd")}
+fds = {}
+for fd in os.listdir(f"/proc/{server.pid}/fd"):
+    try:
+        fds[int(fd)] = os.readlink(f"/proc/{server.pid}/fd/{fd}")
+    except FileNotFoundError:  # closed since listed: a module file the server, still importing, read meanwhile
+        pass
 found = {
     # what only a fork of this process has: psutil's extension, imported here and never by the server's modules
     "server_has_our_imports": "_psutil_linux" in open(f"/proc/{server.pid}/maps").read(),
