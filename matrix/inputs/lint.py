@@ -6,7 +6,6 @@ say how it differs from the contract (DESIGN.md, "RL contract").
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +13,7 @@ import numpy as np
 from .contract import action_output
 from .graph_facts import action_bounds, computes_in, non_finite_initializers
 from .model import ModelInfo
+from .observations import given_words
 from .batch_axes import fed_whole, is_symbolic
 
 FORBIDDEN_INPUTS = {"key", "rng", "params", "train_state", "deterministic", "training", "mutable"}
@@ -94,7 +94,7 @@ def _forbidden_inputs(model: ModelInfo, given: dict[str, np.ndarray]) -> Lint:
     if not found:
         return Lint("no-training-inputs", "ok", "no runtime inputs for keys, params or training flags")
     unvalued = [name for name in found if name not in given]
-    valued = _given_words({name: given[name] for name in found if name in given})
+    valued = given_words({name: given[name] for name in found if name in given})
     if unvalued:
         return Lint("no-training-inputs", "error", f"runtime inputs that belong to training: {unvalued}"
                     + (f" (fed {valued} as given)" if valued else ""))
@@ -135,15 +135,11 @@ def _side_inputs(model: ModelInfo, given: dict[str, np.ndarray]) -> Lint:
     if not whole:
         return Lint("side-inputs", "ok", "every input carries the batch dimension")
     unvalued = [name for name in whole if name not in given]
-    valued = f"; {_given_words({name: given[name] for name in whole if name in given})} as given" if given else ""
+    valued = f"; {given_words({name: given[name] for name in whole if name in given})} as given" if given else ""
     seeded = (f" ({unvalued}: seeded rows give them random values; --side-input NAME=VALUE gives the one you ship, "
               "and --env needs it)") if unvalued else ""
     return Lint("side-inputs", "warn", f"inputs without the batch dimension, fed whole to every call: {whole}{valued}{seeded}")
 
-
-def _given_words(values: dict[str, np.ndarray]) -> str:
-    """`deterministic = true, rng = [0.5]`: the values as --side-input takes them (JSON)."""
-    return ", ".join(f"{name} = {json.dumps(value.tolist())}" for name, value in values.items())
 
 
 def _recurrent_state(model: ModelInfo) -> Lint:

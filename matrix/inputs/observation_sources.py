@@ -16,14 +16,13 @@ reference's rollout or replay first) and saved as observations.npz like any othe
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .model import ModelInfo
-from .observations import Feeds, pixels_said
+from .observations import Feeds, given_words, pixels_said
 
 RECORDED, VISITED, TRAJECTORY, SYNTHETIC = "recorded", "visited", "trajectory", "synthetic"
 
@@ -52,7 +51,7 @@ class ObservationSource:
 def choose(recorded: Path | None, plan, model: ModelInfo, seed: int, side: Feeds | None = None) -> ObservationSource:
     """The strongest source this run has; `plan` is the rollout plan (None without --env/--trajectory), `side` the
     side inputs' given values (--side-input), which every source holds in place of its own."""
-    given = "".join(f"; {name} = {json.dumps(value.tolist())} as given" for name, value in (side or {}).items())
+    given = f"; {given_words(side)} as given" if side else ""
     source = _strongest(recorded, plan, model, seed)
     return ObservationSource(source.kind, source.detail + given, source.fallback_reason)
 

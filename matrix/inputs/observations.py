@@ -124,6 +124,11 @@ def _conform(spec: TensorSpec, axis: int | None, arrays: dict, path: Path, finit
     return cast
 
 
+def given_words(values: Feeds) -> str:
+    """`deterministic = true, rng = [0.5]`: side inputs' values as --side-input takes them (JSON)."""
+    return ", ".join(f"{name} = {json.dumps(value.tolist())}" for name, value in values.items())
+
+
 def check_side(recorded: Feeds, side: Feeds, path: Path) -> None:
     """Two values for one side input (the file's and --side-input's) is a mistake to say, not one to choose between.
     The file may hold the value once or once per recorded step (a trajectory of stacked feeds)."""

@@ -184,7 +184,7 @@ class SideValueMissing(InputError):
 def stand_in_values(model: ModelInfo) -> Feeds:
     """Zeros for every input fed whole: a plan to check an environment's spaces with before a side input's value is
     asked for (no step runs with them)."""
-    return {spec.name: np.zeros([d if isinstance(d, int) else 1 for d in spec.shape], spec.dtype)
+    return {spec.name: np.zeros(_whole_shape(spec), spec.dtype)
             for spec in model.inputs if spec.name not in model.batch_axes}
 
 
@@ -224,11 +224,12 @@ def recorded_side_values(path: Path | None, model: ModelInfo, given: Feeds, limi
 
 def _recorded_value(path: Path, spec: TensorSpec, recorded: np.ndarray) -> np.ndarray:
     """The one value a side input holds along a recording: the first step's, where every step holds it."""
-    size = int(np.prod([d for d in spec.shape if isinstance(d, int)], dtype=np.int64))
+    whole = _whole_shape(spec)
+    size = int(np.prod(whole, dtype=np.int64))
     if recorded.size == 0 or recorded.size % size:
         raise InputError(f"{path}: {spec.name!r} of shape {list(recorded.shape)} is no value of input {spec.name!r} "
                          f"({spec.dtype} {spec.shape}), once or per step")
-    first = recorded.reshape(-1, size)[0].reshape([d if isinstance(d, int) else 1 for d in spec.shape])
+    first = recorded.reshape(-1, size)[0].reshape(whole)
     if not holds_only(recorded, first):
         shown = json.dumps(np.unique(recorded)[:4].tolist())[:80]
         raise InputError(f"{path}: {spec.name!r} changes along the trajectory ({shown}), but the loop feeds a side input "
@@ -236,8 +237,13 @@ def _recorded_value(path: Path, spec: TensorSpec, recorded: np.ndarray) -> np.nd
     return first
 
 
+def _whole_shape(spec: TensorSpec) -> list[int]:
+    """A side input's shape as fed whole, an open dimension taken as 1."""
+    return [d if isinstance(d, int) else 1 for d in spec.shape]
+
+
 def _example(spec: TensorSpec) -> str:
-    shape = [d if isinstance(d, int) else 1 for d in spec.shape]
+    shape = _whole_shape(spec)
     if int(np.prod(shape)) == 1:  # one number: --side-input takes it for any one-element input
         return "true" if np.dtype(spec.dtype).kind == "b" else "0"
     return str(np.zeros(shape, int).tolist()).replace(" ", "")
