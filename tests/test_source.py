@@ -78,6 +78,23 @@ def test_a_rescale_outside_the_graph_is_named_and_its_returns_are_the_top_behavi
 
 
 @pytest.mark.slow
+def test_a_framework_far_better_than_its_export_fails_the_export(tmp_path, policy_matrix):
+    """tianshou's DDPG on Pendulum (the frameworks table): the framework's return -82.6, its ONNX export's -1015.7, and the
+    source column said PASS: the behaviour rule's "a better return never warns" is right for a runtime beside the
+    reference, wrong for the framework beside its own export, where better means the export lost something."""
+    policy = mlp_with_source(tmp_path)
+    done = policy_matrix(["run", policy, *FAST, "--out", tmp_path / "out", "--source", "python:trained_policy:act_retrained",
+                          "--env", "Pendulum-v1", "--episodes", "3"])
+    assert done.returncode == 0, done.stderr
+    cell = source_cell(tmp_path / "out")
+    assert cell["rollout"]["mean_return"] > cell["rollout"]["reference_mean_return"] + 300, cell["rollout"]
+    assert cell["verdict"] == "FAIL", cell["reasons"]
+    assert any(line.startswith("behaviour:") and line.endswith(
+        "better beyond the tolerance: the exported graph behaves worse than the policy it was exported from")
+        for line in cell["reasons"]), cell["reasons"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("function, normalize, words", [
     ("act", True, "export: the source normalises observations with its statistics (--source-normalize); "
                   "the ONNX graph does not"),

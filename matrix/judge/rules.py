@@ -13,7 +13,9 @@ filters (decide.py) ask the same rules.
 - contract: a broken action contract FAILs.
 - behaviour: with closed-loop episodes, the paired per-seed return difference
   decides: worse than the return tolerance with confidence -> FAIL; an interval
-  that cannot rule that out -> WARN; a better return never warns.
+  that cannot rule that out -> WARN; a better return never warns, except in the source column
+  (Context.returns_both_ways), where the cell is the training framework and the reference is the
+  exported graph: a framework better than its export is the export behaving worse, judged alike.
 - drift: continuous outputs, |y - y_ref| <= atol + rtol * |y_ref| per element
   (numpy's allclose); above it FAIL, above half of it WARN. Judged only where
   no behaviour was measured; otherwise shown as information.
@@ -181,6 +183,9 @@ class Context:
     return_tolerance: ReturnTolerance = ReturnTolerance()
     synthetic_inputs: bool = False  # parity measured on seeded rows, not the policy's own states
     batch_drifts: tuple[BatchDrift, ...] = ()  # outputs whose answer depends on the batch they run in
+    # The source column: the cell is the framework, the reference its export, and the question is whether the export
+    # behaves as the policy it came from; a framework doing better than its export is the export's loss, not luck.
+    returns_both_ways: bool = False
 
 
 @dataclass(frozen=True)
@@ -258,7 +263,8 @@ def contract(cell, context: Context) -> Findings:
 def behaviour(cell, context: Context) -> Findings:
     """Paired per-seed return differences: FAIL when worse than the tolerance with confidence, WARN when
     the interval cannot rule that out; a return at or above the reference's, or within float noise of it
-    (RETURN_NOISE), never warns: one episode has no interval, and -1.8e-08 is no worse return."""
+    (RETURN_NOISE), never warns: one episode has no interval, and -1.8e-08 is no worse return. In the source
+    column (returns_both_ways) a framework better than its export is judged the same way, as the export's loss."""
     if not behaviour_measured(cell):
         return Findings()
     rollout = cell.rollout
@@ -266,11 +272,23 @@ def behaviour(cell, context: Context) -> Findings:
     allowed = context.return_tolerance.in_return_units(rollout.reference_mean_return)
     what = (f"behaviour: mean return {rollout.mean_return:.4g} vs reference {rollout.reference_mean_return:.4g}, "
             f"paired difference {interval.describe()}; tolerance {allowed:.4g} ({context.return_tolerance.describe()})")
-    if interval.high < -allowed:
-        return Findings(failures=[f"{what}: worse beyond the tolerance"])
     noise = ReturnTolerance(RETURN_NOISE).in_return_units(rollout.reference_mean_return)
+    found = _beyond(interval, allowed, noise, what, "worse")
+    if context.returns_both_ways and not (found.failures or found.warnings):
+        found = _beyond(interval.negated(), allowed, noise, what, "better", EXPORT_BEHAVES_WORSE)
+    return found
+
+
+EXPORT_BEHAVES_WORSE = ": the exported graph behaves worse than the policy it was exported from"
+
+
+def _beyond(interval, allowed: float, noise: float, what: str, direction: str, consequence: str = "") -> Findings:
+    """FAIL when the whole interval lies beyond the tolerance in `direction`, WARN when its mean lies that way (past
+    float noise) and the interval cannot rule the tolerance out."""
+    if interval.high < -allowed:
+        return Findings(failures=[f"{what}: {direction} beyond the tolerance{consequence}"])
     if interval.mean < -noise and interval.low < -allowed:
-        return Findings(warnings=[f"{what}: cannot rule out worse beyond the tolerance"])
+        return Findings(warnings=[f"{what}: cannot rule out {direction} beyond the tolerance{consequence}"])
     return Findings()
 
 

@@ -23,6 +23,10 @@ class Interval:
     n: int
     confidence: float = CONFIDENCE
 
+    def negated(self) -> "Interval":
+        """The interval of the opposite differences (reference - values)."""
+        return Interval(-self.mean, -self.high, -self.low, self.n, self.confidence)
+
     def describe(self) -> str:
         if not math.isfinite(self.low):
             return f"{self.mean:+.4g} (one episode: no interval)"

@@ -305,7 +305,7 @@ def judge(spec: SourceSpec, outcome: cells.CellOutcome, facts: dict, judging: Ju
     """Export parity by the rules of any cell (behaviour decides with --env), the contract
     difference named when a transform explains it, the source's latency labelled as such."""
     m, evidence = outcome.measurement, judging.evidence
-    context = judging.judge.context(SOURCE_TARGET, spec.kind)
+    context = replace(judging.judge.context(SOURCE_TARGET, spec.kind), returns_both_ways=True)
     cell = Cell(host=judging.host, target=SOURCE_TARGET, variant=spec.kind, verdict="SKIP", runtime_version=m.runtime_version,
                 latency=m.latency, error=m.error, tolerance=context.tolerance.atol, rtol=context.tolerance.rtol,
                 duration_s=outcome.duration_s, notes=[LATENCY_NOTE] if m.latency else [])

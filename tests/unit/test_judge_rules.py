@@ -114,6 +114,21 @@ def test_a_better_return_never_warns_even_with_a_wide_interval():
     assert any("shown, not judged: the return decides" in line for line in reasons)  # the drift is information
 
 
+def test_in_the_source_column_a_framework_better_than_its_export_is_judged_as_the_exports_loss():
+    """The source column's cell is the framework and its reference the export: better there is not a runtime's luck."""
+    better = [r + 40 - (i % 3) for i, r in enumerate(REFERENCE)]
+    big_drift = metrics.parity("action", np.array([[0.5]]), np.array([[0.2]]), None, None, 1e-3, Tolerance(1e-4))
+    source_cell = _cell(target="source", variant="python", parity=[big_drift], rollout=_rollout(better, REFERENCE))
+    verdict, reasons = rules.verdict(source_cell, Context(returns_both_ways=True))
+    assert verdict == "FAIL" and reasons[0].endswith("better beyond the tolerance" + rules.EXPORT_BEHAVES_WORSE)
+    noisy_better = [r + d for r, d in zip(REFERENCE, [400, -300, 250, -200, 180, -150, 90, -60, 40, -119])]
+    source_cell.rollout = _rollout(noisy_better, REFERENCE)
+    verdict, reasons = rules.verdict(source_cell, Context(returns_both_ways=True))
+    assert verdict == "WARN" and "cannot rule out better beyond the tolerance" in reasons[0]
+    source_cell.rollout = _rollout([r + 0.5 for r in REFERENCE], REFERENCE)  # within the 5% tolerance
+    assert rules.verdict(source_cell, Context(returns_both_ways=True))[0] == "PASS"
+
+
 def test_worse_beyond_the_tolerance_with_confidence_fails():
     worse = [r - 40 + (i % 3) for i, r in enumerate(REFERENCE)]  # every seed ~40 worse; tolerance 5% of 338 ~ 17
     verdict, reasons = _judged(_rollout(worse, REFERENCE))
