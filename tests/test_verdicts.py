@@ -86,6 +86,21 @@ def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path
     assert bounds["ok"] is True and "[-2, 2] (graph: final Min/Max clip)" in bounds["detail"]
 
 
+def test_fp16_of_a_clamped_td3_actor_is_held_to_the_bounds_float16_states(built, tmp_path, policy_matrix):
+    """torch's export of clamp(..., -0.3, 0.7): the fp16 variant clips at float16's 0.70020 and onnxruntime returns it;
+    the cell FAILed the action contract ('[-0.3, 0.7002] leaves [-0.3, 0.7]') for the tool's rounding, at drift 2e-3."""
+    observations = tmp_path / "far.npy"  # far enough out that the actor saturates at both bounds
+    np.save(observations, np.random.default_rng(0).normal(0, 50, size=(64, 3)).astype(np.float32))
+    done = policy_matrix(["run", built("td3_actor"), "--targets", "ort-cpu", "--variants", "fp32,fp16", "--obs", observations,
+                          *FAST, "--out", tmp_path / "report"])
+    assert done.returncode == 0, done.stderr
+    cells = _cells(tmp_path / "report")
+    assert cells["fp16"]["verdict"] == "PASS", cells["fp16"]["reasons"]
+    bounds = {cell: next(c for c in cells[cell]["contract"] if c["name"] == "action bounds") for cell in ("fp32", "fp16")}
+    assert bounds["fp32"]["detail"] == "[-0.3, 0.7] within [-0.3, 0.7] (graph: final Clip)"
+    assert bounds["fp16"]["detail"].startswith("[-0.30005, 0.7002] within [-0.3, 0.7] as float16 holds them")
+
+
 def test_int8_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, tmp_path, policy_matrix):
     path = built("gemm_add_mlp")  # weights in Constant nodes: dynamic quantization sees none of them
     done = policy_matrix(["run", path, "--targets", "ort-cpu,tract", "--precisions", "fp32,int8", *FAST, "--out", tmp_path])

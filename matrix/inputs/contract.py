@@ -23,7 +23,8 @@ def action_output(model: ModelInfo) -> str:
     return "action" if "action" in names else names[0]
 
 
-def check(model: ModelInfo, arrays: Feeds, reference: Feeds) -> list[ContractCheck]:
+def check(model: ModelInfo, arrays: Feeds, reference: Feeds, precision: str = "fp32") -> list[ContractCheck]:
+    """`precision` is what the cell's artifact computes in (its variant's, or lower where the model is given so)."""
     outputs = _prefixed(arrays, "outputs/")
     action = outputs.get(action_output(model))
     return [
@@ -31,7 +32,7 @@ def check(model: ModelInfo, arrays: Feeds, reference: Feeds) -> list[ContractChe
         _batches(model, arrays),
         _finite(model, outputs, reference),
         _dtype(model, outputs),
-        _bounds(model, action),
+        _bounds(model, action, precision),
         _determinism(outputs, _prefixed(arrays, "repeat/")),
         *_recurrent_state(model, arrays),
     ]
@@ -93,7 +94,7 @@ def _dtype(model: ModelInfo, outputs: Feeds) -> ContractCheck:
     return ContractCheck(name="output dtypes", ok=not problems, detail="; ".join(problems) or "as declared")
 
 
-def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
+def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str) -> ContractCheck:
     name = "action bounds"
     if action is None:
         return ContractCheck(name=name, ok=False, detail="no action output returned")
@@ -111,12 +112,41 @@ def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
     else:
         return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata, none stated by the graph")
     finite = action[np.isfinite(action)]  # NaN compares false with any bound: 'finite outputs' judges it, once
-    inside = bool(((finite >= low) & (finite <= high)).all())
-    found = f"[{finite.min():.4g}, {finite.max():.4g}]" if finite.size else "[]"
+    held_low, held_high, held = _held(low, high, precision)
+    inside = bool(((finite >= held_low) & (finite <= held_high)).all())
+    found = f"[{_shown(finite.min(), low)}, {_shown(finite.max(), high)}]" if finite.size else "[]"
     verdict = "within" if inside else "leaves"
     left = action.size - finite.size
     left_text = f"; {left} non-finite value{'s' if left > 1 else ''} left to 'finite outputs'" if left else ""
-    return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}] ({source}{left_text})")
+    return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}]{held} ({source}{left_text})")
+
+
+# A graph computing in float16 holds its bounds as float16 constants: a Clip at 0.7 (a TD3 actor's high bound) clips
+# at 0.70020, the float16 nearest 0.7, and a runtime returning 0.70020 runs that graph right; so does one returning
+# 0.7002 from tanh(x) * 0.7. The bounds it is judged by are those it can hold, never wider.
+HELD_AS = {"fp16": np.float16}
+
+
+def _held(low: float, high: float, precision: str) -> tuple[float, float, str]:
+    """The bounds as an artifact computing in `precision` holds them, each widened to its nearest value there where
+    that lies outside, and the words saying so ("" where nothing was widened)."""
+    dtype = HELD_AS.get(precision)
+    if dtype is None:
+        return low, high, ""
+    with np.errstate(over="ignore"):  # a bound beyond float16's range is held as infinity
+        held_low, held_high = min(low, float(dtype(low))), max(high, float(dtype(high)))
+    if (held_low, held_high) == (low, high):
+        return low, high, ""
+    return held_low, held_high, f" as {np.dtype(dtype).name} holds them, [{held_low:.5g}, {held_high:.5g}]"
+
+
+def _shown(value: float, bound: float) -> str:
+    """The value in 4 significant digits, more where 4 would show it equal to a bound it is not (0.30005 of 0.3)."""
+    for digits in range(4, 10):
+        text = f"{value:.{digits}g}"
+        if value == bound or text != f"{bound:.{digits}g}":
+            return text
+    return text
 
 
 def _recurrent_state(model: ModelInfo, arrays: Feeds) -> list[ContractCheck]:

@@ -144,6 +144,22 @@ def test_a_nan_is_judged_once_by_finite_outputs_not_again_as_leaving_the_bounds(
     assert checks["action bounds"] == (True, "[0.5, 0.5] within [-1, 1] (metadata; 1 non-finite value left to 'finite outputs')")
 
 
+def test_an_fp16_artifact_is_held_to_the_bounds_float16_can_state(load_policy):
+    """Seen: ort-cpu's fp16 cell of a TD3 actor clamped to [-0.3, 0.7] FAILed 'action bounds: [-0.3, 0.7002] leaves
+    [-0.3, 0.7]': the fp16 variant's Clip holds 0.7 as 0.70020 (the nearest float16), which onnxruntime returned."""
+    model = load_policy(policies.td3_actor())
+    saturated = np.array([[np.float16(-0.3)], [np.float16(0.7)]], np.float32)  # what the fp16 graph returns at its bounds
+    arrays = _arrays({"action": saturated}, batches=_good_batches(1))
+    assert _checks(model, arrays, {"action": saturated})["action bounds"] == (False, "[-0.30005, 0.7002] leaves [-0.3, 0.7] (graph: final Clip)")
+    held = contract.check(model, arrays, {"action": saturated}, "fp16")
+    assert {c.name: (c.ok, c.detail) for c in held}["action bounds"] == (
+        True, "[-0.30005, 0.7002] within [-0.3, 0.7] as float16 holds them, [-0.30005, 0.7002] (graph: final Clip)")
+    beyond = np.array([[0.7007]], np.float32)  # a float16 further out than the bound's own rounding
+    checks = {c.name: c.ok for c in contract.check(model, _arrays({"action": beyond}), {"action": beyond}, "fp16")}
+    assert checks["action bounds"] is False
+    assert _checks(model, _arrays({"action": saturated}), {"action": saturated})["action bounds"][0] is False  # fp32: as before
+
+
 def test_a_missing_output_fails_shapes_dtypes_and_bounds(load_policy):
     model = load_policy(examples.continuous_mlp())
     checks = _checks(model, _arrays({}), {"action": np.zeros((2, 6), np.float32)})
