@@ -73,6 +73,21 @@ def td3_actor(low: float = -0.3, high: float = 0.7) -> onnx.ModelProto:
     return _model(nodes, [_float("obs", ["batch", 3])], [_float("action", ["batch", 1])], inits, opset=20, ir_version=10)
 
 
+def ppo_guide_value_first() -> onnx.ModelProto:
+    """SB3's export guide's call (input_names=["input"], no output names, batch 1) with the legacy exporter, on an
+    actor-critic whose forward returns (value, action, log_prob): torch names the outputs after their producers."""
+    rng = np.random.default_rng(13)
+    inits = _weights(rng, "pi", 3, 1) + _weights(rng, "vf", 3, 1, scale=100.0)
+    inits += [numpy_helper.from_array(np.array([-1.4189385], np.float32), "log_prob_const")]
+    nodes = [
+        helper.make_node("Gemm", ["input", "vf_w", "vf_b"], ["17"]),
+        helper.make_node("Gemm", ["input", "pi_w", "pi_b"], ["onnx::Sub_12"]),
+        helper.make_node("Identity", ["log_prob_const"], ["29"]),
+    ]
+    return _model(nodes, [_float("input", [1, 3])],
+                  [_float("17", [1, 1]), _float("onnx::Sub_12", [1, 1]), _float("29", [1])], inits)
+
+
 def gru_cell() -> onnx.ModelProto:
     """(obs, h) -> (action, h_next): a GRU-style cell from Gemm/Sigmoid/Tanh/Mul/Add/Sub."""
     rng = np.random.default_rng(5)

@@ -18,8 +18,16 @@ from ..results import ContractCheck
 CONTRACT_BATCHES = (1, 2, 7)
 
 
+def action_outputs(model: ModelInfo) -> list[str]:
+    """The outputs that may be the action: every one but a recurrent state's next value."""
+    states = {pair.output for pair in model.state_pairs}
+    return [spec.name for spec in model.outputs if spec.name not in states]
+
+
 def action_output(model: ModelInfo) -> str:
-    names = [spec.name for spec in model.outputs]
+    """The output read as the action (its bounds; with --env, what the episodes step with): the one named 'action',
+    else the first that is no recurrent state."""
+    names = action_outputs(model) or [spec.name for spec in model.outputs]
     return "action" if "action" in names else names[0]
 
 

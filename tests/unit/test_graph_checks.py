@@ -207,6 +207,28 @@ def test_the_action_output_is_the_one_named_action(builder, load_policy):
     assert contract.action_output(load_policy(builder())) == "action"
 
 
+def test_a_policy_with_several_outputs_none_named_action_is_told_which_one_is_read_as_the_action(load_policy):
+    """SB3's export guide leaves the outputs unnamed; with the value first, --env stepped Pendulum with the value
+    (x100, clipped by the env) and the lint said only "no output named 'action'", not what the tool took instead."""
+    model = load_policy(policies.ppo_guide_value_first())
+    assert contract.action_output(model) == "17"
+    assert _lints(model)["output-action"] == ("warn", (
+        "no output named 'action' (outputs: ['17', 'onnx::Sub_12', '29']): the first, '17', is read as the action "
+        "(its bounds, and what --env's episodes step with); where that is a value or a log-prob, name the action in "
+        "the export: output_names=['action', ...]"))
+    single = examples.continuous_mlp()
+    single.graph.output[0].name = single.graph.node[-1].output[0] = "mean"
+    assert _lints(load_policy(single))["output-action"] == ("warn", "no output named 'action' (outputs: ['mean'])")
+
+
+def test_a_recurrent_state_listed_first_is_never_read_as_the_action(load_policy):
+    """The contract took the first output whatever it was; the episodes skipped the recurrent state's next value."""
+    cell = policies.gru_cell()
+    cell.graph.output[0].name = cell.graph.node[-1].output[0] = "mean"
+    cell.graph.output.insert(0, cell.graph.output.pop(1))  # (h_next, mean), as an exporter may list them
+    assert contract.action_output(load_policy(cell)) == "mean"
+
+
 def test_a_dict_policy_s_observation_inputs_are_its_keys_not_a_missing_obs(tmp_path, load_policy):
     """SB3's MultiInputPolicy exports one input per Dict key: the lint named them as a missing 'obs'. Observation
     inputs are those that are neither a recurrent state nor fed whole; a single one not named 'obs' still warns."""
