@@ -122,6 +122,8 @@ def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str) -> Cont
     finite = action[np.isfinite(action)]  # NaN compares false with any bound: 'finite outputs' judges it, once
     held_low, held_high, held = _held(low, high, precision)
     inside = bool(((finite >= held_low) & (finite <= held_high)).all())
+    if bool(((finite >= low) & (finite <= high)).all()):
+        held = ""  # within the bounds as stated: how float16 holds them is no part of the answer
     found = f"[{_shown(finite.min(), low)}, {_shown(finite.max(), high)}]" if finite.size else "[]"
     verdict = "within" if inside else "leaves"
     left = action.size - finite.size

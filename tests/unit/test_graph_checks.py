@@ -158,6 +158,9 @@ def test_an_fp16_artifact_is_held_to_the_bounds_float16_can_state(load_policy):
     checks = {c.name: c.ok for c in contract.check(model, _arrays({"action": beyond}), {"action": beyond}, "fp16")}
     assert checks["action bounds"] is False
     assert _checks(model, _arrays({"action": saturated}), {"action": saturated})["action bounds"][0] is False  # fp32: as before
+    inside = np.array([[0.5]], np.float32)  # float16's bounds are said only where a value needed them
+    checks = {c.name: c.detail for c in contract.check(model, _arrays({"action": inside}), {"action": inside}, "fp16")}
+    assert checks["action bounds"] == "[0.5, 0.5] within [-0.3, 0.7] (graph: final Clip)"
 
 
 def test_a_missing_output_fails_shapes_dtypes_and_bounds(load_policy):
