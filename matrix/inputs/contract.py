@@ -31,16 +31,19 @@ def action_output(model: ModelInfo) -> str:
     return "action" if "action" in names else names[0]
 
 
-def check(model: ModelInfo, arrays: Feeds, reference: Feeds, precision: str = "fp32") -> list[ContractCheck]:
-    """`precision` is what the cell's artifact computes in (its variant's, or lower where the model is given so)."""
+def check(model: ModelInfo, arrays: Feeds, reference: Feeds, precision: str = "fp32",
+          output_steps: dict[str, float] | None = None) -> list[ContractCheck]:
+    """`precision` is what the cell's artifact computes in (its variant's, or lower where the model is given so);
+    `output_steps` the integer grid each output it returns lies on, where it quantizes them (ArtifactInfo)."""
     outputs = _prefixed(arrays, "outputs/")
     action = outputs.get(action_output(model))
+    step = (output_steps or {}).get(action_output(model))
     return [
         _shapes(outputs, reference),
         _batches(model, arrays),
         _finite(model, outputs, reference),
         _dtype(model, outputs),
-        _bounds(model, action, precision),
+        _bounds(model, action, precision, step),
         _determinism(outputs, _prefixed(arrays, "repeat/")),
         *_recurrent_state(model, arrays),
     ]
@@ -102,7 +105,7 @@ def _dtype(model: ModelInfo, outputs: Feeds) -> ContractCheck:
     return ContractCheck(name="output dtypes", ok=not problems, detail="; ".join(problems) or "as declared")
 
 
-def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str) -> ContractCheck:
+def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str, step: float | None) -> ContractCheck:
     name = "action bounds"
     if action is None:
         return ContractCheck(name=name, ok=False, detail="no action output returned")
@@ -120,10 +123,10 @@ def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str) -> Cont
     else:
         return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata, none stated by the graph")
     finite = action[np.isfinite(action)]  # NaN compares false with any bound: 'finite outputs' judges it, once
-    held_low, held_high, held = _held(low, high, precision)
+    held_low, held_high, held = _held(low, high, precision, step)
     inside = bool(((finite >= held_low) & (finite <= held_high)).all())
     if bool(((finite >= low) & (finite <= high)).all()):
-        held = ""  # within the bounds as stated: how float16 holds them is no part of the answer
+        held = ""  # within the bounds as stated: how the artifact holds them is no part of the answer
     found = f"[{_shown(finite.min(), low)}, {_shown(finite.max(), high)}]" if finite.size else "[]"
     verdict = "within" if inside else "leaves"
     left = action.size - finite.size
@@ -133,21 +136,31 @@ def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str) -> Cont
 
 # A graph computing in float16 holds its bounds as float16 constants: a Clip at 0.7 (a TD3 actor's high bound) clips
 # at 0.70020, the float16 nearest 0.7, and a runtime returning 0.70020 runs that graph right; so does one returning
-# 0.7002 from tanh(x) * 0.7. The bounds it is judged by are those it can hold, never wider.
+# 0.7002 from tanh(x) * 0.7. An output returned on an integer grid (LiteRT's full-integer file: its Clip runs on int8
+# and DEQUANTIZE scales the result) takes the grid's nearest point to a bound, up to half a step beyond it: a clip at
+# -0.3012 on the grid of step 1/255 returned -77/255 = -0.30196. The bounds a cell is judged by are those its artifact
+# can hold, never wider.
 HELD_AS = {"fp16": np.float16}
+GRID_SLACK = 1.001  # half a step, and float32's rounding of the dequantized value
 
 
-def _held(low: float, high: float, precision: str) -> tuple[float, float, str]:
-    """The bounds as an artifact computing in `precision` holds them, each widened to its nearest value there where
-    that lies outside, and the words saying so ("" where nothing was widened)."""
+def _held(low: float, high: float, precision: str, step: float | None) -> tuple[float, float, str]:
+    """The bounds as the artifact holds them: each widened to its nearest value in float16 where it computes in fp16
+    and that lies outside, or by half the step of the integer grid its action is returned on; and the words saying
+    so ("" where nothing was widened)."""
     dtype = HELD_AS.get(precision)
-    if dtype is None:
+    if step:
+        held_low, held_high = low - step / 2 * GRID_SLACK, high + step / 2 * GRID_SLACK
+        how = f"its integer output grid (step {step:.3g})"
+    elif dtype is not None:
+        with np.errstate(over="ignore"):  # a bound beyond float16's range is held as infinity
+            held_low, held_high = min(low, float(dtype(low))), max(high, float(dtype(high)))
+        how = np.dtype(dtype).name
+    else:
         return low, high, ""
-    with np.errstate(over="ignore"):  # a bound beyond float16's range is held as infinity
-        held_low, held_high = min(low, float(dtype(low))), max(high, float(dtype(high)))
     if (held_low, held_high) == (low, high):
         return low, high, ""
-    return held_low, held_high, f" as {np.dtype(dtype).name} holds them, [{held_low:.5g}, {held_high:.5g}]"
+    return held_low, held_high, f" as {how} holds them, [{held_low:.5g}, {held_high:.5g}]"
 
 
 def _shown(value: float, bound: float) -> str:

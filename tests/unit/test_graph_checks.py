@@ -163,6 +163,23 @@ def test_an_fp16_artifact_is_held_to_the_bounds_float16_can_state(load_policy):
     assert checks["action bounds"] == "[0.5, 0.5] within [-0.3, 0.7] (graph: final Clip)"
 
 
+def test_an_action_returned_on_an_integer_grid_is_held_to_half_a_step_beyond_its_bounds(load_policy):
+    """LiteRT's full-integer file clipped a TD3 actor at -0.3012 on its int8 grid of step 1/255 and returned -77/255:
+    'action bounds: [-0.3019, 0.6941] leaves [-0.3012, 0.6988]' FAILed the cell for the tool's calibrated conversion."""
+    model = load_policy(policies.td3_actor(-0.3012, 0.6988))
+    on_grid = np.array([[-77 / 255], [178 / 255]], np.float32)
+
+    def bounds(action, steps):
+        return {c.name: (c.ok, c.detail) for c in contract.check(model, _arrays({"action": action}), {"action": action},
+                                                                    "int8", steps)}["action bounds"]
+
+    assert bounds(on_grid, {})[0] is False
+    assert bounds(on_grid, {"action": 1 / 255}) == (True, "[-0.302, 0.698] within [-0.3012, 0.6988] as its integer "
+                                                          "output grid (step 0.00392) holds them, [-0.30316, 0.70076] "
+                                                          "(graph: final Clip)")
+    assert bounds(np.array([[-0.3045]], np.float32), {"action": 1 / 255})[0] is False  # beyond half a step
+
+
 def test_a_missing_output_fails_shapes_dtypes_and_bounds(load_policy):
     model = load_policy(examples.continuous_mlp())
     checks = _checks(model, _arrays({}), {"action": np.zeros((2, 6), np.float32)})
