@@ -83,6 +83,9 @@ class ArtifactInfo(Record):
     # int8: quantized_ops / float_ops / quantized_weights / float_weights, counted in the artifact itself, and
     # per_call_ops: ops that scale activations over each call's batch (dynamic int8), exempt from the batch evidence
     quantization: dict[str, int] | None = None
+    # outputs returned on an integer grid (a full-integer file dequantizes them), by name -> the grid's step: a
+    # bound the graph states is held to within half of it
+    output_steps: dict[str, float] = Field(default_factory=dict)
 
 
 class CellError(Record):

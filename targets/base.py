@@ -108,6 +108,8 @@ class Artifact:
     batch_axes: dict[str, int] = field(default_factory=dict)  # the ONNX file's batch axis per input/output (fixed-batch copies)
     # int8: how many ops/weights the artifact really holds quantized (None: count its ONNX file)
     quantization: dict[str, int] | None = None
+    # ONNX output name -> the step of the integer grid it is returned on (a full-integer file's dequantized outputs)
+    output_steps: dict[str, float] = field(default_factory=dict)
 
     @property
     def size_bytes(self) -> int:

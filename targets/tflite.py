@@ -36,7 +36,7 @@ from .tflite_conversion import (  # noqa: F401
 )
 from .tflite_flatbuffer import flex_notes, layout_notes, op_inventory, quantization, variant_notes
 from .tflite_provenance import Provenance
-from .tflite_session import TfliteArtifact, TfliteSession
+from .tflite_session import TfliteArtifact, TfliteSession, output_steps
 from .versions import PipRelease
 
 # Pinned LiteRT releases (`tflite@2.2.0`), measured on the bundled MLP: 1.0.0 has no schema_py_generated
@@ -101,6 +101,8 @@ class TfliteTarget(Target):
         )
         artifact.notes += variant_notes(variant, self.recipe, artifact.quantization) + layout_notes(interface, artifact.op_inventory)
         artifact.notes += flex_notes(artifact.op_inventory)
+        if self.recipe == "full":
+            artifact.output_steps = output_steps(artifact)
         return artifact
 
     def _open(self, artifact: Artifact, threads: int, settings: Settings = NO_SETTINGS) -> Session:

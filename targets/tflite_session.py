@@ -112,6 +112,26 @@ class TfliteSession(Session):
         self.interpreter = None
 
 
+def output_steps(artifact: TfliteArtifact) -> dict[str, float]:
+    """ONNX output name -> the scale of the integer tensor it is dequantized from, for each output so made: a
+    full-integer file computes its last ops in int8 and DEQUANTIZEs, so an output takes only values on that grid."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(artifact.path))
+    signature = interpreter._get_full_signature_list().get("serving_default") or unsigned(interpreter)
+    outputs = map_signature(signature["outputs"], list(artifact.provenance.interface.onnx_outputs), "output_")
+    tensors = {detail["index"]: detail for detail in interpreter.get_tensor_details()}
+    writers = {index: op for op in interpreter._get_ops_details() for index in op["outputs"]}
+    steps = {}
+    for name, index in outputs.items():
+        op = writers.get(index)
+        source = tensors[op["inputs"][0]] if op is not None and op["op_name"] == "DEQUANTIZE" else tensors[index]
+        scale = source["quantization"][0]
+        if scale and np.dtype(source["dtype"]).kind in "iu":
+            steps[name] = float(scale)
+    return steps
+
+
 def unsigned(interpreter) -> dict:
     """A file without a signature (onnx2tf writes none when its SavedModel step fails): its
     tensors are named Placeholder/Identity, in the model's input and output order."""

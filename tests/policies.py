@@ -53,6 +53,41 @@ def minmax_clip_mlp() -> onnx.ModelProto:
     return _model(nodes, [_float("obs", ["batch", 3])], [_float("action", ["batch", 1])], inits)
 
 
+def td3_actor(low: float = -0.3, high: float = 0.7) -> onnx.ModelProto:
+    """A TD3/SAC actor as torch.onnx.export(dynamo=True) writes `clamp(low + 0.5 * (tanh(mlp(obs)) + 1) * (high - low),
+    low, high)`: opset 20, the scalar constants as initializers, one of them (low) shared by the Add and the Clip."""
+    rng = np.random.default_rng(11)
+    inits = _weights(rng, "fc0", 3, 64) + _weights(rng, "head", 64, 1, scale=8.0)  # saturates on large observations
+    inits += [numpy_helper.from_array(np.array(value, np.float32), name)
+              for name, value in (("val_0", 1.0), ("val_1", 0.5 * (high - low)), ("val_3", low), ("val_5", high))]
+    nodes = [
+        helper.make_node("Gemm", ["obs", "fc0_w", "fc0_b"], ["linear"], name="node_linear"),
+        helper.make_node("Relu", ["linear"], ["relu"], name="node_relu"),
+        helper.make_node("Gemm", ["relu", "head_w", "head_b"], ["linear_1"], name="node_linear_1"),
+        helper.make_node("Tanh", ["linear_1"], ["tanh"], name="node_tanh"),
+        helper.make_node("Add", ["tanh", "val_0"], ["add_12"], name="node_add_12"),
+        helper.make_node("Mul", ["add_12", "val_1"], ["mul_7"], name="node_mul_7"),
+        helper.make_node("Add", ["mul_7", "val_3"], ["add_22"], name="node_add_22"),
+        helper.make_node("Clip", ["add_22", "val_3", "val_5"], ["action"], name="node_clamp"),
+    ]
+    return _model(nodes, [_float("obs", ["batch", 3])], [_float("action", ["batch", 1])], inits, opset=20, ir_version=10)
+
+
+def ppo_guide_value_first() -> onnx.ModelProto:
+    """SB3's export guide's call (input_names=["input"], no output names, batch 1) with the legacy exporter, on an
+    actor-critic whose forward returns (value, action, log_prob): torch names the outputs after their producers."""
+    rng = np.random.default_rng(13)
+    inits = _weights(rng, "pi", 3, 1) + _weights(rng, "vf", 3, 1, scale=100.0)
+    inits += [numpy_helper.from_array(np.array([-1.4189385], np.float32), "log_prob_const")]
+    nodes = [
+        helper.make_node("Gemm", ["input", "vf_w", "vf_b"], ["17"]),
+        helper.make_node("Gemm", ["input", "pi_w", "pi_b"], ["onnx::Sub_12"]),
+        helper.make_node("Identity", ["log_prob_const"], ["29"]),
+    ]
+    return _model(nodes, [_float("input", [1, 3])],
+                  [_float("17", [1, 1]), _float("onnx::Sub_12", [1, 1]), _float("29", [1])], inits)
+
+
 def gru_cell() -> onnx.ModelProto:
     """(obs, h) -> (action, h_next): a GRU-style cell from Gemm/Sigmoid/Tanh/Mul/Add/Sub."""
     rng = np.random.default_rng(5)

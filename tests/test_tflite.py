@@ -230,3 +230,21 @@ def test_exporter_style_node_names_come_back_unchanged(target_name, variant, tmp
     session = target.open(target.prepare(context(path, tmp_path), variant), threads=1)
     nodes = {row.node for row in session.placement()}
     assert {"/actor/fc/Gemm", "/actor/Tanh:0"} <= nodes, nodes
+
+
+def test_a_bound_the_full_integer_output_grid_rounds_is_no_broken_contract(tmp_path, policy_matrix):
+    """A TD3 actor clamped to [-0.3012, 0.6988]: LiteRT's full-integer file clips on int8 and dequantizes with step
+    1/255, whose nearest point to -0.3012 is -77/255 = -0.30196; driving Pendulum, the cell FAILed 'action bounds:
+    [-0.3019, 0.6941] leaves [-0.3012, 0.6988]' at drift 0.012, for the tool's own calibrated conversion."""
+    import policies
+
+    path = policies.save(policies.td3_actor(-0.3012, 0.6988), tmp_path, "td3")
+    observations = tmp_path / "obs.npy"  # spread enough that the actor reaches both bounds, calibration too
+    np.save(observations, np.random.default_rng(0).normal(0, 2, size=(64, 3)).astype(np.float32))
+    done = policy_matrix(["run", path, "--targets", "tflite-int8-full", "--variants", "int8", "--obs", observations,
+                          "--iters", "5", "--warmup", "1", "--out", tmp_path / "out"])
+    cell = json.loads((tmp_path / "out" / "results.json").read_text())["cells"][0]
+    assert cell["verdict"] != "FAIL", (cell["reasons"], done.stderr)
+    step = cell["artifact"]["output_steps"]["action"]
+    bounds = next(c for c in cell["contract"] if c["name"] == "action bounds")
+    assert bounds["ok"] is True and f"as its integer output grid (step {step:.3g}) holds them" in bounds["detail"], bounds

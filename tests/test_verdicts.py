@@ -86,6 +86,66 @@ def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path
     assert bounds["ok"] is True and "[-2, 2] (graph: final Min/Max clip)" in bounds["detail"]
 
 
+def test_fp16_of_a_clamped_td3_actor_is_held_to_the_bounds_float16_states(built, tmp_path, policy_matrix):
+    """torch's export of clamp(..., -0.3, 0.7): the fp16 variant clips at float16's 0.70020 and onnxruntime returns it;
+    the cell FAILed the action contract ('[-0.3, 0.7002] leaves [-0.3, 0.7]') for the tool's rounding, at drift 2e-3."""
+    observations = tmp_path / "far.npy"  # far enough out that the actor saturates at both bounds
+    np.save(observations, np.random.default_rng(0).normal(0, 50, size=(64, 3)).astype(np.float32))
+    done = policy_matrix(["run", built("td3_actor"), "--targets", "ort-cpu", "--variants", "fp32,fp16", "--obs", observations,
+                          *FAST, "--out", tmp_path / "report"])
+    assert done.returncode == 0, done.stderr
+    cells = _cells(tmp_path / "report")
+    assert cells["fp16"]["verdict"] == "PASS", cells["fp16"]["reasons"]
+    bounds = {cell: next(c for c in cells[cell]["contract"] if c["name"] == "action bounds") for cell in ("fp32", "fp16")}
+    assert bounds["fp32"]["detail"] == "[-0.3, 0.7] within [-0.3, 0.7] (graph: final Clip)"
+    assert bounds["fp16"]["detail"].startswith("[-0.30005, 0.7002] within [-0.3, 0.7] as float16 holds them")
+
+
+# A TD3 actor as its users write it, rescaled to [-0.3, 0.7] and clamped, exported by torch's TorchScript exporter
+# (the dynamo exporter writes the same ops with the bounds as initializers: tests/policies.td3_actor).
+TD3_EXPORT = """
+import sys, torch
+class Actor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        with torch.no_grad():
+            self.net[-1].weight.mul_(8.0)
+    def forward(self, obs):
+        return torch.clamp(-0.3 + 0.5 * (torch.tanh(self.net(obs)) + 1.0) * 1.0, -0.3, 0.7)
+torch.manual_seed(0)
+torch.onnx.export(Actor().eval(), torch.zeros(1, 3), sys.argv[1], input_names=["obs"], output_names=["action"],
+                  dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, opset_version=17, dynamo=False)
+"""
+
+
+def _td3_export(folder, python) -> None:
+    import subprocess
+
+    (folder / "export.py").write_text(TD3_EXPORT)
+    subprocess.run([str(python), str(folder / "export.py"), str(folder / "td3.onnx")], check=True, capture_output=True,
+                   timeout=300)
+
+
+def test_fp16_of_a_torch_exported_td3_actor_is_not_failed_for_its_rounded_bounds(tmp_path, policy_matrix):
+    from source_policies import cached_policies
+    from targets import coreml_conversion, isolated_env
+
+    python = isolated_env.env_python(coreml_conversion.ENV_NAME, coreml_conversion.REQUIREMENTS)
+    if python is None:
+        pytest.skip(coreml_conversion.environment_missing())  # torch lives in the Core ML converter's environment
+    exported = cached_policies("td3-clamp", TD3_EXPORT, python, _td3_export)
+    observations = tmp_path / "far.npy"
+    np.save(observations, np.random.default_rng(0).normal(0, 50, size=(64, 3)).astype(np.float32))
+    done = policy_matrix(["run", exported / "td3.onnx", "--targets", "ort-cpu", "--variants", "fp16", "--obs", observations,
+                          *FAST, "--out", tmp_path / "report"])
+    assert done.returncode == 0, done.stderr
+    fp16 = _cells(tmp_path / "report")["fp16"]
+    assert fp16["verdict"] == "PASS", fp16["reasons"]
+    bounds = next(c for c in fp16["contract"] if c["name"] == "action bounds")
+    assert "0.7002] within [-0.3, 0.7] as float16 holds them" in bounds["detail"]
+
+
 def test_int8_the_tool_cannot_make_is_reported_once_and_skips_its_cells(built, tmp_path, policy_matrix):
     path = built("gemm_add_mlp")  # weights in Constant nodes: dynamic quantization sees none of them
     done = policy_matrix(["run", path, "--targets", "ort-cpu,tract", "--precisions", "fp32,int8", *FAST, "--out", tmp_path])

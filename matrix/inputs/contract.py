@@ -18,20 +18,32 @@ from ..results import ContractCheck
 CONTRACT_BATCHES = (1, 2, 7)
 
 
+def action_outputs(model: ModelInfo) -> list[str]:
+    """The outputs that may be the action: every one but a recurrent state's next value."""
+    states = {pair.output for pair in model.state_pairs}
+    return [spec.name for spec in model.outputs if spec.name not in states]
+
+
 def action_output(model: ModelInfo) -> str:
-    names = [spec.name for spec in model.outputs]
+    """The output read as the action (its bounds; with --env, what the episodes step with): the one named 'action',
+    else the first that is no recurrent state."""
+    names = action_outputs(model) or [spec.name for spec in model.outputs]
     return "action" if "action" in names else names[0]
 
 
-def check(model: ModelInfo, arrays: Feeds, reference: Feeds) -> list[ContractCheck]:
+def check(model: ModelInfo, arrays: Feeds, reference: Feeds, precision: str = "fp32",
+          output_steps: dict[str, float] | None = None) -> list[ContractCheck]:
+    """`precision` is what the cell's artifact computes in (its variant's, or lower where the model is given so);
+    `output_steps` the integer grid each output it returns lies on, where it quantizes them (ArtifactInfo)."""
     outputs = _prefixed(arrays, "outputs/")
     action = outputs.get(action_output(model))
+    step = (output_steps or {}).get(action_output(model))
     return [
         _shapes(outputs, reference),
         _batches(model, arrays),
         _finite(model, outputs, reference),
         _dtype(model, outputs),
-        _bounds(model, action),
+        _bounds(model, action, precision, step),
         _determinism(outputs, _prefixed(arrays, "repeat/")),
         *_recurrent_state(model, arrays),
     ]
@@ -93,7 +105,7 @@ def _dtype(model: ModelInfo, outputs: Feeds) -> ContractCheck:
     return ContractCheck(name="output dtypes", ok=not problems, detail="; ".join(problems) or "as declared")
 
 
-def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
+def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str, step: float | None) -> ContractCheck:
     name = "action bounds"
     if action is None:
         return ContractCheck(name=name, ok=False, detail="no action output returned")
@@ -111,12 +123,53 @@ def _bounds(model: ModelInfo, action: np.ndarray | None) -> ContractCheck:
     else:
         return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata, none stated by the graph")
     finite = action[np.isfinite(action)]  # NaN compares false with any bound: 'finite outputs' judges it, once
-    inside = bool(((finite >= low) & (finite <= high)).all())
-    found = f"[{finite.min():.4g}, {finite.max():.4g}]" if finite.size else "[]"
+    held_low, held_high, held = _held(low, high, precision, step)
+    inside = bool(((finite >= held_low) & (finite <= held_high)).all())
+    if bool(((finite >= low) & (finite <= high)).all()):
+        held = ""  # within the bounds as stated: how the artifact holds them is no part of the answer
+    found = f"[{_shown(finite.min(), low)}, {_shown(finite.max(), high)}]" if finite.size else "[]"
     verdict = "within" if inside else "leaves"
     left = action.size - finite.size
     left_text = f"; {left} non-finite value{'s' if left > 1 else ''} left to 'finite outputs'" if left else ""
-    return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}] ({source}{left_text})")
+    return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}]{held} ({source}{left_text})")
+
+
+# A graph computing in float16 holds its bounds as float16 constants: a Clip at 0.7 (a TD3 actor's high bound) clips
+# at 0.70020, the float16 nearest 0.7, and a runtime returning 0.70020 runs that graph right; so does one returning
+# 0.7002 from tanh(x) * 0.7. An output returned on an integer grid (LiteRT's full-integer file: its Clip runs on int8
+# and DEQUANTIZE scales the result) takes the grid's nearest point to a bound, up to half a step beyond it: a clip at
+# -0.3012 on the grid of step 1/255 returned -77/255 = -0.30196. The bounds a cell is judged by are those its artifact
+# can hold, never wider.
+HELD_AS = {"fp16": np.float16}
+GRID_SLACK = 1.001  # half a step, and float32's rounding of the dequantized value
+
+
+def _held(low: float, high: float, precision: str, step: float | None) -> tuple[float, float, str]:
+    """The bounds as the artifact holds them: each widened to its nearest value in float16 where it computes in fp16
+    and that lies outside, or by half the step of the integer grid its action is returned on; and the words saying
+    so ("" where nothing was widened)."""
+    dtype = HELD_AS.get(precision)
+    if step:
+        held_low, held_high = low - step / 2 * GRID_SLACK, high + step / 2 * GRID_SLACK
+        how = f"its integer output grid (step {step:.3g})"
+    elif dtype is not None:
+        with np.errstate(over="ignore"):  # a bound beyond float16's range is held as infinity
+            held_low, held_high = min(low, float(dtype(low))), max(high, float(dtype(high)))
+        how = np.dtype(dtype).name
+    else:
+        return low, high, ""
+    if (held_low, held_high) == (low, high):
+        return low, high, ""
+    return held_low, held_high, f" as {how} holds them, [{held_low:.5g}, {held_high:.5g}]"
+
+
+def _shown(value: float, bound: float) -> str:
+    """The value in 4 significant digits, more where 4 would show it equal to a bound it is not (0.30005 of 0.3)."""
+    for digits in range(4, 10):
+        text = f"{value:.{digits}g}"
+        if value == bound or text != f"{bound:.{digits}g}":
+            return text
+    return text
 
 
 def _recurrent_state(model: ModelInfo, arrays: Feeds) -> list[ContractCheck]:

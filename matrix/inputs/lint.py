@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .contract import action_output
+from .contract import action_output, action_outputs
 from .graph_facts import action_bounds, computes_in, non_finite_initializers
 from .model import ModelInfo
 from .observations import given_words
@@ -65,7 +65,11 @@ def _action_output(model: ModelInfo) -> Lint:
     names = [spec.name for spec in model.outputs]
     if "action" in names:
         return Lint("output-action", "ok", "an output named 'action'")
-    return Lint("output-action", "warn", f"no output named 'action' (outputs: {names})")
+    if len(action_outputs(model)) < 2:
+        return Lint("output-action", "warn", f"no output named 'action' (outputs: {names})")
+    return Lint("output-action", "warn", f"no output named 'action' (outputs: {names}): the first, "
+                f"{action_output(model)!r}, is read as the action (its bounds, and what --env's episodes step with); "
+                "where that is a value or a log-prob, name the action in the export: output_names=['action', ...]")
 
 
 def _tensor_outputs(model: ModelInfo) -> Lint:

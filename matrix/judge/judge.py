@@ -111,7 +111,9 @@ class Judge:
             cell.notes.append(note)
         if predicts and _measured_parity(cell.error, outcome.arrays):
             cell.parity = parity(outcome.arrays, evidence, context)
-            cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs)
+            computes_in = self.own_precision(variant, candidate) or variant
+            steps = cell.artifact.output_steps if cell.artifact else {}
+            cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs, computes_in, steps)
             cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
             if not self.quantizes_per_call(cell, candidate):
                 context = replace(context, batch_drifts=batch_dependence(outcome.arrays, evidence, context))

@@ -310,9 +310,10 @@ def agreement(cell, context: Context) -> Findings:
         found.warnings.append(f"{p.output}: agreement not measured: every row is a near tie (the reference's top-1 "
                               f"minus top-2 logit at most the tie margin {context.tie_margin:g})")
     for p in (p for p in cell.parity if p.kind == "discrete" and p.flips):
-        counted = f"{p.judged_rows} rows" if p.judged_rows is not None else "all rows"
+        counted = f"the {p.judged_rows} rows above the tie margin" if p.judged_rows is not None else "all rows"
+        # near_ties counts disagreements on near ties, not the near-tie rows: 3 agreeing ones were said as "0 left out"
         flips = (f"{p.output}: {p.flips} action flips above the tie margin (agreement {100 * p.agreement:.1f}% over "
-                 f"{counted}; {p.near_ties or 0} near ties left out)")
+                 f"{counted}; {p.near_ties or 0} disagreements on near ties not counted)")
         if p.agreement < context.min_agreement:
             found.failures.append(f"{flips}, below the minimum agreement {100 * context.min_agreement:g}%")
         else:

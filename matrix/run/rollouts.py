@@ -46,6 +46,7 @@ from ..judge import stats
 from .. import userfiles, validated
 from ..errors import InputError
 from ..inputs.batch_axes import batch_dim, without_batch
+from ..inputs.contract import action_output, action_outputs
 from ..inputs.model import ModelInfo, TensorSpec
 from ..inputs.observations import Feeds, check_held, check_side, first_non_finite, holds_only
 from ..judge.rules import RETURN_FLOOR
@@ -169,12 +170,10 @@ def plan_for(model: ModelInfo, side_values: Feeds | None = None, **settings) -> 
         batch = batch_dim(spec, model.batch_axes)
         if isinstance(batch, int) and batch != 1:
             raise InputError(f"rollouts run at batch 1, but input {spec.name!r} has a fixed batch of {batch}")
-    state_outputs = {s.output for s in states}
-    actions = [spec.name for spec in model.outputs if spec.name not in state_outputs]
-    if not actions:
+    if not action_outputs(model):
         raise InputError("rollouts need an action output besides recurrent state outputs")
-    action = "action" if "action" in actions else actions[0]
-    return RolloutPlan(observations=observed, action_output=action, states=states, side_inputs=sides, **settings)
+    return RolloutPlan(observations=observed, action_output=action_output(model), states=states, side_inputs=sides,
+                       **settings)
 
 
 class SideValueMissing(InputError):

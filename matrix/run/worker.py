@@ -139,6 +139,7 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
         op_inventory=artifact.op_inventory,
         notes=artifact.notes,
         quantization=_quantization(spec.variant, artifact),
+        output_steps=artifact.output_steps,
     )
     if not target.predicts:
         return

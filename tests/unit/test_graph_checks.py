@@ -144,6 +144,42 @@ def test_a_nan_is_judged_once_by_finite_outputs_not_again_as_leaving_the_bounds(
     assert checks["action bounds"] == (True, "[0.5, 0.5] within [-1, 1] (metadata; 1 non-finite value left to 'finite outputs')")
 
 
+def test_an_fp16_artifact_is_held_to_the_bounds_float16_can_state(load_policy):
+    """Seen: ort-cpu's fp16 cell of a TD3 actor clamped to [-0.3, 0.7] FAILed 'action bounds: [-0.3, 0.7002] leaves
+    [-0.3, 0.7]': the fp16 variant's Clip holds 0.7 as 0.70020 (the nearest float16), which onnxruntime returned."""
+    model = load_policy(policies.td3_actor())
+    saturated = np.array([[np.float16(-0.3)], [np.float16(0.7)]], np.float32)  # what the fp16 graph returns at its bounds
+    arrays = _arrays({"action": saturated}, batches=_good_batches(1))
+    assert _checks(model, arrays, {"action": saturated})["action bounds"] == (False, "[-0.30005, 0.7002] leaves [-0.3, 0.7] (graph: final Clip)")
+    held = contract.check(model, arrays, {"action": saturated}, "fp16")
+    assert {c.name: (c.ok, c.detail) for c in held}["action bounds"] == (
+        True, "[-0.30005, 0.7002] within [-0.3, 0.7] as float16 holds them, [-0.30005, 0.7002] (graph: final Clip)")
+    beyond = np.array([[0.7007]], np.float32)  # a float16 further out than the bound's own rounding
+    checks = {c.name: c.ok for c in contract.check(model, _arrays({"action": beyond}), {"action": beyond}, "fp16")}
+    assert checks["action bounds"] is False
+    assert _checks(model, _arrays({"action": saturated}), {"action": saturated})["action bounds"][0] is False  # fp32: as before
+    inside = np.array([[0.5]], np.float32)  # float16's bounds are said only where a value needed them
+    checks = {c.name: c.detail for c in contract.check(model, _arrays({"action": inside}), {"action": inside}, "fp16")}
+    assert checks["action bounds"] == "[0.5, 0.5] within [-0.3, 0.7] (graph: final Clip)"
+
+
+def test_an_action_returned_on_an_integer_grid_is_held_to_half_a_step_beyond_its_bounds(load_policy):
+    """LiteRT's full-integer file clipped a TD3 actor at -0.3012 on its int8 grid of step 1/255 and returned -77/255:
+    'action bounds: [-0.3019, 0.6941] leaves [-0.3012, 0.6988]' FAILed the cell for the tool's calibrated conversion."""
+    model = load_policy(policies.td3_actor(-0.3012, 0.6988))
+    on_grid = np.array([[-77 / 255], [178 / 255]], np.float32)
+
+    def bounds(action, steps):
+        return {c.name: (c.ok, c.detail) for c in contract.check(model, _arrays({"action": action}), {"action": action},
+                                                                    "int8", steps)}["action bounds"]
+
+    assert bounds(on_grid, {})[0] is False
+    assert bounds(on_grid, {"action": 1 / 255}) == (True, "[-0.302, 0.698] within [-0.3012, 0.6988] as its integer "
+                                                          "output grid (step 0.00392) holds them, [-0.30316, 0.70076] "
+                                                          "(graph: final Clip)")
+    assert bounds(np.array([[-0.3045]], np.float32), {"action": 1 / 255})[0] is False  # beyond half a step
+
+
 def test_a_missing_output_fails_shapes_dtypes_and_bounds(load_policy):
     model = load_policy(examples.continuous_mlp())
     checks = _checks(model, _arrays({}), {"action": np.zeros((2, 6), np.float32)})
@@ -189,6 +225,28 @@ def test_a_recurrent_state_must_keep_its_shape_at_every_batch(load_policy):
 @pytest.mark.parametrize("builder", [examples.continuous_mlp, policies.side_input_policy])
 def test_the_action_output_is_the_one_named_action(builder, load_policy):
     assert contract.action_output(load_policy(builder())) == "action"
+
+
+def test_a_policy_with_several_outputs_none_named_action_is_told_which_one_is_read_as_the_action(load_policy):
+    """SB3's export guide leaves the outputs unnamed; with the value first, --env stepped Pendulum with the value
+    (x100, clipped by the env) and the lint said only "no output named 'action'", not what the tool took instead."""
+    model = load_policy(policies.ppo_guide_value_first())
+    assert contract.action_output(model) == "17"
+    assert _lints(model)["output-action"] == ("warn", (
+        "no output named 'action' (outputs: ['17', 'onnx::Sub_12', '29']): the first, '17', is read as the action "
+        "(its bounds, and what --env's episodes step with); where that is a value or a log-prob, name the action in "
+        "the export: output_names=['action', ...]"))
+    single = examples.continuous_mlp()
+    single.graph.output[0].name = single.graph.node[-1].output[0] = "mean"
+    assert _lints(load_policy(single))["output-action"] == ("warn", "no output named 'action' (outputs: ['mean'])")
+
+
+def test_a_recurrent_state_listed_first_is_never_read_as_the_action(load_policy):
+    """The contract took the first output whatever it was; the episodes skipped the recurrent state's next value."""
+    cell = policies.gru_cell()
+    cell.graph.output[0].name = cell.graph.node[-1].output[0] = "mean"
+    cell.graph.output.insert(0, cell.graph.output.pop(1))  # (h_next, mean), as an exporter may list them
+    assert contract.action_output(load_policy(cell)) == "mean"
 
 
 def test_a_dict_policy_s_observation_inputs_are_its_keys_not_a_missing_obs(tmp_path, load_policy):
