@@ -41,7 +41,8 @@ from .web_support import HarnessServer, missing_npm_package
 # e.g. a desktop Chrome with a real GPU: the same harness, its real adapter, its real latency.
 BROWSER_ENDPOINT_ENV = "POLICY_MATRIX_BROWSER_ENDPOINT"  # DevTools endpoint of a running Chrome: ws://… or http://…
 BROWSER_PATH_ENV = "POLICY_MATRIX_BROWSER_PATH"  # a Chrome / Chromium executable to launch
-# Chromium's headless shell first where it is installed (Debian: chromium-headless-shell): the same Blink, V8,
+# Chromium's headless shell first where it is installed (Playwright's: `playwright install chromium-headless-shell`;
+# Debian's: chromium-headless-shell): the same Blink, V8,
 # ANGLE and Dawn as the full browser, and the headless browser Playwright itself launches, without the full
 # browser's window, tab strip and address bar, which its headless mode still builds for every page: the
 # browser process's CPU in a run of the three web targets fell from 2.4 to 0.9 s, the run's from 15.6 to
@@ -94,34 +95,71 @@ def playwright_missing() -> str | None:
 
 @functools.cache
 def chromium_executable() -> str | None:
-    """The user's --browser-path; else a Playwright-managed Chromium when one is installed, else the system Chromium."""
+    """The user's --browser-path; else a Playwright-managed Chromium when one is installed, its headless shell first,
+    else the system Chromium, its headless shell first."""
     if user_path := os.environ.get(BROWSER_PATH_ENV):
         return user_path
-    if playwright_missing() is None and _may_hold_managed_chromium():
-        from playwright.sync_api import sync_playwright
+    if playwright_missing() is None:
+        if shell := managed_headless_shell():
+            return shell
+        if _may_hold_managed_chromium():
+            from playwright.sync_api import sync_playwright
 
-        try:
-            with sync_playwright() as playwright:
-                managed = playwright.chromium.executable_path
-            if managed and Path(managed).exists():
-                return managed
-        except Exception:  # noqa: BLE001 — no managed browser is an ordinary answer
-            pass
+            try:
+                with sync_playwright() as playwright:
+                    managed = playwright.chromium.executable_path
+                if managed and Path(managed).exists():
+                    return managed
+            except Exception:  # noqa: BLE001 — no managed browser is an ordinary answer
+                pass
     return next((path for path in SYSTEM_CHROMIUM if Path(path).exists()), None) or shutil.which("chromium")
 
 
-def _may_hold_managed_chromium() -> bool:
-    """False when Playwright's browser folder (its default place: PLAYWRIGHT_BROWSERS_PATH unset) holds no
-    chromium-* install, so no Playwright driver (0.6-1.7 s) is started just to learn that none is there."""
-    if os.environ.get("PLAYWRIGHT_BROWSERS_PATH"):
-        return True
+def playwright_browsers_dir() -> Path:
+    """Where Playwright keeps the browsers it installs, by its registry's rule: PLAYWRIGHT_BROWSERS_PATH ("0": inside
+    its package; a relative one from the working folder), else ms-playwright in the user's cache folder."""
+    chosen = os.environ.get("PLAYWRIGHT_BROWSERS_PATH")
+    if chosen == "0":
+        return _playwright_package() / ".local-browsers"
+    if chosen:
+        return Path(os.environ.get("INIT_CWD") or os.getcwd(), chosen)  # an absolute `chosen` replaces the first part
     if sys.platform == "darwin":
         cache = Path.home() / "Library" / "Caches"
     elif sys.platform == "win32":
         cache = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
     else:
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return any((cache / "ms-playwright").glob("chromium-*"))
+    return cache / "ms-playwright"
+
+
+def _playwright_package() -> Path:
+    """The Playwright driver's package folder (its browsers.json, its .local-browsers)."""
+    import playwright
+
+    return Path(playwright.__file__).parent / "driver" / "package"
+
+
+def managed_headless_shell() -> str | None:
+    """Playwright's own headless shell (`playwright install chromium-headless-shell`, or `--only-shell`) at the
+    revision the installed Playwright drives, once its download completed: the folder and file names its registry
+    gives it (chromium_headless_shell-REVISION/chrome-headless-shell-PLATFORM/chrome-headless-shell). No driver is
+    started to find it: Playwright's API names only the full browser's path."""
+    try:
+        listed = json.loads((_playwright_package() / "browsers.json").read_text())["browsers"]
+        revision = next(browser["revision"] for browser in listed if browser["name"] == "chromium-headless-shell")
+    except (OSError, ValueError, KeyError, StopIteration):  # a Playwright without one: none to find
+        return None
+    folder = playwright_browsers_dir() / f"chromium_headless_shell-{revision}"
+    if not (folder / "INSTALLATION_COMPLETE").exists():
+        return None
+    found = sorted([*folder.glob("*/chrome-headless-shell"), *folder.glob("*/chrome-headless-shell.exe")])
+    return next((str(path) for path in found if path.is_file() and os.access(path, os.X_OK)), None)
+
+
+def _may_hold_managed_chromium() -> bool:
+    """False when Playwright's browser folder holds no chromium-* install, so no Playwright driver (0.6-1.7 s) is
+    started just to learn that none is there."""
+    return any(playwright_browsers_dir().glob("chromium-*"))
 
 
 @functools.cache

@@ -391,7 +391,8 @@ def test_the_playwright_driver_keeps_its_compiled_code_in_the_cache_and_runs_wit
         assert folder.read_text() == "a file where the folder goes"
 
 
-@pytest.mark.skipif(not Path(chromium.DEBIAN_HEADLESS_SHELL).exists() or chromium._may_hold_managed_chromium(),
+@pytest.mark.skipif(not Path(chromium.DEBIAN_HEADLESS_SHELL).exists() or chromium.managed_headless_shell()
+                    or chromium._may_hold_managed_chromium(),
                     reason="Debian's chromium-headless-shell is not installed, or a Playwright-managed Chromium comes first")
 def test_the_headless_shell_runs_the_pages_where_installed_and_the_runtime_line_says_so(monkeypatch):
     """Chromium's headless shell before the full browser (targets/chromium.py), named as such in the report."""
