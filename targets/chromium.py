@@ -318,6 +318,19 @@ def _release_browser(key: tuple, browser, keep: bool) -> None:
         browser.close()  # the user's browser (--browser-endpoint): only disconnects
 
 
+# True once the page set window.harness up; once the page loaded without it, {said: what went wrong as the page saw
+# it}: index.html's first error (window.harnessFailure) and each file the server refused, the page itself included (a
+# 404 page is a page too); '' when it saw nothing (Chromium's own error page: the request got no answer at all).
+_HARNESS_LOADED = """() => {
+  if (window.harness !== undefined) return true;
+  if (document.readyState !== 'complete') return false;
+  const refused = [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')]
+    .filter((entry) => entry.responseStatus >= 400)
+    .map((entry) => `${new URL(entry.name).pathname} answered HTTP ${entry.responseStatus}`);
+  return { said: [window.harnessFailure, ...refused].filter(Boolean).join('; ') };
+}"""
+
+
 class HarnessPage:
     """A fresh context and page in this worker's browser (the user's, with --browser-endpoint)."""
 
@@ -325,14 +338,32 @@ class HarnessPage:
         self.browser_key = _browser_key()
         self.browser = _hold_browser(self.browser_key)
         self.answers: dict[tuple, object] = {}  # call_once's
+        self.unanswered: list[str] = []  # requests of the page that failed without an answer (read if it fails to load)
         try:
             self.server = HarnessServer()
             self.page = self._page_at(f"{self.server.origin}/harness/index.html")
-            self.page.wait_for_function("window.harness !== undefined")
-            self.versions = self.call("load", f"{self.server.origin}/ort/{bundle}", f"{self.server.origin}/ort/")
+            self._wait_for_harness()
+            self.versions = self._load(bundle)
         except BaseException:
             self.close()
             raise
+
+    def _wait_for_harness(self) -> None:
+        """Until the page has set window.harness up; a page that loaded without it fails at once in its own words (a
+        module that could not be fetched, an error thrown while setting up, the page itself missing), where waiting
+        for window.harness ran out Playwright's 30 s timeout and said only that. harness.mjs has no top-level await:
+        once the document is complete, its modules have run."""
+        outcome = self.page.wait_for_function(_HARNESS_LOADED).json_value()
+        if outcome is not True:
+            said = outcome["said"] or "; ".join(self.unanswered) or f"no window.harness at {self.page.url}"
+            raise RuntimeError(f"the web harness did not load: {said}")
+
+    def _load(self, bundle: str) -> dict:
+        """Import the ORT bundle in the page; one that cannot be fetched or throws as it is imported is named."""
+        try:
+            return self.call("load", f"{self.server.origin}/ort/{bundle}", f"{self.server.origin}/ort/")
+        except RuntimeError as error:
+            raise RuntimeError(f"onnxruntime-web's {bundle} did not load in the page: {error}") from None
 
     def _page_at(self, url: str):
         """A fresh context (self.context) and its one page, created at `url` by CDP's Target.createTarget.
@@ -345,6 +376,9 @@ class HarnessPage:
         try:
             known = set(cdp.send("Target.getBrowserContexts")["browserContextIds"])
             self.context = self.browser.new_context()
+            # A request that got no answer (the page itself: no error event in it says why) is kept for the load's failure.
+            self.context.on("requestfailed", lambda request: self.unanswered.append(
+                f"{urllib.parse.urlsplit(request.url).path}: {request.failure}"))
             # The one context id that appeared (only this thread makes contexts in a browser the worker launched;
             # in a user's browser another one appearing at this very moment fails this page rather than pick one).
             (context_id,) = set(cdp.send("Target.getBrowserContexts")["browserContextIds"]) - known
