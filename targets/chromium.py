@@ -41,7 +41,8 @@ from .web_support import HarnessServer, missing_npm_package
 # e.g. a desktop Chrome with a real GPU: the same harness, its real adapter, its real latency.
 BROWSER_ENDPOINT_ENV = "POLICY_MATRIX_BROWSER_ENDPOINT"  # DevTools endpoint of a running Chrome: ws://… or http://…
 BROWSER_PATH_ENV = "POLICY_MATRIX_BROWSER_PATH"  # a Chrome / Chromium executable to launch
-# Chromium's headless shell first where it is installed (Debian: chromium-headless-shell): the same Blink, V8,
+# Chromium's headless shell first where it is installed (Playwright's: `playwright install chromium-headless-shell`;
+# Debian's: chromium-headless-shell): the same Blink, V8,
 # ANGLE and Dawn as the full browser, and the headless browser Playwright itself launches, without the full
 # browser's window, tab strip and address bar, which its headless mode still builds for every page: the
 # browser process's CPU in a run of the three web targets fell from 2.4 to 0.9 s, the run's from 15.6 to
@@ -94,34 +95,71 @@ def playwright_missing() -> str | None:
 
 @functools.cache
 def chromium_executable() -> str | None:
-    """The user's --browser-path; else a Playwright-managed Chromium when one is installed, else the system Chromium."""
+    """The user's --browser-path; else a Playwright-managed Chromium when one is installed, its headless shell first,
+    else the system Chromium, its headless shell first."""
     if user_path := os.environ.get(BROWSER_PATH_ENV):
         return user_path
-    if playwright_missing() is None and _may_hold_managed_chromium():
-        from playwright.sync_api import sync_playwright
+    if playwright_missing() is None:
+        if shell := managed_headless_shell():
+            return shell
+        if _may_hold_managed_chromium():
+            from playwright.sync_api import sync_playwright
 
-        try:
-            with sync_playwright() as playwright:
-                managed = playwright.chromium.executable_path
-            if managed and Path(managed).exists():
-                return managed
-        except Exception:  # noqa: BLE001 — no managed browser is an ordinary answer
-            pass
+            try:
+                with sync_playwright() as playwright:
+                    managed = playwright.chromium.executable_path
+                if managed and Path(managed).exists():
+                    return managed
+            except Exception:  # noqa: BLE001 — no managed browser is an ordinary answer
+                pass
     return next((path for path in SYSTEM_CHROMIUM if Path(path).exists()), None) or shutil.which("chromium")
 
 
-def _may_hold_managed_chromium() -> bool:
-    """False when Playwright's browser folder (its default place: PLAYWRIGHT_BROWSERS_PATH unset) holds no
-    chromium-* install, so no Playwright driver (0.6-1.7 s) is started just to learn that none is there."""
-    if os.environ.get("PLAYWRIGHT_BROWSERS_PATH"):
-        return True
+def playwright_browsers_dir() -> Path:
+    """Where Playwright keeps the browsers it installs, by its registry's rule: PLAYWRIGHT_BROWSERS_PATH ("0": inside
+    its package; a relative one from the working folder), else ms-playwright in the user's cache folder."""
+    chosen = os.environ.get("PLAYWRIGHT_BROWSERS_PATH")
+    if chosen == "0":
+        return _playwright_package() / ".local-browsers"
+    if chosen:
+        return Path(os.environ.get("INIT_CWD") or os.getcwd(), chosen)  # an absolute `chosen` replaces the first part
     if sys.platform == "darwin":
         cache = Path.home() / "Library" / "Caches"
     elif sys.platform == "win32":
         cache = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
     else:
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return any((cache / "ms-playwright").glob("chromium-*"))
+    return cache / "ms-playwright"
+
+
+def _playwright_package() -> Path:
+    """The Playwright driver's package folder (its browsers.json, its .local-browsers)."""
+    import playwright
+
+    return Path(playwright.__file__).parent / "driver" / "package"
+
+
+def managed_headless_shell() -> str | None:
+    """Playwright's own headless shell (`playwright install chromium-headless-shell`, or `--only-shell`) at the
+    revision the installed Playwright drives, once its download completed: the folder and file names its registry
+    gives it (chromium_headless_shell-REVISION/chrome-headless-shell-PLATFORM/chrome-headless-shell). No driver is
+    started to find it: Playwright's API names only the full browser's path."""
+    try:
+        listed = json.loads((_playwright_package() / "browsers.json").read_text())["browsers"]
+        revision = next(browser["revision"] for browser in listed if browser["name"] == "chromium-headless-shell")
+    except (OSError, ValueError, KeyError, StopIteration):  # a Playwright without one: none to find
+        return None
+    folder = playwright_browsers_dir() / f"chromium_headless_shell-{revision}"
+    if not (folder / "INSTALLATION_COMPLETE").exists():
+        return None
+    found = sorted([*folder.glob("*/chrome-headless-shell"), *folder.glob("*/chrome-headless-shell.exe")])
+    return next((str(path) for path in found if path.is_file() and os.access(path, os.X_OK)), None)
+
+
+def _may_hold_managed_chromium() -> bool:
+    """False when Playwright's browser folder holds no chromium-* install, so no Playwright driver (0.6-1.7 s) is
+    started just to learn that none is there."""
+    return any(playwright_browsers_dir().glob("chromium-*"))
 
 
 @functools.cache
@@ -280,6 +318,19 @@ def _release_browser(key: tuple, browser, keep: bool) -> None:
         browser.close()  # the user's browser (--browser-endpoint): only disconnects
 
 
+# True once the page set window.harness up; once the page loaded without it, {said: what went wrong as the page saw
+# it}: index.html's first error (window.harnessFailure) and each file the server refused, the page itself included (a
+# 404 page is a page too); '' when it saw nothing (Chromium's own error page: the request got no answer at all).
+_HARNESS_LOADED = """() => {
+  if (window.harness !== undefined) return true;
+  if (document.readyState !== 'complete') return false;
+  const refused = [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')]
+    .filter((entry) => entry.responseStatus >= 400)
+    .map((entry) => `${new URL(entry.name).pathname} answered HTTP ${entry.responseStatus}`);
+  return { said: [window.harnessFailure, ...refused].filter(Boolean).join('; ') };
+}"""
+
+
 class HarnessPage:
     """A fresh context and page in this worker's browser (the user's, with --browser-endpoint)."""
 
@@ -287,14 +338,32 @@ class HarnessPage:
         self.browser_key = _browser_key()
         self.browser = _hold_browser(self.browser_key)
         self.answers: dict[tuple, object] = {}  # call_once's
+        self.unanswered: list[str] = []  # requests of the page that failed without an answer (read if it fails to load)
         try:
             self.server = HarnessServer()
             self.page = self._page_at(f"{self.server.origin}/harness/index.html")
-            self.page.wait_for_function("window.harness !== undefined")
-            self.versions = self.call("load", f"{self.server.origin}/ort/{bundle}", f"{self.server.origin}/ort/")
+            self._wait_for_harness()
+            self.versions = self._load(bundle)
         except BaseException:
             self.close()
             raise
+
+    def _wait_for_harness(self) -> None:
+        """Until the page has set window.harness up; a page that loaded without it fails at once in its own words (a
+        module that could not be fetched, an error thrown while setting up, the page itself missing), where waiting
+        for window.harness ran out Playwright's 30 s timeout and said only that. harness.mjs has no top-level await:
+        once the document is complete, its modules have run."""
+        outcome = self.page.wait_for_function(_HARNESS_LOADED).json_value()
+        if outcome is not True:
+            said = outcome["said"] or "; ".join(self.unanswered) or f"no window.harness at {self.page.url}"
+            raise RuntimeError(f"the web harness did not load: {said}")
+
+    def _load(self, bundle: str) -> dict:
+        """Import the ORT bundle in the page; one that cannot be fetched or throws as it is imported is named."""
+        try:
+            return self.call("load", f"{self.server.origin}/ort/{bundle}", f"{self.server.origin}/ort/")
+        except RuntimeError as error:
+            raise RuntimeError(f"onnxruntime-web's {bundle} did not load in the page: {error}") from None
 
     def _page_at(self, url: str):
         """A fresh context (self.context) and its one page, created at `url` by CDP's Target.createTarget.
@@ -307,6 +376,9 @@ class HarnessPage:
         try:
             known = set(cdp.send("Target.getBrowserContexts")["browserContextIds"])
             self.context = self.browser.new_context()
+            # A request that got no answer (the page itself: no error event in it says why) is kept for the load's failure.
+            self.context.on("requestfailed", lambda request: self.unanswered.append(
+                f"{urllib.parse.urlsplit(request.url).path}: {request.failure}"))
             # The one context id that appeared (only this thread makes contexts in a browser the worker launched;
             # in a user's browser another one appearing at this very moment fails this page rather than pick one).
             (context_id,) = set(cdp.send("Target.getBrowserContexts")["browserContextIds"]) - known

@@ -214,6 +214,21 @@ def test_a_trajectory_changing_the_side_input_along_its_steps_is_one_line(flagge
     assert "'deterministic' changes along the trajectory" in done.lines[0] and "--side-input" in done.lines[0]
 
 
+@pytest.mark.parametrize("recorded, words", [
+    (np.full(20, 0.5, np.float32), "expected true/false (or 1/0)"),
+    (np.full(20, 2, np.int64), "expected true/false (or 1/0)"),
+])
+def test_a_trajectory_recording_a_value_the_input_cannot_take_names_the_file_not_the_option(flagged, tmp_path,
+                                                                                            policy_matrix, recorded,
+                                                                                            words):
+    """The user gave no --side-input: the value is the trajectory's, and the line named the option all the same."""
+    np.savez(tmp_path / "trajectory.npz", obs=np.zeros((20, 3), np.float32), deterministic=recorded)
+    done = policy_matrix([flagged, "--out", tmp_path / "out", "--trajectory", tmp_path / "trajectory.npz"])
+    assert done.returncode == 2 and len(done.lines) == 1, done.lines[-3:]
+    assert done.lines[0] == (f"policy-matrix: error: {tmp_path / 'trajectory.npz'}: 'deterministic': {words}; input "
+                             "'deterministic' is bool [] (one value)")
+
+
 @pytest.mark.slow
 def test_a_trajectory_holding_the_only_value_of_the_side_input_gives_it(flagged, tmp_path, policy_matrix):
     """Without --side-input the recorded value is the value, as --obs takes it: fed on every step and in the rows."""

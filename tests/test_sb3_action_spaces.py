@@ -1,6 +1,8 @@
 """Stable-Baselines3's other action spaces, exported the documented way (the policy wrapped to call itself
 deterministically, torch.onnx.export with dynamo=False) from the framework's own interpreter, untrained.
 
+Discrete(2) (CartPole) exports ArgMax -> Cast -> Reshape into `action [N]` int64, which tract types as a TDim and
+its Python API cannot hand back: tract's own words, said at the session's first run, not at its opening.
 MultiDiscrete([3, 5]) exports one ArgMax per dimension, each Unsqueezed and Concatenated into `action [N, 2]`
 int64: every decision has its own margin, which the reference reads through the Concat, so a near tie in one
 dimension is a near tie, not a flip that every runtime shares. MultiBinary(4) exports `Round(Sigmoid(logits))`,
@@ -51,6 +53,10 @@ for name, action_space in (("multidiscrete", spaces.MultiDiscrete([3, 5])), ("mu
     model = PPO("MlpPolicy", Env(action_space), n_steps=8, batch_size=8, device="cpu", seed=0)
     th.onnx.export(OnnxablePolicy(model.policy), th.zeros(1, 6), f"{name}.onnx", opset_version=17, input_names=["obs"],
                    output_names=["action"], dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+
+cartpole = PPO("MlpPolicy", "CartPole-v1", device="cpu", seed=0)
+th.onnx.export(OnnxablePolicy(cartpole.policy), th.zeros(1, 4), "cartpole.onnx", opset_version=17, input_names=["obs"],
+               output_names=["action"], dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
 '''
 
 
@@ -104,3 +110,17 @@ def test_a_multibinary_policy_is_judged_by_agreement_not_by_a_drift_of_1(exporte
         assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
         (action,) = cell["parity"]
         assert action["kind"] == "discrete" and action["flips"] == 0, action
+
+
+def test_tract_refusing_to_hand_back_cartpoles_action_fails_at_the_first_run_not_at_opening(exported, tmp_path,
+                                                                                             policy_matrix):
+    """tract opens the export and runs it; reading the int64 action back fails ('Unsupported DatumType in the public
+    API TDim'). The cell said 'open', as if the model had not loaded. (tract 0.23.9; a release that hands the action
+    back PASSes here, and this test says so.)"""
+    done = policy_matrix(["run", exported / "cartpole.onnx", "--targets", "tract", "--variants", "fp32", "--iters", "5",
+                          "--warmup", "1", "--out", tmp_path])
+    (cell,) = json.loads((tmp_path / "results.json").read_text())["cells"]
+    assert done.returncode == 1 and cell["verdict"] == "FAIL", cell["reasons"]
+    assert cell["error"]["stage"] == "first run", cell["error"]
+    assert "Unsupported DatumType in the public API TDim" in cell["error"]["message"]
+    assert cell["reasons"][0].startswith("first run: ")

@@ -190,7 +190,7 @@ def column_inputs(policy: Path, timeout_s: float) -> source.ColumnInputs:
     """The column's share of a run: 16 observations beside the policy, 10 timed calls, no memory cap, no episodes."""
     path = policy.with_name("observations.npz")
     observations.save({"obs": np.random.default_rng(0).normal(size=(16, 3)).astype(np.float32)}, path)
-    return source.ColumnInputs(model_loader.load(policy), path, 0, 2, 10, timeout_s, None, None)
+    return source.ColumnInputs(model_loader.load(policy), path, 0, 2, 10, timeout_s, None, None, {})
 
 
 @pytest.mark.slow

@@ -193,3 +193,11 @@ def test_an_export_with_an_input_sb3_does_not_take_is_not_compared_and_says_whic
                                "export also takes deterministic, which the training policy does not: its answers "
                                "depend on what that is fed, so export parity cannot be measured here"]
     assert done.returncode == 0, done.stderr  # a column that cannot compare fails nothing
+
+    given = policy_matrix(["run", tmp_path / "ppo_flag.onnx", *FAST, "--out", tmp_path / "given", "--source",
+                           "sb3:ppo.zip", "--source-python", sb3_python, "--side-input", "deterministic=1"])
+    assert given.returncode == 0, given.stderr
+    assert source_cell(tmp_path / "given")["reasons"] == [
+        "not compared: SB3's policy takes its observation alone (obs, a Box of shape [3]); the export also takes "
+        "deterministic, which the training policy does not: the value given (deterministic = 1.0) goes to the export "
+        "alone and its answers depend on it, so export parity cannot be measured here"]

@@ -7,6 +7,7 @@ onnxruntime-web from web_harness/node_modules, and node. `make setup` (`policy-m
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from matrix.inputs import model as model_loader
 from matrix.run import variants as core_variants
 from targets import REGISTRY
 from targets.base import Artifact
-from targets import chromium
+from targets import chromium, web_support
 from targets.chromium import HarnessPage
 from targets.web_support import HarnessServer, missing_npm_package
 
@@ -260,6 +261,39 @@ def _own_browsers(flag: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.fixture
+def harness_copy(tmp_path, monkeypatch) -> Path:
+    """A temporary copy of the harness's page, served instead of the shipped one (which stays as it is)."""
+    shutil.copytree(web_support.HARNESS_DIR / "page", tmp_path / "page")
+    monkeypatch.setattr(web_support, "HARNESS_DIR", tmp_path)
+    return tmp_path / "page"
+
+
+@pytest.mark.parametrize("broken, words", [
+    ("tensors.mjs", "harness.mjs or a module it imports could not be fetched; /harness/tensors.mjs answered HTTP 404"),
+    ("harness.mjs", "Uncaught Error: no harness today (/harness/harness.mjs:1)"),
+    ("index.html", "/harness/index.html answered HTTP 404"),
+])
+def test_a_harness_that_fails_to_load_fails_its_page_at_once_in_the_pages_words(harness_copy, broken, words):
+    """Before: the page waited for window.harness until Playwright's 30 s timeout, for each cell of the target, and
+    said only 'Timeout 30000ms exceeded'."""
+    if broken == "harness.mjs":
+        (harness_copy / broken).write_text("throw new Error('no harness today');\n" + (harness_copy / broken).read_text())
+    else:
+        (harness_copy / broken).unlink()
+    with pytest.raises(RuntimeError) as failed:
+        HarnessPage("ort.wasm.min.mjs")
+    assert str(failed.value) == f"the web harness did not load: {words}"
+
+
+def test_an_ort_bundle_that_throws_as_it_is_imported_is_named(tmp_path, monkeypatch):
+    (tmp_path / "ort.wasm.min.mjs").write_text("throw new Error('not this bundle');\n")
+    monkeypatch.setattr(web_support, "ORT_WEB_DIST", tmp_path)
+    with pytest.raises(RuntimeError) as failed:
+        HarnessPage("ort.wasm.min.mjs")
+    assert str(failed.value) == "onnxruntime-web's ort.wasm.min.mjs did not load in the page: not this bundle"
+
+
 def test_a_dead_browser_costs_only_its_cells(monkeypatch, cache_dir):
     marker = "--window-size=801,601"  # tells this test's browser from the others open in this process
     monkeypatch.setattr(chromium, "CHROMIUM_FLAGS", [*chromium.CHROMIUM_FLAGS, marker])
@@ -391,7 +425,8 @@ def test_the_playwright_driver_keeps_its_compiled_code_in_the_cache_and_runs_wit
         assert folder.read_text() == "a file where the folder goes"
 
 
-@pytest.mark.skipif(not Path(chromium.DEBIAN_HEADLESS_SHELL).exists() or chromium._may_hold_managed_chromium(),
+@pytest.mark.skipif(not Path(chromium.DEBIAN_HEADLESS_SHELL).exists() or chromium.managed_headless_shell()
+                    or chromium._may_hold_managed_chromium(),
                     reason="Debian's chromium-headless-shell is not installed, or a Playwright-managed Chromium comes first")
 def test_the_headless_shell_runs_the_pages_where_installed_and_the_runtime_line_says_so(monkeypatch):
     """Chromium's headless shell before the full browser (targets/chromium.py), named as such in the report."""

@@ -39,33 +39,35 @@ def parse(specs: tuple[str, ...] | list[str]) -> Given:
     return given
 
 
-def conform(given: Given, model: ModelInfo) -> dict[str, np.ndarray]:
-    """Each value as its input takes it: the declared dtype and shape; InputError naming the input and what it expects."""
+def conform(given: Given, model: ModelInfo, given_by: str = OPTION) -> dict[str, np.ndarray]:
+    """Each value as its input takes it: the declared dtype and shape; InputError naming the input and what it expects,
+    after `given_by`, where the values come from (the option, or a trajectory's `PATH:` that recorded them)."""
     specs = {spec.name: spec for spec in model.inputs}
-    return {name: _conformed(name, value, specs, model) for name, value in given.items()}
+    return {name: _conformed(name, value, specs, model, given_by) for name, value in given.items()}
 
 
-def _conformed(name: str, value: object, specs: dict[str, TensorSpec], model: ModelInfo) -> np.ndarray:
+def _conformed(name: str, value: object, specs: dict[str, TensorSpec], model: ModelInfo, given_by: str) -> np.ndarray:
     spec = specs.get(name)
     whole = [n for n in specs if n not in model.batch_axes]
     if spec is None:
         these = f"its inputs fed whole are {whole}" if whole else "every input it has carries the batch"
-        raise InputError(f"{OPTION} {name[:100]!r}: the model has no such input; {these}")
+        raise InputError(f"{given_by} {name[:100]!r}: the model has no such input; {these}")
     if name in {pair.input for pair in model.state_pairs}:
-        raise InputError(f"{OPTION} {name!r}: a recurrent state input, carried from step to step (--initial-state starts it)")
+        raise InputError(f"{given_by} {name!r}: a recurrent state input, carried from step to step (--initial-state starts it)")
     if name in model.batch_axes:
-        raise InputError(f"{OPTION} {name!r}: this input carries the batch (axis {model.batch_axes[name]}), one value per "
+        raise InputError(f"{given_by} {name!r}: this input carries the batch (axis {model.batch_axes[name]}), one value per "
                          f"observation; a side input is fed whole (--batch-axis {name}=-1 says it is one)")
     expects = f"input {name!r} is {spec.dtype} {_shape_words(spec.shape)}"
-    array = _numbers(value, name, expects)
+    said = f"{given_by} {name!r}"
+    array = _numbers(value, said, expects)
     if not _fits(array.shape, spec.shape):
-        raise InputError(f"{OPTION} {name!r}: a value of shape {list(array.shape)}; {expects}")
+        raise InputError(f"{said}: a value of shape {list(array.shape)}; {expects}")
     if array.ndim != len(spec.shape):  # one number for a one-element input, `rng=0.5` for `rng [1]`
         array = array.reshape([1] * len(spec.shape))
-    return _cast(array, np.dtype(spec.dtype), name, expects)
+    return _cast(array, np.dtype(spec.dtype), said, expects)
 
 
-def _numbers(value: object, name: str, expects: str) -> np.ndarray:
+def _numbers(value: object, said: str, expects: str) -> np.ndarray:
     """The JSON value as an array of numbers or booleans (no strings, nulls, objects or ragged lists)."""
     try:
         array = np.asarray(value) if _numbers_only(value) else None
@@ -74,7 +76,7 @@ def _numbers(value: object, name: str, expects: str) -> np.ndarray:
     except ValueError:  # ragged nested lists
         array = None
     if array is None or array.dtype.kind not in "biuf":
-        raise InputError(f"{OPTION} {name!r}: expected a JSON number, true/false or nested lists of them "
+        raise InputError(f"{said}: expected a JSON number, true/false or nested lists of them "
                          f"(got {json.dumps(value)[:60]}); {expects}")
     return array
 
@@ -93,18 +95,18 @@ def _fits(shape: tuple[int, ...], declared: list) -> bool:
     return not shape and all(not isinstance(d, int) or d == 1 for d in declared)
 
 
-def _cast(array: np.ndarray, dtype: np.dtype, name: str, expects: str) -> np.ndarray:
+def _cast(array: np.ndarray, dtype: np.dtype, said: str, expects: str) -> np.ndarray:
     """Cast to the input's dtype, refusing what it cannot hold (2 for a flag, 0.5 for an integer, 300 for a uint8,
     a non-finite float): a silently changed value would judge the matrix on another input than the one said."""
     if array.dtype.kind == "f" and not np.isfinite(array).all():
-        raise InputError(f"{OPTION} {name!r}: holds a non-finite value; {expects}")
+        raise InputError(f"{said}: holds a non-finite value; {expects}")
     with np.errstate(over="ignore", invalid="ignore"):
         cast = array.astype(dtype)
     if dtype.kind in "biu" and not np.array_equal(cast.astype(np.float64), array.astype(np.float64)):
         wanted = "true/false (or 1/0)" if dtype.kind == "b" else f"whole numbers a {dtype} holds"
-        raise InputError(f"{OPTION} {name!r}: expected {wanted}; {expects}")
+        raise InputError(f"{said}: expected {wanted}; {expects}")
     if dtype.kind == "f" and not np.isfinite(cast).all():
-        raise InputError(f"{OPTION} {name!r}: beyond what a {dtype} holds; {expects}")
+        raise InputError(f"{said}: beyond what a {dtype} holds; {expects}")
     return cast
 
 

@@ -270,6 +270,7 @@ class ColumnInputs:
     timeout_s: float
     memory_limit: int | None
     rollout: rollouts.RolloutPlan | None
+    side_inputs: dict[str, np.ndarray]  # the values given to inputs fed whole (--side-input, a --trajectory's)
 
 
 def execute(spec: SourceSpec, inputs: ColumnInputs, folder: Path, on_stage) -> cells.CellOutcome:
@@ -284,6 +285,7 @@ def execute(spec: SourceSpec, inputs: ColumnInputs, folder: Path, on_stage) -> c
         "batch_axes": {spec.name: inputs.model.batch_axes[spec.name] for spec in batched(inputs.model)},
         "action_output": inputs.rollout.action_output if inputs.rollout else contract.action_output(inputs.model),
         "rollout": inputs.rollout.as_dict() if inputs.rollout else None, "warmup": inputs.warmup, "iters": inputs.iters,
+        "side_inputs": {name: value.tolist() for name, value in inputs.side_inputs.items()},
     }
     (folder / "source_spec.json").write_text(json.dumps(job_spec))
     # Without a checked process (its check hung), the column goes straight to loading, where its --timeout finds the hang.

@@ -115,9 +115,12 @@ class SourceJob:
         others = [name for name in names if name not in taken]
         if not others:
             return ""
+        # A value the user gave such an input (--side-input, a --trajectory's) is said: it was fed, to the export alone.
+        given = {name: np.asarray(value) for name, value in self.spec["side_inputs"].items() if name in others}
+        fed = (f"the value given ({observations.given_words(given)}) goes to the export alone and its answers depend on it"
+               if given else f"its answers depend on what {'that is' if len(others) == 1 else 'those are'} fed")
         return (f"not compared: SB3's policy takes {what}; the export also takes {', '.join(others)}, which the "
-                f"training policy does not: its answers depend on what {'that is' if len(others) == 1 else 'those are'} "
-                "fed, so export parity cannot be measured here")
+                f"training policy does not: {fed}, so export parity cannot be measured here")
 
     def _parity(self, runner: JsonLinesProcess) -> None:
         answers_file = self.folder / ANSWERS_FILE

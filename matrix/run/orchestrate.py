@@ -259,7 +259,7 @@ def _source_cell(config: RunConfig, host: str, obs_path: Path, chunk: int, judge
     from ..reference import source  # only with --source: a plain run does not import it on the way to its reference job
 
     inputs = source.ColumnInputs(config.model, obs_path, chunk, config.warmup, config.iters, config.timeout_s,
-                                 config.memory_limit, config.rollout)
+                                 config.memory_limit, config.rollout, config.side_inputs)
     judging = source.Judging(host, judge, evidence)
     console.print(f"[bold]source[/]: {escape(config.source.describe()['source'])} in {escape(config.source.python)}",
                   highlight=False)

@@ -218,7 +218,7 @@ def recorded_side_values(path: Path | None, model: ModelInfo, given: Feeds, limi
     for spec in wanted:
         if spec.name in recorded:
             found[spec.name] = _recorded_value(path, spec, recorded[spec.name]).tolist()
-    return side_values.conform(found, model)
+    return side_values.conform(found, model, given_by=f"{path}:")  # the user gave these in the file, not the option
 
 
 def _recorded_value(path: Path, spec: TensorSpec, recorded: np.ndarray) -> np.ndarray:

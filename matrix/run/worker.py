@@ -39,7 +39,19 @@ from ..inputs.contract import CONTRACT_BATCHES
 from ..judge.metrics import latency_stats
 from ..errors import error_line
 from .guarded import stage
-from .protocol import DONE, GO, OUTPUTS_FILE, START, TIMED, UNTIMED, CellSpec, Measurement, done_message, gate_message
+from .protocol import (
+    DONE,
+    FIRST_RUN,
+    GO,
+    OUTPUTS_FILE,
+    START,
+    TIMED,
+    UNTIMED,
+    CellSpec,
+    Measurement,
+    done_message,
+    gate_message,
+)
 from ..results import ArtifactInfo, CellError
 from ..judge.rules import workaround_note
 
@@ -154,7 +166,9 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
         gate(TIMED, measurement)
     started = time.perf_counter_ns()
     session = target.open(artifact, spec.threads, spec.settings)
+    measurement.stage = FIRST_RUN  # a failure from here is named so (its stage, gate and timeline stay "open")
     session.run(first_batch)
+    measurement.stage = "open"
     measurement.cold_start_ms = (time.perf_counter_ns() - started) / 1e6
     if timed_alone:
         gate(UNTIMED, measurement)

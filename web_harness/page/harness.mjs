@@ -1,6 +1,8 @@
 // Runs inside headless Chromium. Python (targets/ort_web.py) drives it through
 // window.harness: one ORT bundle per page, sessions keyed by a name, tensors in
 // and out as base64 bytes, latency taken here with performance.now().
+// No top-level await here: targets/chromium.py takes a document that completed loading without window.harness
+// for a harness that failed to load (index.html keeps why), so window.harness must be set as this module runs.
 
 import { bytesFromBase64, decodeFeeds, encodeOutputs, tensorRunner } from './tensors.mjs';
 
