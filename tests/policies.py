@@ -177,6 +177,21 @@ def close_call_discrete() -> onnx.ModelProto:
                   {"action_space": "discrete", "action_n": "2"})
 
 
+def cast_action_discrete() -> onnx.ModelProto:
+    """A discrete MLP whose action is ArgMax then Cast to int64, as torch writes SB3's CartPole action
+    (ArgMax -> Cast -> Reshape): tract types every Cast to int64 as its TDim."""
+    rng = np.random.default_rng(5)
+    inits = _weights(rng, "fc0", 4, 32) + _weights(rng, "head", 32, 3)
+    nodes = [
+        helper.make_node("Gemm", ["obs", "fc0_w", "fc0_b"], ["h0"]), helper.make_node("Tanh", ["h0"], ["a0"]),
+        helper.make_node("Gemm", ["a0", "head_w", "head_b"], ["logits"]),
+        helper.make_node("ArgMax", ["logits"], ["index"], axis=1, keepdims=0),
+        helper.make_node("Cast", ["index"], ["action"], to=TensorProto.INT64),
+    ]
+    action = helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])
+    return _model(nodes, [_float("obs", ["batch", 4])], [action], inits, {"action_space": "discrete", "action_n": "3"})
+
+
 def markup_names_mlp() -> onnx.ModelProto:
     """Valid ONNX whose input, tensor and node names carry HTML: onnx2tf writes its float
     files, but no SavedModel (so no signature, and no int8 from it)."""

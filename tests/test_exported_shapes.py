@@ -22,6 +22,7 @@ import targets
 from source_policies import cached_policies
 from matrix.run import action_range, rollouts
 from matrix.inputs import batch_axes, model, observations
+from matrix.reference import reference
 from matrix import messages
 from matrix.errors import InputError
 from matrix.inputs.graph_facts import StatePair
@@ -375,6 +376,58 @@ def test_tracts_reasons_are_its_own_words_without_the_rust_backtrace(tmp_path):
     with pytest.raises(RuntimeError) as raised:
         session.run({"float_input": np.ones((2, 4), np.float32)})  # dims unnamed: the plan is made for these shapes
     assert "Unimplemented(ZipMap)" in str(raised.value) and "backtrace" not in str(raised.value).lower()
+
+
+def test_tract_reads_an_action_cast_to_int64_back_as_the_int64_the_reference_computes(tmp_path):
+    """tract's ONNX loader types every Cast to int64 as its TDim, which its Python API does not hand back: a
+    discrete action ArgMax -> Cast FAILed 'Unsupported DatumType in the public API TDim' in any graph built so,
+    while an action straight from ArgMax (int64 too) passed. tract converts the TDim to int64 exactly."""
+    from targets.base import Artifact
+
+    path = policies.save(policies.cast_action_discrete(), tmp_path, "cast_action")
+    info = model.load(path)
+    feeds = observations.seeded(info, 64, 0)
+    with targets.get("tract").open(Artifact(path=path), 1) as session:
+        action = session.run(feeds)["action"]
+        assert "output 'action' converted to the declared int64" in session.backend().detail
+        assert len(session.time(feeds, 1, 3)) == 3  # a timed call reads the action back as run() does
+    expected = reference.compute(info, feeds, 0).outputs["action"]
+    assert action.dtype == np.int64 and len(np.unique(expected)) > 1
+    np.testing.assert_array_equal(action, expected)
+
+
+def _cast_to_int64_declared(tmp_path: Path, declared: int) -> Path:
+    """obs cast to int64, the output declared `declared`: a file onnx's checker refuses, which tract loads."""
+    import onnx
+    from onnx import TensorProto
+
+    graph = helper.make_graph([helper.make_node("Cast", ["obs"], ["action"], to=TensorProto.INT64)], "cast",
+                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 2])],
+                              [helper.make_tensor_value_info("action", declared, ["batch", 2])])
+    path = tmp_path / "cast.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_tract_refuses_to_read_back_an_int64_it_would_have_to_change_to_fit_the_declared_type(tmp_path):
+    from onnx import TensorProto
+    from targets.base import Artifact
+
+    with targets.get("tract").open(Artifact(path=_cast_to_int64_declared(tmp_path, TensorProto.UINT8)), 1) as session:
+        np.testing.assert_array_equal(session.run({"obs": np.array([[0, 255]], np.float32)})["action"], [[0, 255]])
+        with pytest.raises(RuntimeError, match="as int64, 2 of its 4 values do not fit the declared uint8"):
+            session.run({"obs": np.array([[-1, 2], [256, 3]], np.float32)})
+
+
+def test_tract_says_so_where_an_output_it_holds_as_tdim_is_declared_no_integer_type(tmp_path):
+    from onnx import TensorProto
+    from targets.base import Artifact
+
+    with targets.get("tract").open(Artifact(path=_cast_to_int64_declared(tmp_path, TensorProto.FLOAT)), 1) as session:
+        with pytest.raises(RuntimeError) as raised:
+            session.run({"obs": np.ones((1, 2), np.float32)})
+    assert str(raised.value) == ("output 'action': Unsupported DatumType in the public API TDim; the graph declares it "
+                                 "float32, not an integer type to read it back as")
 
 
 def test_an_input_that_is_also_an_output_runs_on_tract(tmp_path, policy_matrix):

@@ -27,8 +27,8 @@ STAGES = ("prepare", "open", "contract", "parity", "rollout", "latency", "placem
 STAGES_AFTER_PARITY = ("rollout", "latency", "placement")  # failing here keeps the parity measured before
 DONE = "done"  # the worker finished every stage
 # Within "open": the cold start's first call of the session just opened. A failure there is the runtime running the
-# model (tract returning an int64 action as a TDim its Python API cannot hand back), not loading it; only a failure
-# is named so: the gate, the timeline and a timeout keep the stage "open", which times the two together.
+# model, not loading it; only a failure is named so: the gate, the timeline and a timeout keep the stage "open", which
+# times the two together.
 FIRST_RUN = "first run"
 SERVICE = "service"  # the core's own stage: a run-scoped service (one browser) the cell needs
 
