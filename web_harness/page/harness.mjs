@@ -158,4 +158,3 @@ function reporting(fn) {
 window.harness = Object.fromEntries(
   Object.entries({ load, probe, startRuntime, open, run, time, bareLoop, release }).map(([name, fn]) => [name, reporting(fn)]),
 );
-window.harnessReady = true;
