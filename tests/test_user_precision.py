@@ -153,6 +153,33 @@ def test_an_fp16_variant_of_an_fp16_model_is_not_made_in_the_tools_words(tmp_pat
     assert variants.split_errors(errors) == ({}, errors)
 
 
+@pytest.mark.parametrize(("make", "evidence"), [
+    (user_dynamic_int8, "6 quantization ops (DynamicQuantizeLinear, MatMulInteger)"),
+    (variant_policies.user_qdq_int8, "18 quantization ops (DequantizeLinear, QuantizeLinear)")])
+def test_an_fp16_variant_of_an_int8_model_is_not_made_as_its_int8_variant_is_not(tmp_path, make, evidence):
+    """A QDQ model's fp16 variant SKIPped under 'the tool could not make the fp16 variant' after the mixed-precision
+    search failed (DequantizeLinear takes float32 scales only before opset 19), while its int8 variant was 'not made';
+    a dynamic int8 model got an 'fp16' variant: its float remainder halved around the user's int8 arithmetic."""
+    from matrix.run import variants
+
+    paths, errors = variants.produce_all(model.load(make(tmp_path)), ["fp16", "int8"], tmp_path / "variants")
+    assert set(paths) == {"fp32"}
+    assert errors["fp16"] == (f"not made: the model is already int8 ({evidence}), below fp16, so fp16 conversion is not "
+                              "tried: the fp32 cell runs that int8 model as given")
+    assert errors["int8"].startswith("not made: ") and variants.split_errors(errors) == ({}, errors)
+
+
+def test_a_qdq_models_variants_are_said_as_decisions_not_as_the_tools_failure(tmp_path, policy_matrix):
+    out = tmp_path / "out"
+    done = policy_matrix(["run", variant_policies.user_qdq_int8(tmp_path), "--targets", "ort-cpu", *FAST[:-1],
+                          "fp32,fp16,int8", "--out", out])
+    assert done.returncode == 0, done.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["variant_errors"] == {} and set(results["variants_not_made"]) == {"fp16", "int8"}
+    for said in (done.stderr, (out / "index.html").read_text(), (out / "summary.md").read_text()):
+        assert "could not make" not in said.lower() and "already int8" in said
+
+
 def test_a_variant_with_nothing_to_make_is_said_as_a_decision_not_as_the_tools_failure(tmp_path, policy_matrix):
     """An fp16 model's own fp16 variant SKIPped under a red 'The tool could not make the fp16 variant — the tool's
     problem' (terminal, report, summary), though not converting a model already fp16 is a decision. The precision

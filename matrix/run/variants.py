@@ -24,7 +24,9 @@ an fp16 file holding no float16 weight the original did not (a float64 model). A
 file in which nothing was quantized is not int8 either (`quantization`). A model its user already made fp16
 or int8 is not converted again (`NothingToMake`): its fp32 cell is that model as given, and not making the
 variant is the run's decision, not the tool failing; its reason starts with "not made: " (`split_errors`), so
-the run and the report say it as a note, never under the tool's failure banner.
+the run and the report say it as a note, never under the tool's failure banner. An int8 model gets no fp16
+variant either: it computes below fp16 already (and a QDQ model before opset 19 cannot even be halved:
+DequantizeLinear takes float32 scales only there, and the converter's search failed on it under the failure banner).
 
 A run makes fp32 itself (a copy of the loaded model: nothing is evaluated) and
 each other variant in its own guarded process (`produce_guarded`, see
@@ -63,7 +65,7 @@ from ..outdir import write_atomic, write_atomic_with
 from targets.base import NOT_MADE
 from targets.paths import cache_dir
 
-RECIPE = "fp16-keep-io-cast-io-or-blocked-halved-own-shapes/int8-dynamic-u8u8-beyond-own/validated"  # part of the cache key: change it when a recipe changes
+RECIPE = "fp16-keep-io-cast-io-or-blocked-halved-own-shapes-none-of-int8/int8-dynamic-u8u8-beyond-own/validated"  # part of the cache key: change it when a recipe changes
 MAX_BLOCKED_NODES = 8  # how many nodes the fp16 mixed-precision search keeps in fp32 before it gives up
 
 
@@ -233,6 +235,9 @@ def _fp16(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     if precision == "fp16":  # onnxconverter-common refuses any graph holding float16, in its own words
         raise NothingToMake(f"fp16 conversion converted nothing to float16 beyond the model's own ({evidence}): the fp32 "
                            "cell runs that fp16 model as given")
+    if precision == "int8":  # halving what an int8 graph keeps in float makes no fp16 policy of it
+        raise NothingToMake(f"the model is already int8 ({evidence}), below fp16, so fp16 conversion is not tried: the "
+                           "fp32 cell runs that int8 model as given")
     source = named_nodes(model.proto)
     blocked, first_error = list(keep_fp32), None
     for _ in range(MAX_BLOCKED_NODES + 2):
