@@ -9,7 +9,7 @@ import pytest
 
 from saved import FIXTURES
 from matrix import results as schema
-from matrix.decide.compare import DRIFT_NOISE_FLOOR, Thresholds, absent_hosts, compare
+from matrix.decide.compare import DRIFT_NOISE_FLOOR, Thresholds, compare, coverage
 from matrix.errors import InputError
 from matrix.decide.merge import merge
 from matrix.results import Backend, LatencyStats, Placement
@@ -140,12 +140,61 @@ def test_a_baseline_host_missing_from_the_current_run_is_said_not_compared(shard
     """A nightly whose macOS shard produced nothing: the Linux cells compare, and the macOS ones were not compared,
     which 'no regressions' alone does not say."""
     both = _save(merge([_save(shard, tmp_path / "linux"), _save(_on_host(shard, "mac"), tmp_path / "mac")]), tmp_path / "merged")
-    assert absent_hosts(schema.load(both / "results.json"), shard) == {"mac": len(shard.cells)}
+    assert coverage(schema.load(both / "results.json"), shard).absent_hosts == {"mac": len(shard.cells)}
     done = policy_matrix(["compare", "--baseline", both, "--current", tmp_path / "linux"])
     assert done.returncode == 0, done.stderr
     assert done.lines == [f"not compared: host mac ({len(shard.cells)} cells in the baseline) has no cell in the current run",
                           "no regressions"]
     assert policy_matrix(["compare", "--baseline", tmp_path / "linux", "--current", tmp_path / "linux"]).lines == ["no regressions"]
+
+
+def test_a_nightly_whose_macos_shard_never_came_says_so_in_its_summary_and_report(shard, tmp_path, policy_matrix):
+    """The macOS runner failed and uploaded nothing: the merge of Linux alone against last night's merged results said
+    'not compared: host mac' on the merge step's console only; the job summary and the report read as a full, quiet
+    night with fewer cells."""
+    last_night = _save(merge([_save(shard, tmp_path / "linux"), _save(_on_host(shard, "mac"), tmp_path / "mac")]), tmp_path / "last")
+    done = policy_matrix(["merge", tmp_path / "linux", "--out", tmp_path / "tonight", "--baseline", last_night, "--fail-on", "never"])
+    assert done.returncode == 0, done.stderr
+    said = f"not compared: host mac ({len(shard.cells)} cells in the baseline) has no cell in the current run"
+    assert said in done.lines
+    tonight = tmp_path / "tonight"
+    assert f"- {said}" in (tonight / "summary.md").read_text()
+    assert f"compared with the baseline: {len(shard.cells)} cells, and not all of it" in (tonight / "summary.md").read_text()
+    assert f"<li>{said}</li>" in (tonight / "index.html").read_text()
+    recorded = schema.load(tonight / "results.json").baseline
+    assert (recorded.compared, recorded.absent_hosts, recorded.refused) == (len(shard.cells), {"mac": len(shard.cells)}, "")
+
+
+def test_cells_only_one_side_ran_are_named_not_compared_or_new(shard):
+    """A target gone from tonight's shard (its setup broke) vanished from the comparison without a word."""
+    fp32_only = shard.model_copy(deep=True)
+    fp32_only.cells = [cell for cell in fp32_only.cells if cell.variant == "fp32"]
+    host = shard.cells[0].host
+    gone = coverage(shard, fp32_only)
+    assert (gone.compared, gone.only_in_baseline, gone.only_in_current) == (1, [f"{host} ort-cpu fp16"], [])
+    assert gone.lines() == [f"not compared: 1 cell of the baseline not in the current run: {host} ort-cpu fp16"]
+    new = coverage(fp32_only, shard)
+    assert new.lines() == [f"new since the baseline (nothing to compare with): 1 cell: {host} ort-cpu fp16"]
+    assert coverage(shard, shard).lines() == []
+
+
+def test_a_nightly_after_a_model_change_notes_the_baseline_instead_of_failing_every_night(shard, tmp_path, policy_matrix):
+    """The nightly compares with the last successful nightly. Once the policy changed, every merge exited 2 on 'compare
+    runs of the same model', no nightly succeeded again, and the baseline stayed the old model's for good. With
+    --baseline-mismatch note the report says why nothing was compared and the night stands on its own."""
+    old_model = shard.model_copy(deep=True)
+    old_model.model = {**old_model.model, "name": "policy_v1.onnx", "sha256": "f" * 64}
+    baseline = _save(old_model, tmp_path / "last")
+    tonight = _save(shard, tmp_path / "linux")
+    refused = policy_matrix(["merge", tonight, "--out", tmp_path / "refused", "--baseline", baseline])
+    assert refused.returncode == 2 and "compare runs of the same model" in refused.stderr
+    done = policy_matrix(["merge", tonight, "--out", tmp_path / "noted", "--baseline", baseline, "--baseline-mismatch", "note"])
+    assert done.returncode == 0, done.stderr
+    recorded = schema.load(tmp_path / "noted" / "results.json").baseline
+    assert recorded.compared == 0 and recorded.refused.startswith("the baseline measured 'policy_v1.onnx' (ffffffffffff)")
+    summary = (tmp_path / "noted" / "summary.md").read_text()
+    assert "### ⚠️ not compared with the baseline" in summary and "policy\\_v1.onnx" in summary
+    assert "not compared with the baseline: the baseline measured" in done.lines[-2]
 
 
 def test_runs_of_another_model_are_refused(shard):
