@@ -135,7 +135,7 @@ def run(model: Path, as_json: bool, **values) -> None:
     ending = args.ENDING.parse(values)
     config = args.run_config(model, values)
     outdir.claim(config.out, "--resume" if config.resume else "--out")
-    baseline = _baseline(ending["baseline"])  # a bad one fails first
+    baseline = _baseline(ending)  # a bad one fails first
     with lock_out(config.out):
         try:
             results = run_matrix(config, console)
@@ -148,14 +148,21 @@ def run(model: Path, as_json: bool, **values) -> None:
         _finish(results, config.out, ending, baseline, as_json, own_run=True)
 
 
-def _baseline(path: Path | None):
-    """--baseline's results (a results.json or its folder), or None; merge's modules only when one is given."""
-    if path is None:
+def _baseline(ending: dict):
+    """--baseline's results (a results.json or its folder), or None; merge's modules only when one is given. With
+    --baseline-mismatch note, one that cannot be read (a truncated download, another schema version) is the words
+    why: the run goes on, and its report says why nothing was compared."""
+    if ending["baseline"] is None:
         return None
     from .. import results as schema
     from ..decide.merge import shard_path as merge_shard_path
 
-    return schema.load(merge_shard_path(path))
+    try:
+        return schema.load(merge_shard_path(ending["baseline"]))
+    except InputError as unreadable:
+        if ending["baseline_mismatch"] != "note":
+            raise
+        return str(unreadable)
 
 
 @app.command()
@@ -169,7 +176,7 @@ def merge(shards, out, **values):
     from ..run.orchestrate import lock_out
 
     ending = args.ENDING.parse(values)
-    baseline = _baseline(ending["baseline"])
+    baseline = _baseline(ending)
     merged = merge_shards(list(shards), ending["allow_different_inputs"], out)
     merged.decision = Request.recorded(merged.run_options).decide(merged)  # the first shard's budgets, over every host's cells
     with lock_out(outdir.claim(out)):  # never replace the report of a run still writing there
@@ -265,6 +272,9 @@ def _compare_with_baseline(results, out: Path, baseline, ending: dict) -> None:
     from ..report.report import write_all
     from ..results import BaselineCoverage
 
+    if isinstance(baseline, str):  # unreadable, noted (_baseline)
+        results.baseline = BaselineCoverage(compared=0, refused=baseline)
+        return
     try:
         results.regressions = compare_results(baseline, results, ending["thresholds"], ending["allow_different_inputs"])
     except InputError as refused:

@@ -55,7 +55,7 @@ SIDE_INPUT_OPTION = click.option(
 )
 BASELINE_MISMATCH_OPTION = click.option(
     "--baseline-mismatch", type=click.Choice(("refuse", "note")), default="refuse", show_default=True,
-    help="A --baseline that cannot be compared (another model, no host in common, other inputs or judging): refuse it "
+    help="A --baseline that cannot be read or compared (another model, no host in common, other inputs or judging): refuse it "
          "(exit 2), or note it: the report and summary.md say why nothing was compared and the run is judged on its own "
          "(a nightly whose model or options changed, so that its next night compares with this one)."
 )

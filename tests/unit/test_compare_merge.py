@@ -511,3 +511,19 @@ def test_the_compare_command_exits_2_with_one_line(shard, tmp_path, capsys, monk
     assert ended.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("policy-matrix: error:") and "observations (sha256)" in error[0]
+
+
+def test_an_unreadable_baseline_is_noted_too_or_refused_first(shard, tmp_path, policy_matrix):
+    """A truncated download of last night's results: refused it fails the merge (exit 2) before anything is written,
+    and with --baseline-mismatch note it is said like another model's, the night judged on its own."""
+    truncated = tmp_path / "last" / "results.json"
+    truncated.parent.mkdir()
+    truncated.write_text(SHARD.read_text()[:2000])
+    tonight = _save(shard, tmp_path / "linux")
+    refused = policy_matrix(["merge", tonight, "--out", tmp_path / "refused", "--baseline", truncated])
+    assert refused.returncode == 2 and "not JSON" in refused.stderr and not (tmp_path / "refused").exists()
+    done = policy_matrix(["merge", tonight, "--out", tmp_path / "noted", "--baseline", truncated.parent,
+                          "--baseline-mismatch", "note"])
+    assert done.returncode == 0, done.stderr
+    recorded = schema.load(tmp_path / "noted" / "results.json").baseline
+    assert recorded.compared == 0 and recorded.refused.startswith(f"{truncated}: not JSON")
