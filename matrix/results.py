@@ -313,6 +313,11 @@ class BaselineCoverage(Record):
     only_in_current: list[str] = Field(default_factory=list)  # new since the baseline: nothing to compare them with
     refused: str = ""  # why nothing was compared
 
+    @property
+    def whole(self) -> bool:
+        """Every cell of the baseline was compared (cells new since then may be listed: they lose nothing)."""
+        return not (self.refused or self.absent_hosts or self.only_in_baseline)
+
     def lines(self) -> list[str]:
         """One line per gap, in words, for the console, summary.md and the report."""
         if self.refused:

@@ -362,11 +362,9 @@ def _baseline_markdown(covered: BaselineCoverage | None) -> list[str]:
         return []
     if covered.refused:
         return ["### ⚠️ not compared with the baseline", "", md(covered.refused), ""]
-    gaps = covered.lines()
     said = f"compared with the baseline: {covered.compared} cell{'s' if covered.compared != 1 else ''}"
-    if not gaps:
-        return [said, ""]
-    return [f"### ⚠️ {said}, and not all of it", ""] + [f"- {md(line)}" for line in gaps] + [""]
+    head = [said, ""] if covered.whole else [f"### ⚠️ {said}, and not all of it", ""]
+    return head + [f"- {md(line)}" for line in covered.lines()] + ([""] if covered.lines() else [])
 
 
 def _why(cell: Cell) -> list[str]:

@@ -527,3 +527,15 @@ def test_an_unreadable_baseline_is_noted_too_or_refused_first(shard, tmp_path, p
     assert done.returncode == 0, done.stderr
     recorded = schema.load(tmp_path / "noted" / "results.json").baseline
     assert recorded.compared == 0 and recorded.refused.startswith(f"{truncated}: not JSON")
+
+
+def test_cells_new_since_the_baseline_are_listed_without_the_warning(shard, tmp_path, policy_matrix):
+    """A target added tonight loses nothing of the baseline: listed, not flagged as a gap in the comparison."""
+    fp32_only = shard.model_copy(deep=True)
+    fp32_only.cells = [cell for cell in fp32_only.cells if cell.variant == "fp32"]
+    done = policy_matrix(["merge", _save(shard, tmp_path / "tonight"), "--out", tmp_path / "merged",
+                          "--baseline", _save(fp32_only, tmp_path / "last")])
+    assert done.returncode == 0, done.stderr
+    summary = (tmp_path / "merged" / "summary.md").read_text()
+    assert "compared with the baseline: 1 cell\n\n- new since the baseline (nothing to compare with): 1 cell:" in summary
+    assert "⚠️" not in summary and "Every cell of the baseline was compared." in (tmp_path / "merged" / "index.html").read_text()
