@@ -539,3 +539,21 @@ def test_cells_new_since_the_baseline_are_listed_without_the_warning(shard, tmp_
     summary = (tmp_path / "merged" / "summary.md").read_text()
     assert "compared with the baseline: 1 cell\n\n- new since the baseline (nothing to compare with): 1 cell:" in summary
     assert "⚠️" not in summary and "Every cell of the baseline was compared." in (tmp_path / "merged" / "index.html").read_text()
+
+
+def test_cells_the_baseline_measured_that_skip_now_are_named_with_why(shard, tmp_path, policy_matrix):
+    """tract's wheel broken on tonight's runner: its cells SKIP ('the tract package is not installed'), SKIP has no
+    verdict, drift or latency to compare, and the merge said 'no regressions' and nothing more."""
+    tonight = shard.model_copy(deep=True)
+    why = "the onnxruntime package is not installed: run `policy-matrix setup core`"
+    skipped = _cell(tonight, "fp16")
+    skipped.verdict, skipped.reasons, skipped.parity, skipped.latency = "SKIP", [why], [], []
+    host = shard.cells[0].host
+    assert coverage(shard, tonight).skipped_now == {f"{host} ort-cpu fp16": why}
+    done = policy_matrix(["merge", _save(tonight, tmp_path / "tonight"), "--out", tmp_path / "merged",
+                          "--baseline", _save(shard, tmp_path / "last")])
+    assert done.returncode == 0, done.stderr
+    said = f"not compared: 1 cell the baseline measured SKIP now: {host} ort-cpu fp16 ({why})"
+    assert said in done.lines
+    assert "### ⚠️ compared with the baseline: 2 cells, and not all of it" in (tmp_path / "merged" / "summary.md").read_text()
+    assert coverage(tonight, shard).skipped_now == {}  # measured again: compared as usual
