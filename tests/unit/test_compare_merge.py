@@ -557,3 +557,16 @@ def test_cells_the_baseline_measured_that_skip_now_are_named_with_why(shard, tmp
     assert said in done.lines
     assert "### ⚠️ compared with the baseline: 2 cells, and not all of it" in (tmp_path / "merged" / "summary.md").read_text()
     assert coverage(tonight, shard).skipped_now == {}  # measured again: compared as usual
+
+
+def test_a_shard_folder_of_a_run_that_never_finished_is_named_so(shard, tmp_path, policy_matrix):
+    """A runner killed mid-run leaves results.jsonl (its finished cells) and no results.json: the merge said
+    'results.json: no such results file', as if the folder were the wrong one."""
+    killed = tmp_path / "macos"
+    killed.mkdir()
+    (killed / "results.jsonl").write_text(shard.cells[0].model_dump_json() + "\n")
+    done = policy_matrix(["merge", _save(shard, tmp_path / "linux"), killed, "--out", tmp_path / "merged"])
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"policy-matrix: error: {killed}: its run did not finish (results.jsonl, no results.json): "
+                                   f"`policy-matrix run MODEL --resume {killed}` with the options it ran with runs its "
+                                   "missing cells, or leave it out")
