@@ -302,6 +302,56 @@ class Regression(Record):
         return f"{self.host} {self.target} {where} [{self.kind}] {self.detail}"
 
 
+class BaselineCoverage(Record):
+    """What a comparison with a baseline covered: 'no regressions' holds only for the cells compared. A baseline host
+    the run has no cell of (a nightly shard that never arrived), cells only one side ran, or why nothing was compared
+    (a baseline of another model or inputs, taken as a note by --baseline-mismatch note)."""
+
+    compared: int = Field(ge=0)
+    absent_hosts: dict[str, int] = Field(default_factory=dict)  # a baseline host with no cell now -> its baseline cells
+    only_in_baseline: list[str] = Field(default_factory=list)  # "host target variant" of the hosts present in both
+    only_in_current: list[str] = Field(default_factory=list)  # new since the baseline: nothing to compare them with
+    # cells the baseline measured that SKIP now (a runtime broken on tonight's runner) -> the reason they SKIP
+    skipped_now: dict[str, str] = Field(default_factory=dict)
+    refused: str = ""  # why nothing was compared
+
+    @property
+    def whole(self) -> bool:
+        """Every cell of the baseline was compared (cells new since then may be listed: they lose nothing)."""
+        return not (self.refused or self.absent_hosts or self.only_in_baseline or self.skipped_now)
+
+    def lines(self) -> list[str]:
+        """One line per gap, in words, for the console, summary.md and the report."""
+        if self.refused:
+            return [f"not compared with the baseline: {self.refused}"]
+        found = [f"not compared: host {host} ({cells} cell{'s' if cells > 1 else ''} in the baseline) has no cell in the "
+                 "current run" for host, cells in self.absent_hosts.items()]
+        if self.only_in_baseline:
+            found.append(f"not compared: {_counted(self.only_in_baseline)} of the baseline not in the current run: "
+                         f"{_listed(self.only_in_baseline)}")
+        for why, cells in _by_reason(self.skipped_now).items():
+            found.append(f"not compared: {_counted(cells)} the baseline measured SKIP now: {_listed(cells)} ({why})")
+        if self.only_in_current:
+            found.append(f"new since the baseline (nothing to compare with): {_counted(self.only_in_current)}: "
+                         f"{_listed(self.only_in_current)}")
+        return found
+
+
+def _by_reason(skipped: dict[str, str]) -> dict[str, list[str]]:
+    cells: dict[str, list[str]] = {}
+    for cell, why in skipped.items():
+        cells.setdefault(why, []).append(cell)
+    return cells
+
+
+def _counted(cells: list[str]) -> str:
+    return f"{len(cells)} cell{'s' if len(cells) > 1 else ''}"
+
+
+def _listed(cells: list[str], shown: int = 8) -> str:
+    return ", ".join(cells[:shown]) + (f" and {len(cells) - shown} more" if len(cells) > shown else "")
+
+
 class Interruption(Record):
     """A run stopped before its last cell (Ctrl-C or SIGTERM): the report holds the finished cells."""
 
@@ -324,6 +374,7 @@ class RunResults(Record):
     lints: list[LintResult]
     cells: list[Cell]
     regressions: list[Regression] = Field(default_factory=list)  # filled when compared with a baseline
+    baseline: BaselineCoverage | None = None  # with a baseline: what was compared, what could not be
     # variants the tool itself could not make (its problem, reported once; their cells are SKIP)
     variant_errors: dict[str, str] = Field(default_factory=dict)
     # variants the run did not make, the model as given being that precision already (a decision; cells SKIP with why)

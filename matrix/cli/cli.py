@@ -135,7 +135,7 @@ def run(model: Path, as_json: bool, **values) -> None:
     ending = args.ENDING.parse(values)
     config = args.run_config(model, values)
     outdir.claim(config.out, "--resume" if config.resume else "--out")
-    baseline = _baseline(ending["baseline"])  # a bad one fails first
+    baseline = _baseline(ending)  # a bad one fails first
     with lock_out(config.out):
         try:
             results = run_matrix(config, console)
@@ -145,18 +145,24 @@ def run(model: Path, as_json: bool, **values) -> None:
         results.decision = config.decision.decide(results)
         results.required_not_run = [name for name in config.required
                                      if all(c.verdict == "SKIP" for c in results.cells if c.target == name)]
-        _finish(results, config.out, ending["fail_on"], baseline, ending["thresholds"], as_json,
-                ending["allow_different_inputs"], own_run=True)
+        _finish(results, config.out, ending, baseline, as_json, own_run=True)
 
 
-def _baseline(path: Path | None):
-    """--baseline's results (a results.json or its folder), or None; merge's modules only when one is given."""
-    if path is None:
+def _baseline(ending: dict):
+    """--baseline's results (a results.json or its folder), or None; merge's modules only when one is given. With
+    --baseline-mismatch note, one that cannot be read (a truncated download, another schema version) is the words
+    why: the run goes on, and its report says why nothing was compared."""
+    if ending["baseline"] is None:
         return None
     from .. import results as schema
     from ..decide.merge import shard_path as merge_shard_path
 
-    return schema.load(merge_shard_path(path))
+    try:
+        return schema.load(merge_shard_path(ending["baseline"]))
+    except InputError as unreadable:
+        if ending["baseline_mismatch"] != "note":
+            raise
+        return str(unreadable)
 
 
 @app.command()
@@ -170,12 +176,11 @@ def merge(shards, out, **values):
     from ..run.orchestrate import lock_out
 
     ending = args.ENDING.parse(values)
-    baseline = _baseline(ending["baseline"])
+    baseline = _baseline(ending)
     merged = merge_shards(list(shards), ending["allow_different_inputs"], out)
     merged.decision = Request.recorded(merged.run_options).decide(merged)  # the first shard's budgets, over every host's cells
     with lock_out(outdir.claim(out)):  # never replace the report of a run still writing there
-        _finish(merged, out, ending["fail_on"], baseline, ending["thresholds"],
-                allow_different_inputs=ending["allow_different_inputs"])
+        _finish(merged, out, ending, baseline)
 
 
 @app.command()
@@ -189,6 +194,7 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_d
     """Regressions of CURRENT against BASELINE, per cell (exit 1 if any)."""
     from .. import results as schema
     from ..decide.compare import compare as compare_results
+    from ..decide.compare import coverage
     from ..decide.merge import shard_path as merge_shard_path
 
     before, after = schema.load(merge_shard_path(baseline)), schema.load(merge_shard_path(current))
@@ -197,14 +203,13 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_d
         _print_json([regression.model_dump(mode="json") for regression in found])
     else:
         _print_regressions(found)
-        _print_absent_hosts(before, after)
+        _print_coverage(coverage(before, after))
         if not found:
             console.print("[green]no regressions[/]")
     sys.exit(1 if found else 0)
 
 
-def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: bool = False,
-            allow_different_inputs: bool = False, own_run: bool = False) -> None:
+def _finish(results, out: Path, ending: dict, baseline, as_json: bool = False, own_run: bool = False) -> None:
     """Compare with the baseline, write the report, print the tally and exit with the verdict (130/143 when
     this run itself was interrupted; an interrupted shard in a merge is shown in the report, not the exit code;
     a `--require`d target that did not run, of this run or of a merged shard, exits 1)."""
@@ -213,13 +218,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: boo
     from ..report.report import write_all
 
     if baseline is not None:
-        from ..decide.compare import compare as compare_results  # only with a baseline: a plain run never compares
-
-        try:
-            results.regressions = compare_results(baseline, results, thresholds, allow_different_inputs)
-        except InputError:  # refused (different inputs): the run's own report is still written
-            write_all(results, out)
-            raise
+        _compare_with_baseline(results, out, baseline, ending)
     try:
         index = write_all(results, out)
     except OSError as error:  # a full disk: the earlier report stays whole (files are replaced atomically)
@@ -232,8 +231,8 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: boo
     for line in summary_lines(results):
         console.print(escape(line), highlight=False)
     _print_regressions(results.regressions)
-    if baseline is not None:
-        _print_absent_hosts(baseline, results)
+    if results.baseline is not None:
+        _print_coverage(results.baseline)
     console.print(f"report: [bold]{escape(str(index))}[/]")
     if as_json:
         _print_json({"report": str(index), "counts": counts, "observations": results.model.get("observation_source"),
@@ -241,6 +240,7 @@ def _finish(results, out: Path, fail_on: str, baseline, thresholds, as_json: boo
                      "decision": [decision.model_dump(mode="json") for decision in results.decision]})
     if own_run and results.interrupted is not None:
         sys.exit(143 if results.interrupted.signal == "SIGTERM" else 130)
+    fail_on = ending["fail_on"]
     threshold = {"fail": ("FAIL",), "warn": ("FAIL", "WARN"), "skip": ("FAIL", "SKIP"), "never": ()}[fail_on]
     failed = [c.verdict for c in results.cells if c.verdict in threshold]
     for name in results.required_not_run:  # an error: said even under -q, which silences the console
@@ -264,12 +264,31 @@ def _print_regressions(found) -> None:
         console.print(f"[red]regression[/] {escape(str(regression))}", highlight=False)
 
 
-def _print_absent_hosts(baseline, current) -> None:
-    from ..decide.compare import absent_hosts
+def _compare_with_baseline(results, out: Path, baseline, ending: dict) -> None:
+    """Regressions against the baseline and what was compared (results.baseline). A baseline that cannot be compared
+    is refused (exit 2; the run's own report is still written), or with --baseline-mismatch note said in the report."""
+    from ..decide.compare import compare as compare_results
+    from ..decide.compare import coverage
+    from ..report.report import write_all
+    from ..results import BaselineCoverage
 
-    for host, cells in absent_hosts(baseline, current).items():
-        console.print(f"[yellow]not compared[/]: host {escape(host)} ({cells} cell{'s' if cells > 1 else ''} in the baseline) "
-                      "has no cell in the current run", highlight=False)
+    if isinstance(baseline, str):  # unreadable, noted (_baseline)
+        results.baseline = BaselineCoverage(compared=0, refused=baseline)
+        return
+    try:
+        results.regressions = compare_results(baseline, results, ending["thresholds"], ending["allow_different_inputs"])
+    except InputError as refused:
+        if ending["baseline_mismatch"] != "note":
+            write_all(results, out)
+            raise
+        results.baseline = BaselineCoverage(compared=0, refused=str(refused))
+        return
+    results.baseline = coverage(baseline, results)
+
+
+def _print_coverage(covered) -> None:
+    for line in covered.lines():
+        console.print(f"[yellow]{escape(line)}[/]", highlight=False)
 
 
 @app.command("targets")

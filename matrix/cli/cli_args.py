@@ -53,6 +53,12 @@ SIDE_INPUT_OPTION = click.option(
          "JSON: deterministic=true, rng=[0.5] (repeatable). It replaces the seeded value in every observation row and is "
          "fed on every --env/--trajectory step; --env needs one for each such input."
 )
+BASELINE_MISMATCH_OPTION = click.option(
+    "--baseline-mismatch", type=click.Choice(("refuse", "note")), default="refuse", show_default=True,
+    help="A --baseline that cannot be read or compared (another model, no host in common, other inputs or judging): refuse it "
+         "(exit 2), or note it: the report and summary.md say why nothing was compared and the run is judged on its own "
+         "(a nightly whose model or options changed, so that its next night compares with this one)."
+)
 LATENCY_THRESHOLD_OPTION = click.option(
     "--latency-threshold", default=0.25, show_default=True, help="p50 slowdown (fraction) that counts as a regression."
 )
@@ -298,10 +304,11 @@ class Assist(Group):
 class Ending(Group):
     """How a run (or a merge) ends: the baseline it is compared with, the exit rule, JSON on stdout."""
 
-    options = (FAIL_ON_OPTION, BASELINE_OPTION, LATENCY_THRESHOLD_OPTION, DRIFT_FACTOR_OPTION, ALLOW_DIFFERENT_INPUTS_OPTION)
+    options = (FAIL_ON_OPTION, BASELINE_OPTION, BASELINE_MISMATCH_OPTION, LATENCY_THRESHOLD_OPTION, DRIFT_FACTOR_OPTION,
+               ALLOW_DIFFERENT_INPUTS_OPTION)
 
     def parse(self, values: dict) -> dict:
-        return {"fail_on": values["fail_on"], "baseline": values["baseline"],
+        return {"fail_on": values["fail_on"], "baseline": values["baseline"], "baseline_mismatch": values["baseline_mismatch"],
                 "thresholds": thresholds(values["drift_factor"], values["latency_threshold"]),
                 "allow_different_inputs": values["allow_different_inputs"]}
 

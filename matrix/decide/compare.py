@@ -11,7 +11,8 @@ A regression is one of:
   baseline's own p90, so that ordinary run-to-run spread is not a regression
   (cells on emulated adapters are not compared);
 - fallback: nodes that now fall back and did not before.
-Cells only in one of the two files are not regressions (target subsets differ); two files with no host in
+Cells only in one of the two files are not regressions (target subsets differ), nor are cells that SKIP now: coverage()
+names them, with the baseline's hosts the current run has none of, for the report; two files with no host in
 common are refused, since nothing would be compared.
 Two results measured on different inputs (observation set, environment, episodes and
 seeds) or judged with different options are refused, naming the difference; with
@@ -28,7 +29,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..results import Cell, Regression, RunResults
+from ..results import BaselineCoverage, Cell, Regression, RunResults
 from ..runtime_versions import paired_cells, version_change
 
 DRIFT_NOISE_FLOOR = 1e-6  # below this, growth is float32 rounding, not a change
@@ -86,16 +87,27 @@ def tolerance_said(cell: Cell) -> str:
     return " + ".join(f"{name} {value:g}" for name, value in (("atol", cell.tolerance), ("rtol", cell.rtol)) if value is not None)
 
 
-def absent_hosts(baseline: RunResults, current: RunResults) -> dict[str, int]:
-    """The baseline's hosts the current run has no cell of, with their cell counts: nothing of theirs was compared
-    (a nightly shard that produced nothing; a one-host run against a merged baseline), which 'no regressions'
-    does not say."""
+def coverage(baseline: RunResults, current: RunResults) -> BaselineCoverage:
+    """What compare covered: the cells paired, the baseline's hosts the current run has no cell of (a nightly shard
+    that produced nothing; a one-host run against a merged baseline), the cells only one side has, and the cells the
+    baseline measured that SKIP now (no verdict, drift or latency to compare). 'No regressions' says nothing of those."""
+    pairs = paired_cells(baseline.cells, current.cells)
+    paired = {id(cell) for pair in pairs for cell in pair}
     present = {cell.host for cell in current.cells}
     absent: dict[str, int] = {}
     for cell in baseline.cells:
         if cell.host not in present:
             absent[cell.host] = absent.get(cell.host, 0) + 1
-    return absent
+    return BaselineCoverage(
+        compared=len(pairs), absent_hosts=absent,
+        only_in_baseline=[_named(cell) for cell in baseline.cells if cell.host in present and id(cell) not in paired],
+        only_in_current=[_named(cell) for cell in current.cells if id(cell) not in paired],
+        skipped_now={_named(cell): cell.reasons[0] if cell.reasons else "no reason given" for old, cell in pairs
+                     if cell.verdict == "SKIP" and old.verdict != "SKIP"})
+
+
+def _named(cell: Cell) -> str:
+    return f"{cell.host} {cell.configuration.label}"
 
 
 def _same_model(baseline: RunResults, current: RunResults) -> None:

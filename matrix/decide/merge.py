@@ -22,9 +22,15 @@ from ..results import Cell, RunResults
 
 
 def shard_path(path: Path) -> Path:
-    """A shard is a results.json, or a report folder holding one."""
+    """A shard is a results.json, or a report folder holding one. A folder with results.jsonl alone holds a run that
+    never finished (killed: a CI runner out of time): it is named so, with the command that finishes it."""
     path = Path(path)
-    return path / "results.json" if path.is_dir() else path
+    if not path.is_dir():
+        return path
+    if not (path / "results.json").exists() and (path / "results.jsonl").is_file():
+        raise InputError(f"{path}: its run did not finish (results.jsonl, no results.json): `policy-matrix run MODEL "
+                         f"--resume {path}` with the options it ran with runs its missing cells, or leave it out")
+    return path / "results.json"
 
 
 def merge(paths: list[Path], allow_different_inputs: bool = False, out: Path | None = None) -> RunResults:

@@ -30,7 +30,7 @@ from . import charts
 from ..errors import printable
 from ..outdir import write_atomic
 from targets.paths import cache_dir
-from ..results import VERDICTS, Cell, LatencyStats, RunResults
+from ..results import VERDICTS, BaselineCoverage, Cell, LatencyStats, RunResults
 from ..judge.rules import DEFAULT_RTOL, DEFAULT_TOLERANCE, RETURN_NOISE_RULE
 
 from . import assist_report, report_behaviour, report_decision
@@ -290,6 +290,7 @@ def render_html(results: RunResults) -> str:
         placement=_placement_matrix(results), decision=report_decision.context(results),
         contract_names=list(dict.fromkeys(check.name for c in results.cells for check in c.contract)),
         multi_host=len(results.hosts) > 1, default_tolerance=DEFAULT_TOLERANCE, default_rtol=DEFAULT_RTOL, regressions=results.regressions,
+        baseline=results.baseline,
         runtimes=sorted({(c.host, c.target, c.runtime_version) for c in results.cells if c.runtime_version}),
         anchors=cell_anchors(results),
         fallbacks={c.key: sum(row.fallback for row in c.placement) for c in results.cells},
@@ -339,6 +340,7 @@ def summary_markdown(results: RunResults) -> str:
     if results.regressions:
         lines += [f"### ❗ {len(results.regressions)} regressions against the baseline", ""]
         lines += [f"- {md(str(r))}" for r in results.regressions] + [""]
+    lines += _baseline_markdown(results.baseline)
     for host, grid in _verdict_grid(results).items():
         lines += [f"### {md(host)}", "", "| target | " + " | ".join(map(md, grid["variants"])) + " |",
                   "|---" * (len(grid["variants"]) + 1) + "|"]
@@ -352,6 +354,17 @@ def summary_markdown(results: RunResults) -> str:
         lines += ["### Why", ""] + [f"- **{c.verdict}** {md(c.host)} {md(cell_label(c, False))}: {md('; '.join(_why(c)))}"
                                     for c in problems if c.reasons]
     return "\n".join(lines) + "\n"
+
+
+def _baseline_markdown(covered: BaselineCoverage | None) -> list[str]:
+    """How much of the baseline was compared: a host with no cell tonight, or a refused baseline, is not a quiet night."""
+    if covered is None:
+        return []
+    if covered.refused:
+        return ["### ⚠️ not compared with the baseline", "", md(covered.refused), ""]
+    said = f"compared with the baseline: {covered.compared} cell{'s' if covered.compared != 1 else ''}"
+    head = [said, ""] if covered.whole else [f"### ⚠️ {said}, and not all of it", ""]
+    return head + [f"- {md(line)}" for line in covered.lines()] + ([""] if covered.lines() else [])
 
 
 def _why(cell: Cell) -> list[str]:

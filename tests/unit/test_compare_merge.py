@@ -9,7 +9,7 @@ import pytest
 
 from saved import FIXTURES
 from matrix import results as schema
-from matrix.decide.compare import DRIFT_NOISE_FLOOR, Thresholds, absent_hosts, compare
+from matrix.decide.compare import DRIFT_NOISE_FLOOR, Thresholds, compare, coverage
 from matrix.errors import InputError
 from matrix.decide.merge import merge
 from matrix.results import Backend, LatencyStats, Placement
@@ -140,12 +140,61 @@ def test_a_baseline_host_missing_from_the_current_run_is_said_not_compared(shard
     """A nightly whose macOS shard produced nothing: the Linux cells compare, and the macOS ones were not compared,
     which 'no regressions' alone does not say."""
     both = _save(merge([_save(shard, tmp_path / "linux"), _save(_on_host(shard, "mac"), tmp_path / "mac")]), tmp_path / "merged")
-    assert absent_hosts(schema.load(both / "results.json"), shard) == {"mac": len(shard.cells)}
+    assert coverage(schema.load(both / "results.json"), shard).absent_hosts == {"mac": len(shard.cells)}
     done = policy_matrix(["compare", "--baseline", both, "--current", tmp_path / "linux"])
     assert done.returncode == 0, done.stderr
     assert done.lines == [f"not compared: host mac ({len(shard.cells)} cells in the baseline) has no cell in the current run",
                           "no regressions"]
     assert policy_matrix(["compare", "--baseline", tmp_path / "linux", "--current", tmp_path / "linux"]).lines == ["no regressions"]
+
+
+def test_a_nightly_whose_macos_shard_never_came_says_so_in_its_summary_and_report(shard, tmp_path, policy_matrix):
+    """The macOS runner failed and uploaded nothing: the merge of Linux alone against last night's merged results said
+    'not compared: host mac' on the merge step's console only; the job summary and the report read as a full, quiet
+    night with fewer cells."""
+    last_night = _save(merge([_save(shard, tmp_path / "linux"), _save(_on_host(shard, "mac"), tmp_path / "mac")]), tmp_path / "last")
+    done = policy_matrix(["merge", tmp_path / "linux", "--out", tmp_path / "tonight", "--baseline", last_night, "--fail-on", "never"])
+    assert done.returncode == 0, done.stderr
+    said = f"not compared: host mac ({len(shard.cells)} cells in the baseline) has no cell in the current run"
+    assert said in done.lines
+    tonight = tmp_path / "tonight"
+    assert f"- {said}" in (tonight / "summary.md").read_text()
+    assert f"compared with the baseline: {len(shard.cells)} cells, and not all of it" in (tonight / "summary.md").read_text()
+    assert f"<li>{said}</li>" in (tonight / "index.html").read_text()
+    recorded = schema.load(tonight / "results.json").baseline
+    assert (recorded.compared, recorded.absent_hosts, recorded.refused) == (len(shard.cells), {"mac": len(shard.cells)}, "")
+
+
+def test_cells_only_one_side_ran_are_named_not_compared_or_new(shard):
+    """A target gone from tonight's shard (its setup broke) vanished from the comparison without a word."""
+    fp32_only = shard.model_copy(deep=True)
+    fp32_only.cells = [cell for cell in fp32_only.cells if cell.variant == "fp32"]
+    host = shard.cells[0].host
+    gone = coverage(shard, fp32_only)
+    assert (gone.compared, gone.only_in_baseline, gone.only_in_current) == (1, [f"{host} ort-cpu fp16"], [])
+    assert gone.lines() == [f"not compared: 1 cell of the baseline not in the current run: {host} ort-cpu fp16"]
+    new = coverage(fp32_only, shard)
+    assert new.lines() == [f"new since the baseline (nothing to compare with): 1 cell: {host} ort-cpu fp16"]
+    assert coverage(shard, shard).lines() == []
+
+
+def test_a_nightly_after_a_model_change_notes_the_baseline_instead_of_failing_every_night(shard, tmp_path, policy_matrix):
+    """The nightly compares with the last successful nightly. Once the policy changed, every merge exited 2 on 'compare
+    runs of the same model', no nightly succeeded again, and the baseline stayed the old model's for good. With
+    --baseline-mismatch note the report says why nothing was compared and the night stands on its own."""
+    old_model = shard.model_copy(deep=True)
+    old_model.model = {**old_model.model, "name": "policy_v1.onnx", "sha256": "f" * 64}
+    baseline = _save(old_model, tmp_path / "last")
+    tonight = _save(shard, tmp_path / "linux")
+    refused = policy_matrix(["merge", tonight, "--out", tmp_path / "refused", "--baseline", baseline])
+    assert refused.returncode == 2 and "compare runs of the same model" in refused.stderr
+    done = policy_matrix(["merge", tonight, "--out", tmp_path / "noted", "--baseline", baseline, "--baseline-mismatch", "note"])
+    assert done.returncode == 0, done.stderr
+    recorded = schema.load(tmp_path / "noted" / "results.json").baseline
+    assert recorded.compared == 0 and recorded.refused.startswith("the baseline measured 'policy_v1.onnx' (ffffffffffff)")
+    summary = (tmp_path / "noted" / "summary.md").read_text()
+    assert "### ⚠️ not compared with the baseline" in summary and "policy\\_v1.onnx" in summary
+    assert "not compared with the baseline: the baseline measured" in done.lines[-2]
 
 
 def test_runs_of_another_model_are_refused(shard):
@@ -462,3 +511,62 @@ def test_the_compare_command_exits_2_with_one_line(shard, tmp_path, capsys, monk
     assert ended.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("policy-matrix: error:") and "observations (sha256)" in error[0]
+
+
+def test_an_unreadable_baseline_is_noted_too_or_refused_first(shard, tmp_path, policy_matrix):
+    """A truncated download of last night's results: refused it fails the merge (exit 2) before anything is written,
+    and with --baseline-mismatch note it is said like another model's, the night judged on its own."""
+    truncated = tmp_path / "last" / "results.json"
+    truncated.parent.mkdir()
+    truncated.write_text(SHARD.read_text()[:2000])
+    tonight = _save(shard, tmp_path / "linux")
+    refused = policy_matrix(["merge", tonight, "--out", tmp_path / "refused", "--baseline", truncated])
+    assert refused.returncode == 2 and "not JSON" in refused.stderr and not (tmp_path / "refused").exists()
+    done = policy_matrix(["merge", tonight, "--out", tmp_path / "noted", "--baseline", truncated.parent,
+                          "--baseline-mismatch", "note"])
+    assert done.returncode == 0, done.stderr
+    recorded = schema.load(tmp_path / "noted" / "results.json").baseline
+    assert recorded.compared == 0 and recorded.refused.startswith(f"{truncated}: not JSON")
+
+
+def test_cells_new_since_the_baseline_are_listed_without_the_warning(shard, tmp_path, policy_matrix):
+    """A target added tonight loses nothing of the baseline: listed, not flagged as a gap in the comparison."""
+    fp32_only = shard.model_copy(deep=True)
+    fp32_only.cells = [cell for cell in fp32_only.cells if cell.variant == "fp32"]
+    done = policy_matrix(["merge", _save(shard, tmp_path / "tonight"), "--out", tmp_path / "merged",
+                          "--baseline", _save(fp32_only, tmp_path / "last")])
+    assert done.returncode == 0, done.stderr
+    summary = (tmp_path / "merged" / "summary.md").read_text()
+    assert "compared with the baseline: 1 cell\n\n- new since the baseline (nothing to compare with): 1 cell:" in summary
+    assert "⚠️" not in summary and "Every cell of the baseline was compared." in (tmp_path / "merged" / "index.html").read_text()
+
+
+def test_cells_the_baseline_measured_that_skip_now_are_named_with_why(shard, tmp_path, policy_matrix):
+    """tract's wheel broken on tonight's runner: its cells SKIP ('the tract package is not installed'), SKIP has no
+    verdict, drift or latency to compare, and the merge said 'no regressions' and nothing more."""
+    tonight = shard.model_copy(deep=True)
+    why = "the onnxruntime package is not installed: run `policy-matrix setup core`"
+    skipped = _cell(tonight, "fp16")
+    skipped.verdict, skipped.reasons, skipped.parity, skipped.latency = "SKIP", [why], [], []
+    host = shard.cells[0].host
+    assert coverage(shard, tonight).skipped_now == {f"{host} ort-cpu fp16": why}
+    done = policy_matrix(["merge", _save(tonight, tmp_path / "tonight"), "--out", tmp_path / "merged",
+                          "--baseline", _save(shard, tmp_path / "last")])
+    assert done.returncode == 0, done.stderr
+    said = f"not compared: 1 cell the baseline measured SKIP now: {host} ort-cpu fp16 ({why})"
+    assert said in done.lines
+    assert "### ⚠️ compared with the baseline: 2 cells, and not all of it" in (tmp_path / "merged" / "summary.md").read_text()
+    assert coverage(tonight, shard).skipped_now == {}  # measured again: compared as usual
+
+
+def test_a_shard_folder_of_a_run_that_never_finished_is_named_so(shard, tmp_path, policy_matrix):
+    """A runner killed mid-run leaves results.jsonl (its finished cells) and no results.json: the merge said
+    'results.json: no such results file', as if the folder were the wrong one."""
+    killed = tmp_path / "macos"
+    killed.mkdir()
+    (killed / "results.jsonl").write_text(shard.cells[0].model_dump_json() + "\n")
+    done = policy_matrix(["merge", _save(shard, tmp_path / "linux"), killed, "--out", tmp_path / "merged"])
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"policy-matrix: error: {killed}: its run did not finish (results.jsonl, no results.json): "
+                                   f"`policy-matrix run MODEL --resume {killed}` with the options it ran with runs its "
+                                   "missing cells, or leave it out")
