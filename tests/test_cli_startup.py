@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,19 @@ def test_runs_help_imports_none_of_what_a_runs_fork_server_is_forked_after(flag)
     imported = {line.split("|")[2].strip().split(".")[0] for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
     assert not imported & {"numpy", "onnx", "pydantic"}, imported & {"numpy", "onnx", "pydantic"}
+
+
+@pytest.mark.parametrize("given, expected", [(None, "4"), ("16", "16")])
+def test_the_program_lets_numpys_blas_threads_sleep_when_idle(given, expected):
+    # Set before anything imports numpy, so every process of a run inherits it; a value the user set stays.
+    probe = ("import os, sys; sys.argv = ['policy-matrix', '--version']\n"
+             "from matrix.cli import main\n"
+             "try:\n    main()\n"
+             "finally:\n    print('blas', os.environ.get('OPENBLAS_THREAD_TIMEOUT'), file=sys.stderr, flush=True)")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"blas {expected}" in done.stderr.splitlines()
+
