@@ -62,7 +62,8 @@ REFERENCE_ENTRIES = ("matrix.reference.reference_job", "matrix.run.guarded")
 WORKER_PRELOAD = ("pydantic", "pydantic.main", "matrix.results", "matrix.run.rollouts", "numpy.ma")
 WORKER_ENTRIES = ("matrix.run.worker",)
 PRELOAD = REFERENCE_PRELOAD + WORKER_PRELOAD
-# What a run's runner imports as well: a server forked from it (Client.warm) is forked once they are loaded.
+# What a run's runner imports as well: a server forked from it (Client.warm) is forked once they are loaded, and once
+# onnx's operator schemas are registered (warm_operator_schemas).
 SHARED_WITH_THE_RUNNER = ("numpy", "onnx", "pydantic", "matrix.results", "matrix.run.rollouts")
 ENTRY_MODULES = REFERENCE_ENTRIES + WORKER_ENTRIES
 # An environment whose value of these differs from the server's changes what the child would import:
@@ -110,6 +111,15 @@ def resume_collection() -> None:
 
 
 _collection_paused = False
+
+
+def warm_operator_schemas() -> None:
+    """onnx registers its operator schemas on first use (~10 ms): the runner's model check and the server's evaluator
+    (onnx.reference reads them as it loads) both use them, so they are registered once, before the server is forked,
+    and the reference job is asked for that much sooner after the server's imports."""
+    import onnx.defs
+
+    onnx.defs.has("Relu")
 
 
 def _import_env(env) -> dict[str, str]:
@@ -238,6 +248,7 @@ class Client:
 
         for name in SHARED_WITH_THE_RUNNER:
             importlib.import_module(name)
+        warm_operator_schemas()
         runner = os.getpid()
         try:
             pid = os.fork()
