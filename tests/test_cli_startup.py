@@ -62,3 +62,27 @@ def test_the_program_lets_numpys_blas_threads_sleep_when_idle(given, expected):
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"blas {expected}" in done.stderr.splitlines()
 
+
+def test_a_run_asks_for_its_reference_job_before_importing_what_it_needs_later(tmp_path):
+    # The reference job runs while the runner imports the console (rich) and the report (Jinja2), not after them;
+    # -q's console prints nothing and loads no rich console at all.
+    model = Path(__file__).resolve().parent.parent / "matrix" / "example_policies" / "continuous_mlp.onnx"
+    probe = ("import json, sys\n"
+             f"sys.argv = ['policy-matrix', '-q', 'run', {str(model)!r}, '--targets', 'ort-cpu', '--variants', 'fp32',"
+             f" '--out', {str(tmp_path / 'report')!r}, '--fail-on', 'never']\n"
+             "from matrix.run import forkserver\n"
+             "loaded = {}\n"
+             "start = forkserver.Client.start\n"
+             "def start_noting_imports(self, command, **options):\n"
+             "    loaded.setdefault(' '.join(command[2:4]), sorted(sys.modules))\n"
+             "    return start(self, command, **options)\n"
+             "forkserver.Client.start = start_noting_imports\n"
+             "from matrix.cli import main\n"
+             "try:\n    main()\n"
+             "finally:\n    print(json.dumps(loaded), file=sys.stderr, flush=True)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stderr.strip().splitlines()[-1])
+    assert not {"rich", "jinja2"} & {name.split(".")[0] for name in loaded["matrix.run.guarded reference"]}
+    assert "rich.console" not in loaded["matrix.run.worker --serve"]
+    assert (tmp_path / "report" / "index.html").exists()

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, Field
-from rich.console import Console
 
 import targets as registry
 from targets import versions
@@ -55,6 +54,7 @@ from ..results import Cell, Host, Interruption, LintResult, RunResults, append_j
 from ..judge.rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, ReturnTolerance, Tolerances
 
 if TYPE_CHECKING:  # imported where they are used, after the reference job was asked for (or with --source only)
+    from rich.console import Console
     from rich.progress import Progress
 
     from ..reference import source
@@ -182,13 +182,13 @@ def run(config: RunConfig, console: Console) -> RunResults:
     _announce_reference_rollout(config, console)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
         made = pool.submit(_all_variants, config)
-        # What the runner needs after the reference job loads while it only waits for it, instead of before asking
-        # for it or after the last cell: the cells' progress bars (rich.progress), the report's modules (Jinja2, the
-        # charts; ~0.1 s), the assist step's (after_cells) and numpy.ma, which np.percentile (the judge's parity)
-        # imports on its first call (np.unique asks whether its input is masked; 15-50 ms).
-        for module in ("rich.progress", "matrix.report.report", "matrix.assist.assist", "numpy.ma"):
-            pool.submit(importlib.import_module, module)
-        ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, obs_source, console)
+
+        def import_while_it_runs() -> None:
+            for module in (QUIET_CONSOLE_MODULES if console.quiet else CONSOLE_MODULES) + WHILE_THE_REFERENCE_RUNS:
+                pool.submit(importlib.import_module, module)
+
+        ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, obs_source, console,
+                                                            import_while_it_runs)
         wait_first({made})
         (onnx_variants, variant_errors), candidate_variants = made.result()
     feeds = observations.read(obs_path)
@@ -251,6 +251,16 @@ def run(config: RunConfig, console: Console) -> RunResults:
     finally:
         services.stop_all()
     return results
+
+
+# What the runner needs after the reference job is imported while it only waits for the job, not on its way to asking
+# for it, nor after the last cell: the console and the cells' progress bars (rich, ~35 ms; -q's console prints nothing
+# and needs only the markup escaping of the lines it is given, errors.console_text), the report's modules (Jinja2, the
+# charts; ~25 ms), the assist step's (after_cells) and numpy.ma, which np.percentile (the judge's parity) imports on its
+# first call (np.unique asks whether its input is masked; 5-50 ms).
+CONSOLE_MODULES = ("rich.console", "rich.progress")
+QUIET_CONSOLE_MODULES = ("rich.markup",)
+WHILE_THE_REFERENCE_RUNS = ("matrix.report.report", "matrix.assist.assist", "numpy.ma")
 
 
 def _source_cell(config: RunConfig, host: str, obs_path: Path, chunk: int, judge: Judge, evidence: Evidence,
@@ -562,9 +572,11 @@ def _variants_of(model: ModelInfo, config: RunConfig, slot: str) -> tuple[dict[s
     return variants.produce_guarded(model, config.variants, config.out / "variants" / slot, config.limits)
 
 
-def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_source: observation_sources.ObservationSource, console):
+def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_source: observation_sources.ObservationSource, console,
+                        on_started=lambda: None):
     """The reference, the development runtime's outputs and the reference's rollout in a guarded process (see
-    matrix.reference.reference_job); with visited states as the source, the job samples them into `obs_path` first."""
+    matrix.reference.reference_job); with visited states as the source, the job samples them into `obs_path` first.
+    `on_started`: called once the job runs (guarded.run_process)."""
     folder = config.out / "reference"
     folder.mkdir(exist_ok=True)
     for stale in ("reference.npz", "dev_runtime.npz", "rollout.npz"):
@@ -573,7 +585,7 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_sourc
             "observations": str(obs_path.resolve()), "chunk": chunk,
             "rollout": config.rollout.as_dict() if config.rollout else None,
             "visited_states": {"count": config.n_obs, "multiple": chunk or 1} if obs_source.sampled_by_reference else None}
-    answer, ending = guarded.attempt("reference", spec, folder, config.limits)
+    answer, ending = guarded.attempt("reference", spec, folder, config.limits, on_started=on_started)
     report = answer or {}
     if "rollout_error" in report and obs_source.sampled_by_reference:  # no rollout: no visited states to judge on
         raise InputError(report["rollout_error"])
@@ -724,15 +736,35 @@ class Services:
                 service.stop()
 
 
-def _progress(console: Console) -> Progress:
-    """Live bars on a terminal. Elsewhere (a CI log) rich draws nothing until the run ends, so the
-    bars are off there and `log_finished` prints one plain line per cell as it finishes instead."""
+def _progress(console: Console) -> Progress | NoBars:
+    """Live bars on a terminal. Elsewhere (a CI log) rich draws nothing until the run ends, so there are no
+    bars there and `log_finished` prints one plain line per cell as it finishes instead."""
+    if not console.is_terminal:
+        return NoBars(console)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # loaded while the reference job ran
 
     return Progress(
         TextColumn("{task.description}", style="bold"), BarColumn(), TimeElapsedColumn(), console=console, transient=False,
-        disable=not console.is_terminal,
     )
+
+
+class NoBars:
+    """The progress display off a terminal: the tasks rich.progress would draw are not kept (nor rich.progress imported)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def __enter__(self) -> NoBars:
+        return self
+
+    def __exit__(self, *exception) -> None:
+        return None
+
+    def add_task(self, description: str, **options) -> int:
+        return 0
+
+    def update(self, task: int, **options) -> None:
+        return None
 
 
 def log_finished(progress: Progress, label: str, verdict: str, duration_s: float) -> None:
