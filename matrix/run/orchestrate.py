@@ -46,7 +46,7 @@ from ..inputs.model import ModelInfo
 from .. import options
 from ..options import default_memory_limit
 from ..judge.judge import Evidence, Judge
-from .protocol import SERVICE, STAGES, CellInputs, CellSpec
+from .protocol import SERVICE, STAGES, UNTIMED, CellInputs, CellSpec
 from ..outdir import write_atomic
 from ..reference.reference import Reference
 from ..configuration import Configuration, settings_label
@@ -180,13 +180,14 @@ def run(config: RunConfig, console: Console) -> RunResults:
         observations.save(_observation_set(config, obs_source), obs_path)
 
     _announce_reference_rollout(config, console)
+    gate = cells.StageGate()  # the cells' stages, and the runner's untimed work beside them
+    imports: list[threading.Thread] = []
+
+    def import_while_it_runs() -> None:
+        imports.append(_import_untimed(gate, (QUIET_CONSOLE_MODULES if console.quiet else CONSOLE_MODULES) + LATER_MODULES))
+
     with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
         made = pool.submit(_all_variants, config)
-
-        def import_while_it_runs() -> None:
-            for module in (QUIET_CONSOLE_MODULES if console.quiet else CONSOLE_MODULES) + WHILE_THE_REFERENCE_RUNS:
-                pool.submit(importlib.import_module, module)
-
         ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, obs_source, console,
                                                             import_while_it_runs)
         wait_first({made})
@@ -226,18 +227,19 @@ def run(config: RunConfig, console: Console) -> RunResults:
     evidence = Evidence(config.model, ref, dev_runtime, ref_rollout, config.rollout)
     try:
         if config.source:  # first: its returns are the top row of Behaviour
+            for thread in imports:  # the column's timing is not gated: nothing of the runner's runs beside it
+                thread.join()
             results.run_options["source"] = config.source.describe()
             results.cells.append(_source_cell(config, results.hosts[0].label, obs_path, chunk, judge, evidence, console))
             jsonl.append(results.cells[-1])
         with _progress(console) as progress:
-            gate = cells.StageGate()
             runner = CellRunner(config, results.hosts[0].label, judge, evidence, services, progress, gate)
             schedule = CellSchedule(config, configurations, runner, inputs_by_model, finished, jsonl, gate)
             try:
                 schedule.run()
             finally:
                 results.cells.extend(schedule.cells_in_grid_order())
-        from ..assist import assist  # loaded while the reference job ran (above), not on the way to it
+        from ..assist import assist  # loaded beside the reference job (LATER_MODULES), not on the way to it
 
         # Diagnosis and fix attempts are judged on parity: they carry no rollout plan (no episodes driven for nothing).
         context = assist.AssistContext(config.model, template, judge,
@@ -253,14 +255,34 @@ def run(config: RunConfig, console: Console) -> RunResults:
     return results
 
 
-# What the runner needs after the reference job is imported while it only waits for the job, not on its way to asking
-# for it, nor after the last cell: the console and the cells' progress bars (rich, ~35 ms; -q's console prints nothing
-# and needs only the markup escaping of the lines it is given, errors.console_text), the report's modules (Jinja2, the
-# charts; ~25 ms), the assist step's (after_cells) and numpy.ma, which np.percentile (the judge's parity) imports on its
-# first call (np.unique asks whether its input is masked; 5-50 ms).
+# What the runner needs after the reference job is imported while it only waits for the job and for its first cells,
+# not on its way to asking for the job, nor after the last cell: the console and the cells' progress bars (rich, ~35
+# ms; -q's console prints nothing and needs only the markup escaping of the lines it is given, errors.console_text),
+# numpy.ma, which np.percentile (the judge's parity) imports on its first call (np.unique asks whether its input is
+# masked; 5-50 ms), the assist step's modules (after_cells) and the report's (Jinja2, the charts; ~20 ms), in the
+# order the runner needs them.
 CONSOLE_MODULES = ("rich.console", "rich.progress")
 QUIET_CONSOLE_MODULES = ("rich.markup",)
-WHILE_THE_REFERENCE_RUNS = ("matrix.report.report", "matrix.assist.assist", "numpy.ma")
+LATER_MODULES = ("numpy.ma", "matrix.assist.assist", "matrix.report.report")
+
+
+def _import_untimed(gate: cells.StageGate, modules: tuple[str, ...]) -> threading.Thread:
+    """`modules` imported in a thread of their own, from the moment the reference job runs: the runner goes on
+    (it asks for its first cells) while the last ones load, and holds the gate's untimed grant meanwhile, so no
+    cell's cold start or latency is timed beside them. A module that cannot load fails where it is used."""
+    gate.acquire(UNTIMED)
+
+    def load() -> None:
+        try:
+            for module in modules:
+                with contextlib.suppress(Exception):
+                    importlib.import_module(module)
+        finally:
+            gate.release(UNTIMED)
+
+    thread = threading.Thread(target=load, name="imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def _source_cell(config: RunConfig, host: str, obs_path: Path, chunk: int, judge: Judge, evidence: Evidence,
