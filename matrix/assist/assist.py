@@ -15,8 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 import targets as registry
 
@@ -30,6 +29,9 @@ from ..inputs.model import ModelInfo
 from ..run.protocol import CellInputs
 from ..reference import SOURCE_TARGET
 from ..results import Cell, RunResults
+
+if TYPE_CHECKING:  # a -q run's console is no rich one, and loads no rich (matrix.cli.cli.QuietConsole)
+    from rich.console import Console
 
 
 @dataclass

@@ -39,7 +39,7 @@ def app(quiet: int, verbose: int) -> None:
     context = click.get_current_context()
     if context.invoked_subcommand == "run":
         _warm_fork_server()
-    console = _stderr_console(verbose - quiet)
+    console = _LazyConsole(verbose - quiet)
     context.meta["verbosity"] = verbose - quiet
 
 
@@ -54,19 +54,52 @@ def _warm_fork_server() -> None:
 
 
 def _stderr_console(verbosity: int = 0):
+    if verbosity < 0:
+        return QuietConsole()
     from rich.console import Console
 
     # A CI log is not a terminal: long lines stay whole there instead of wrapping at 80 columns.
-    return Console(stderr=True, quiet=verbosity < 0, soft_wrap=not sys.stderr.isatty())
+    return Console(stderr=True, soft_wrap=not sys.stderr.isatty())
+
+
+class QuietConsole:
+    """-q's console: it prints nothing, so nothing is rendered and rich is never imported (~35 ms of a single check's
+    runner). What -q still says (an error, why the exit code is 1) is printed to stderr directly, not through it."""
+
+    quiet = True
+    is_terminal = False
+
+    def print(self, *objects, **options) -> None:
+        pass
+
+    def status(self, *objects, **options):
+        return contextlib.nullcontext()
 
 
 class _LazyConsole:
-    """The stderr console, made on first use: importing rich costs start-up time `--version` need not pay."""
+    """The stderr console, made on first use: importing rich (~30 ms) costs start-up time that `--version` need not
+    pay, and that a run pays while its reference job runs (matrix.run.orchestrate imports it then), not on the way
+    to asking for it (under -q, never: QuietConsole). Stands for the console everywhere, rich's `with console:` (a
+    live progress display) included."""
+
+    def __init__(self, verbosity: int = 0):
+        self._verbosity = verbosity
+        self._console = None
+        self.quiet = verbosity < 0  # known without making it
+
+    def _made(self):
+        if self._console is None:
+            self._console = _stderr_console(self._verbosity)
+        return self._console
 
     def __getattr__(self, name):
-        global console
-        console = _stderr_console()
-        return getattr(console, name)
+        return getattr(self._made(), name)
+
+    def __enter__(self):
+        return self._made().__enter__()
+
+    def __exit__(self, *exception):
+        return self._made().__exit__(*exception)
 
 
 console = _LazyConsole()

@@ -77,8 +77,10 @@ def _spreadsheet_safe(value):
     return f"'{printable(value)}" if value.startswith(FORMULA_STARTS) else printable(value)
 
 
-# Characters XML 1.0 cannot hold at all (control characters other than tab and newlines, lone surrogates).
-_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# Characters XML 1.0 cannot hold at all (control characters other than tab and newlines, lone surrogates, U+FFFE and
+# U+FFFF), listed as they are: the complement of what XML allows (`[^\t\n\r\x20-\ud7ff...]`) is the same set, but
+# compiling it built a table of every other code point (4 ms of each run, against 0.4).
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def _xml_text(text: str) -> str:

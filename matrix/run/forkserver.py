@@ -62,8 +62,12 @@ REFERENCE_ENTRIES = ("matrix.reference.reference_job", "matrix.run.guarded")
 WORKER_PRELOAD = ("pydantic", "pydantic.main", "matrix.results", "matrix.run.rollouts", "numpy.ma")
 WORKER_ENTRIES = ("matrix.run.worker",)
 PRELOAD = REFERENCE_PRELOAD + WORKER_PRELOAD
-# What a run's runner imports as well: a server forked from it (Client.warm) is forked once they are loaded.
-SHARED_WITH_THE_RUNNER = ("numpy", "onnx", "pydantic", "matrix.results", "matrix.run.rollouts")
+# What a run's runner imports as well on its way to the reference job (numpy.random: the seeded observations;
+# matrix.reference.reference: the reference's arrays): a server forked from it (Client.warm) is forked once they are
+# loaded, and once onnx's operator schemas are registered (warm_operator_schemas), so the server's own imports, which
+# the reference job waits for, are only what the runner has no use for.
+SHARED_WITH_THE_RUNNER = ("numpy", "numpy.random", "onnx", "pydantic", "matrix.results", "matrix.run.rollouts",
+                          "matrix.reference.reference")
 ENTRY_MODULES = REFERENCE_ENTRIES + WORKER_ENTRIES
 # An environment whose value of these differs from the server's changes what the child would import:
 # the interpreter's and the native libraries' own, and the pinned releases' (targets/versions.py; a pinned
@@ -110,6 +114,24 @@ def resume_collection() -> None:
 
 
 _collection_paused = False
+
+
+def warm_operator_schemas() -> None:
+    """onnx registers its operator schemas on first use (~10 ms): the runner's model check and the server's evaluator
+    (onnx.reference reads them as it loads) both use them, so they are registered once, before the server is forked,
+    and the reference job is asked for that much sooner after the server's imports."""
+    import onnx.defs
+
+    onnx.defs.has("Relu")
+
+
+def warm_reference_operators() -> None:
+    """onnx.reference finds its operators' implementations when a process makes its first evaluator: subclass
+    checks over every operator class, ~20 ms of each reference job (and of each diagnosis) when the server left
+    them to the job, a third of the MLP's. A step of the server's preload: found once, for every job it forks."""
+    from onnx.reference.ops import load_op
+
+    load_op("", "Identity")
 
 
 def _import_env(env) -> dict[str, str]:
@@ -238,6 +260,7 @@ class Client:
 
         for name in SHARED_WITH_THE_RUNNER:
             importlib.import_module(name)
+        warm_operator_schemas()
         runner = os.getpid()
         try:
             pid = os.fork()
@@ -546,6 +569,7 @@ def preload_steps() -> list:
             sys.modules.pop(loaded, None)
 
     return [*(functools.partial(importlib.import_module, name) for name in REFERENCE_PRELOAD),
+            warm_reference_operators,
             *(functools.partial(entry, name) for name in REFERENCE_ENTRIES),
             *(functools.partial(importlib.import_module, name) for name in WORKER_PRELOAD),
             *(functools.partial(entry, name) for name in WORKER_ENTRIES)]

@@ -91,12 +91,15 @@ class Ending:
         return lines[-1].strip()[:600] if lines else ""
 
 
-def run_process(command: list[str], log_path: Path, env: dict, limits: Limits, on_stage) -> Ending:
+def run_process(command: list[str], log_path: Path, env: dict, limits: Limits, on_stage,
+                on_started=lambda: None) -> Ending:
     """Run `command` isolated (own group, memory cap, dies with the runner), follow its stage
-    lines, and kill its whole group on a timeout or when the run itself is interrupted."""
+    lines, and kill its whole group on a timeout or when the run itself is interrupted. `on_started` is called once
+    the process runs: what the caller does then overlaps it (the caller's thread waits for the process meanwhile)."""
     with open(log_path, "w") as log:
         process = isolation.start(command, memory_limit=limits.memory_limit, timeout_s=limits.timeout_s,
                                   stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        on_started()
         return follow(process, log_path, limits, on_stage)
 
 
@@ -119,14 +122,15 @@ def follow(process, log_path: Path, limits: Limits, on_stage) -> Ending:
                   limits.memory_limit, log_path)
 
 
-def attempt(step: str, spec: dict, folder: Path, limits: Limits, on_stage=lambda stage: None) -> tuple[dict | None, Ending]:
-    """The step's answer (None when it gave none) and how its process ended."""
+def attempt(step: str, spec: dict, folder: Path, limits: Limits, on_stage=lambda stage: None,
+            on_started=lambda: None) -> tuple[dict | None, Ending]:
+    """The step's answer (None when it gave none) and how its process ended (`on_started`: see run_process)."""
     folder.mkdir(parents=True, exist_ok=True)
     answer = folder / RESULT_FILE
     answer.unlink(missing_ok=True)
     write_atomic(folder / SPEC_FILE, json.dumps(spec))
     ending = run_process([sys.executable, "-m", "matrix.run.guarded", step, str(folder)], folder / LOG_FILE,
-                         dict(os.environ), limits, on_stage)
+                         dict(os.environ), limits, on_stage, on_started)
     try:
         return json.loads(answer.read_text()), ending
     except (OSError, ValueError):

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, Field
-from rich.console import Console
 
 import targets as registry
 from targets import versions
@@ -47,7 +46,7 @@ from ..inputs.model import ModelInfo
 from .. import options
 from ..options import default_memory_limit
 from ..judge.judge import Evidence, Judge
-from .protocol import SERVICE, STAGES, CellInputs, CellSpec
+from .protocol import SERVICE, STAGES, UNTIMED, CellInputs, CellSpec
 from ..outdir import write_atomic
 from ..reference.reference import Reference
 from ..configuration import Configuration, settings_label
@@ -55,6 +54,7 @@ from ..results import Cell, Host, Interruption, LintResult, RunResults, append_j
 from ..judge.rules import DEFAULT_MIN_AGREEMENT, DEFAULT_TIE_MARGIN, ReturnTolerance, Tolerances
 
 if TYPE_CHECKING:  # imported where they are used, after the reference job was asked for (or with --source only)
+    from rich.console import Console
     from rich.progress import Progress
 
     from ..reference import source
@@ -180,15 +180,16 @@ def run(config: RunConfig, console: Console) -> RunResults:
         observations.save(_observation_set(config, obs_source), obs_path)
 
     _announce_reference_rollout(config, console)
+    gate = cells.StageGate()  # the cells' stages, and the runner's untimed work beside them
+    imports: list[threading.Thread] = []
+
+    def import_while_it_runs() -> None:
+        imports.append(_import_untimed(gate, (QUIET_CONSOLE_MODULES if console.quiet else CONSOLE_MODULES) + LATER_MODULES))
+
     with ThreadPoolExecutor(max_workers=1) as pool:  # the variants need no reference: made while it runs
         made = pool.submit(_all_variants, config)
-        # What the runner needs after the reference job loads while it only waits for it, instead of before asking
-        # for it or after the last cell: the cells' progress bars (rich.progress), the report's modules (Jinja2, the
-        # charts; ~0.1 s), the assist step's (after_cells) and numpy.ma, which np.percentile (the judge's parity)
-        # imports on its first call (np.unique asks whether its input is masked; 15-50 ms).
-        for module in ("rich.progress", "matrix.report.report", "matrix.assist.assist", "numpy.ma"):
-            pool.submit(importlib.import_module, module)
-        ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, obs_source, console)
+        ref, dev_runtime, ref_rollout = _isolated_reference(config, obs_path, chunk, obs_source, console,
+                                                            import_while_it_runs)
         wait_first({made})
         (onnx_variants, variant_errors), candidate_variants = made.result()
     feeds = observations.read(obs_path)
@@ -226,18 +227,19 @@ def run(config: RunConfig, console: Console) -> RunResults:
     evidence = Evidence(config.model, ref, dev_runtime, ref_rollout, config.rollout)
     try:
         if config.source:  # first: its returns are the top row of Behaviour
+            for thread in imports:  # the column's timing is not gated: nothing of the runner's runs beside it
+                thread.join()
             results.run_options["source"] = config.source.describe()
             results.cells.append(_source_cell(config, results.hosts[0].label, obs_path, chunk, judge, evidence, console))
             jsonl.append(results.cells[-1])
         with _progress(console) as progress:
-            gate = cells.StageGate()
             runner = CellRunner(config, results.hosts[0].label, judge, evidence, services, progress, gate)
             schedule = CellSchedule(config, configurations, runner, inputs_by_model, finished, jsonl, gate)
             try:
                 schedule.run()
             finally:
                 results.cells.extend(schedule.cells_in_grid_order())
-        from ..assist import assist  # loaded while the reference job ran (above), not on the way to it
+        from ..assist import assist  # loaded beside the reference job (LATER_MODULES), not on the way to it
 
         # Diagnosis and fix attempts are judged on parity: they carry no rollout plan (no episodes driven for nothing).
         context = assist.AssistContext(config.model, template, judge,
@@ -251,6 +253,36 @@ def run(config: RunConfig, console: Console) -> RunResults:
     finally:
         services.stop_all()
     return results
+
+
+# What the runner needs after the reference job is imported while it only waits for the job and for its first cells,
+# not on its way to asking for the job, nor after the last cell: the console and the cells' progress bars (rich, ~35
+# ms; -q's console prints nothing and needs only the markup escaping of the lines it is given, errors.console_text),
+# numpy.ma, which np.percentile (the judge's parity) imports on its first call (np.unique asks whether its input is
+# masked; 5-50 ms), the assist step's modules (after_cells) and the report's (Jinja2, the charts; ~20 ms), in the
+# order the runner needs them.
+CONSOLE_MODULES = ("rich.console", "rich.progress")
+QUIET_CONSOLE_MODULES = ("rich.markup",)
+LATER_MODULES = ("numpy.ma", "matrix.assist.assist", "matrix.report.report")
+
+
+def _import_untimed(gate: cells.StageGate, modules: tuple[str, ...]) -> threading.Thread:
+    """`modules` imported in a thread of their own, from the moment the reference job runs: the runner goes on
+    (it asks for its first cells) while the last ones load, and holds the gate's untimed grant meanwhile, so no
+    cell's cold start or latency is timed beside them. A module that cannot load fails where it is used."""
+    gate.acquire(UNTIMED)
+
+    def load() -> None:
+        try:
+            for module in modules:
+                with contextlib.suppress(Exception):
+                    importlib.import_module(module)
+        finally:
+            gate.release(UNTIMED)
+
+    thread = threading.Thread(target=load, name="imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def _source_cell(config: RunConfig, host: str, obs_path: Path, chunk: int, judge: Judge, evidence: Evidence,
@@ -562,9 +594,11 @@ def _variants_of(model: ModelInfo, config: RunConfig, slot: str) -> tuple[dict[s
     return variants.produce_guarded(model, config.variants, config.out / "variants" / slot, config.limits)
 
 
-def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_source: observation_sources.ObservationSource, console):
+def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_source: observation_sources.ObservationSource, console,
+                        on_started=lambda: None):
     """The reference, the development runtime's outputs and the reference's rollout in a guarded process (see
-    matrix.reference.reference_job); with visited states as the source, the job samples them into `obs_path` first."""
+    matrix.reference.reference_job); with visited states as the source, the job samples them into `obs_path` first.
+    `on_started`: called once the job runs (guarded.run_process)."""
     folder = config.out / "reference"
     folder.mkdir(exist_ok=True)
     for stale in ("reference.npz", "dev_runtime.npz", "rollout.npz"):
@@ -573,7 +607,7 @@ def _isolated_reference(config: RunConfig, obs_path: Path, chunk: int, obs_sourc
             "observations": str(obs_path.resolve()), "chunk": chunk,
             "rollout": config.rollout.as_dict() if config.rollout else None,
             "visited_states": {"count": config.n_obs, "multiple": chunk or 1} if obs_source.sampled_by_reference else None}
-    answer, ending = guarded.attempt("reference", spec, folder, config.limits)
+    answer, ending = guarded.attempt("reference", spec, folder, config.limits, on_started=on_started)
     report = answer or {}
     if "rollout_error" in report and obs_source.sampled_by_reference:  # no rollout: no visited states to judge on
         raise InputError(report["rollout_error"])
@@ -724,15 +758,35 @@ class Services:
                 service.stop()
 
 
-def _progress(console: Console) -> Progress:
-    """Live bars on a terminal. Elsewhere (a CI log) rich draws nothing until the run ends, so the
-    bars are off there and `log_finished` prints one plain line per cell as it finishes instead."""
+def _progress(console: Console) -> Progress | NoBars:
+    """Live bars on a terminal. Elsewhere (a CI log) rich draws nothing until the run ends, so there are no
+    bars there and `log_finished` prints one plain line per cell as it finishes instead."""
+    if not console.is_terminal:
+        return NoBars(console)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # loaded while the reference job ran
 
     return Progress(
         TextColumn("{task.description}", style="bold"), BarColumn(), TimeElapsedColumn(), console=console, transient=False,
-        disable=not console.is_terminal,
     )
+
+
+class NoBars:
+    """The progress display off a terminal: the tasks rich.progress would draw are not kept (nor rich.progress imported)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def __enter__(self) -> NoBars:
+        return self
+
+    def __exit__(self, *exception) -> None:
+        return None
+
+    def add_task(self, description: str, **options) -> int:
+        return 0
+
+    def update(self, task: int, **options) -> None:
+        return None
 
 
 def log_finished(progress: Progress, label: str, verdict: str, duration_s: float) -> None:

@@ -58,8 +58,11 @@ def test_a_server_forked_from_the_runner_holds_nothing_of_its_but_stderr_and_its
 
 
 def test_what_the_server_is_forked_after_is_what_a_run_imports_anyway():
-    # Anything else would be imported on the runner's way to its reference for the server's sake only.
+    # Anything else would be imported on the runner's way to its reference for the server's sake only: the
+    # orchestrator's modules, and what making the seeded observation set loads.
     probe = ("import sys\nfrom matrix.run import forkserver, orchestrate\n"
+             "from matrix.inputs import examples, model, observations\n"
+             "observations.seeded(model.load(examples.path('continuous_mlp')), 1, 0)\n"
              "print(sorted(set(forkserver.SHARED_WITH_THE_RUNNER) - set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300)
     assert done.stdout.strip().splitlines()[-1] == "[]"

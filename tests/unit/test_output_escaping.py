@@ -32,6 +32,18 @@ def test_csv_formulas_are_neutralised_and_junit_stays_well_formed(tmp_path):
     assert any(FORMULA in (case.get("classname") or "") for case in suites.iter("testcase"))
 
 
+def test_junit_replaces_exactly_what_xml_cannot_hold(tmp_path):
+    # U+FFFE and U+FFFF become U+FFFD; what XML 1.0 holds (private use, past the BMP) stays. (Lone surrogates, the
+    # rest of what it cannot hold, never reach the report: results.json, written first, refuses them.)
+    shard = schema.load(FIXTURES / "shard_continuous_mlp.json")
+    for cell in shard.cells:
+        cell.verdict = "FAIL"
+        cell.reasons = ["c\ufffed\uffffe \ue000\ufffd\U0001f600\U0010ffff"]
+    write_all(shard, tmp_path)
+    failures = [failure.text for failure in ET.parse(tmp_path / "junit.xml").getroot().iter("failure")]
+    assert failures and all("c\ufffdd\ufffde \ue000\ufffd\U0001f600\U0010ffff" in text for text in failures)
+
+
 # What a model's node or output names carry into a runtime's words (tract names the node it cannot translate):
 # ESC starts a terminal escape sequence (here: clear the screen, set the window title), BEL rings, CR rewrites the
 # line, U+202E reverses what a reader sees. Seen reaching the terminal, summary.md and results.csv verbatim, and
