@@ -138,6 +138,11 @@ def _check_action_metadata(path: Path, metadata: dict[str, str]) -> None:
                 bounds[key] = math.nan
             if math.isnan(bounds[key]):
                 raise InputError(f"{shown(key)}: expected a number (-inf and inf for an unbounded side)")
+    # an action_low of inf (or an action_high of -inf) leaves no value inside: every cell's contract would FAIL
+    # on the model's own words, whatever the runtime returned
+    for key, closed in (("action_low", math.inf), ("action_high", -math.inf)):
+        if bounds.get(key) == closed:
+            raise InputError(f"{shown(key)}: no action is inside it ({'-inf' if closed > 0 else 'inf'} for an unbounded side)")
     if bounds.get("action_low", -math.inf) > bounds.get("action_high", math.inf):
         raise InputError(f"{shown('action_low')} is above action_high = {metadata['action_high'][:40]!r}")
 
