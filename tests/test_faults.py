@@ -173,6 +173,22 @@ def test_a_signalled_run_writes_its_report_and_leaves_nothing_running(tmp_path, 
     _assert_gone([worker])
 
 
+def test_a_ctrl_c_while_the_program_starts_is_one_line(tmp_path):
+    """The terminal's Ctrl-C reaches the runner's whole group while it still imports its command line (~0.3 s after
+    it forked its fork server, before any handler of its own): it printed KeyboardInterrupt's traceback, and the
+    server, forked and not yet in a session of its own, a second one from the runner's stack. Sent as soon as the
+    server is there, polled closely: later, the runner's own handler answers, as the test above checks."""
+    run = _start(MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--out", tmp_path, start_new_session=True,
+                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + STATE_TIMEOUT_S
+    while not psutil.Process(run.pid).children() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.killpg(run.pid, signal.SIGINT)
+    _, stderr = run.communicate(timeout=STATE_TIMEOUT_S)
+    assert run.returncode == 130, stderr
+    assert stderr.strip() == "policy-matrix: interrupted", stderr
+
+
 TGKILL = {"x86_64": 234, "aarch64": 131}  # the tgkill system call's number (Linux; Python has no binding for it)
 
 

@@ -12,6 +12,16 @@ def main() -> None:
     imports, which the run's first job (the reference) needs, are that much further when it is asked for. The
     server is this process forked once numpy, onnx and the results' schemas are imported, which both need
     (forkserver.Client.warm)."""
+    try:  # a Ctrl-C while the program starts (its imports take ~0.3 s) is said as one later would be, no traceback
+        command_line = _started()
+    except KeyboardInterrupt:
+        print("policy-matrix: interrupted", file=sys.stderr)
+        sys.exit(130)
+    command_line()
+
+
+def _started():
+    """The command line's main, once the program has started (and a run its fork server)."""
     if is_the_program():  # a test's process has numpy loaded already, and its fork server the environment it had
         blas_threads_sleep_when_idle()
     asks_for_help = bool(set(HELP_OPTIONS) & set(sys.argv[1:]))  # which needs neither a server nor numpy
@@ -24,7 +34,7 @@ def main() -> None:
         forkserver.CLIENT.warm(fork_from_here=program)  # no thread yet: the server may be this process forked
     from .cli import main as command_line
 
-    command_line()
+    return command_line
 
 
 HELP_OPTIONS = ("-h", "--help")

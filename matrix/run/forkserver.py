@@ -267,8 +267,7 @@ class Client:
         except OSError:
             return None
         if pid == 0:
-            ours.close()
-            _serve_forked(theirs, runner)
+            _serve_forked(ours, theirs, runner)
         return ForkedServer(pid)
 
     @staticmethod
@@ -433,14 +432,17 @@ def run_server(control: socket.socket) -> None:
         serve(control, preload_steps())
 
 
-def _serve_forked(control: socket.socket, runner_pid: int) -> None:
+def _serve_forked(runners: socket.socket, control: socket.socket, runner_pid: int) -> None:
     """Never returns: the runner's child becomes the server, as `start_dying_with_parent` would have started it
     (its own session, death with the runner, stdin and stdout on /dev/null, no descriptor of the runner's but
-    stderr and the control socket)."""
-    from . import isolation
-
+    stderr and the control socket). From the fork on, whatever happens ends here: a Ctrl-C reaching it before it
+    has a session of its own, as the runner's group, would otherwise unwind the runner's stack in the child (a
+    second traceback, or a second runner)."""
     code = 1
     try:
+        from . import isolation
+
+        runners.close()
         os.setsid()
         isolation.limit_this_process(None, runner_pid)
         devnull = os.open(os.devnull, os.O_RDWR)
