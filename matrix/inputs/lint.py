@@ -65,6 +65,10 @@ def _action_output(model: ModelInfo) -> Lint:
     names = [spec.name for spec in model.outputs]
     if "action" in names:
         return Lint("output-action", "ok", "an output named 'action'")
+    if not action_outputs(model):  # the contract reads one anyway; --env refuses to step with a state
+        return Lint("output-action", "warn", f"no output named 'action' (outputs: {names}), and each is taken for a "
+                    f"recurrent state's next value: {action_output(model)!r} is read as the action (its bounds), and "
+                    "--env has no action to step with; name the action in the export: output_names=['action', ...]")
     if len(action_outputs(model)) < 2:
         return Lint("output-action", "warn", f"no output named 'action' (outputs: {names})")
     return Lint("output-action", "warn", f"no output named 'action' (outputs: {names}): the first, "

@@ -241,6 +241,17 @@ def test_a_policy_with_several_outputs_none_named_action_is_told_which_one_is_re
     assert _lints(load_policy(single))["output-action"] == ("warn", "no output named 'action' (outputs: ['mean'])")
 
 
+def test_a_policy_whose_every_output_is_a_recurrent_state_is_told_what_is_read_as_the_action(load_policy):
+    """(obs, h) -> h_next alone: the contract read h_next as the action and --env refused 'rollouts need an action
+    output', while the lint said only "no output named 'action'", as of a policy whose one output is its action."""
+    cell = policies.gru_cell()
+    del cell.graph.output[0]
+    assert _lints(load_policy(cell))["output-action"] == ("warn", (
+        "no output named 'action' (outputs: ['h_next']), and each is taken for a recurrent state's next value: "
+        "'h_next' is read as the action (its bounds), and --env has no action to step with; name the action in the "
+        "export: output_names=['action', ...]"))
+
+
 def test_a_recurrent_state_listed_first_is_never_read_as_the_action(load_policy):
     """The contract took the first output whatever it was; the episodes skipped the recurrent state's next value."""
     cell = policies.gru_cell()
