@@ -150,16 +150,22 @@ def managed_headless_shell() -> str | None:
     except (OSError, ValueError, KeyError, StopIteration):  # a Playwright without one: none to find
         return None
     folder = playwright_browsers_dir() / f"chromium_headless_shell-{revision}"
-    if not (folder / "INSTALLATION_COMPLETE").exists():
+    try:  # a PLAYWRIGHT_BROWSERS_PATH the system cannot look into (a name too long) holds none
+        if not (folder / "INSTALLATION_COMPLETE").exists():
+            return None
+        found = sorted([*folder.glob("*/chrome-headless-shell"), *folder.glob("*/chrome-headless-shell.exe")])
+        return next((str(path) for path in found if path.is_file() and os.access(path, os.X_OK)), None)
+    except OSError:
         return None
-    found = sorted([*folder.glob("*/chrome-headless-shell"), *folder.glob("*/chrome-headless-shell.exe")])
-    return next((str(path) for path in found if path.is_file() and os.access(path, os.X_OK)), None)
 
 
 def _may_hold_managed_chromium() -> bool:
-    """False when Playwright's browser folder holds no chromium-* install, so no Playwright driver (0.6-1.7 s) is
-    started just to learn that none is there."""
-    return any(playwright_browsers_dir().glob("chromium-*"))
+    """False when Playwright's browser folder holds no chromium-* install (or cannot be looked into), so no
+    Playwright driver (0.6-1.7 s) is started just to learn that none is there."""
+    try:
+        return any(playwright_browsers_dir().glob("chromium-*"))
+    except OSError:
+        return False
 
 
 @functools.cache

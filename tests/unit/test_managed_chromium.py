@@ -104,3 +104,12 @@ def test_a_headless_shell_half_downloaded_or_of_another_revision_is_not_taken(br
     _install_shell(browsers_folder, _revision(), complete=False)
     _install_shell(browsers_folder, "1")  # another Playwright release's, which this driver does not drive
     assert chromium.managed_headless_shell() is None
+
+
+def test_a_browser_folder_the_system_cannot_look_into_holds_no_browser(tmp_path, monkeypatch, fresh_lookup):
+    """A PLAYWRIGHT_BROWSERS_PATH longer than a file name may be (ENAMETOOLONG): `policy-matrix targets` and every
+    run with a web target ended in a traceback, from the headless shell's lookup."""
+    monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", str(tmp_path / ("x" * 5000)))
+    assert chromium.managed_headless_shell() is None
+    assert not chromium._may_hold_managed_chromium()
+    chromium.chromium_executable()  # the system's Chromium, or None: no OSError
