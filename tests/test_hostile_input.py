@@ -433,6 +433,14 @@ def test_hostile_path_option(case, tmp_path, policy_matrix):
     assert_one_line(policy_matrix(args), expected)
 
 
+def test_a_refused_baseline_leaves_no_report_folder(tmp_path, policy_matrix):
+    """Refused before anything is written, as merge's is: run made --out (with its lock) first and left it empty."""
+    (tmp_path / "base.json").write_text("[1, 2]")
+    done = policy_matrix([MLP, "--targets", "ort-cpu", "--out", tmp_path / "report", "--baseline", tmp_path / "base.json"])
+    assert_one_line(done, "not a results file")
+    assert not (tmp_path / "report").exists()
+
+
 @pytest.mark.parametrize("case", CONFIGS)
 def test_hostile_config(case, tmp_path, policy_matrix):
     args, expected = _config_case(case, tmp_path)

@@ -167,8 +167,8 @@ def run(model: Path, as_json: bool, **values) -> None:
 
     ending = args.ENDING.parse(values)
     config = args.run_config(model, values)
+    baseline = _baseline(ending)  # a bad one fails first, before --out is made
     outdir.claim(config.out, "--resume" if config.resume else "--out")
-    baseline = _baseline(ending)  # a bad one fails first
     with lock_out(config.out):
         try:
             results = run_matrix(config, console)
