@@ -466,6 +466,8 @@ def load(path: Path) -> RunResults:
     data = validated.json_file(Path(path), "results")
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a results file (a JSON {type(data).__name__}, not an object)")
+    if "schema_version" not in data:  # another tool's JSON: no version of ours to name
+        raise InputError(f"{path}: not a policy-matrix results file (no schema_version)")
     if data.get("schema_version") == 1:
         data = upgrade_v1(data)
     if data.get("schema_version") != SCHEMA_VERSION:

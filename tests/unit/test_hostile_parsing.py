@@ -489,6 +489,8 @@ RESULTS = {
     "merge: 100000-deep JSON": (raw_results('{"a":' * 100_000 + "1" + "}" * 100_000, "merge"), "nested deeper"),
     "compare: not UTF-8": (raw_results(b'{"a": "\xff"}'), "not JSON"),
     "compare: a JSON string": (raw_results('"results"'), "not a results file"),
+    "compare: another tool's JSON object": (raw_results('{"version": 3, "results": []}'),
+                                            "not a policy-matrix results file (no schema_version)"),
     "compare: empty": (raw_results(""), "not JSON"),
     "compare: a FIFO": (results_special("fifo"), "a FIFO, not a regular file"),
     "compare: /dev/zero": (results_special("device"), "character device"),
