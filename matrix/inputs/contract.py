@@ -112,7 +112,9 @@ def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str, step: f
     meta = model.metadata
     if action.dtype.kind in "iu":
         if "action_n" not in meta:
-            return ContractCheck(name=name, ok=None, detail="discrete action without action_n in metadata")
+            given = " (action_low/action_high bound a continuous action, not read for it)" if (
+                "action_low" in meta or "action_high" in meta) else ""
+            return ContractCheck(name=name, ok=None, detail=f"discrete action without action_n in metadata{given}")
         n = int(meta["action_n"])
         inside = bool(((action >= 0) & (action < n)).all())
         return ContractCheck(name=name, ok=inside, detail=f"indices in [0, {n})" if inside else f"index outside [0, {n})")

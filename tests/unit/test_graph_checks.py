@@ -222,6 +222,18 @@ def test_a_recurrent_state_must_keep_its_shape_at_every_batch(load_policy):
     assert _checks(model, _arrays(outputs, batches=batches), outputs)[name] == (False, "batch2: shape [2, 8], declared ['batch', 16]")
 
 
+def test_an_integer_action_with_continuous_bounds_says_they_are_not_read(load_policy):
+    """int64 'action' with action_low/action_high and no action_n: the check said only 'without action_n', as if the
+    model stated no bounds at all."""
+    discrete = policies.cast_action_discrete()
+    del discrete.metadata_props[:]
+    helper.set_model_props(discrete, {"action_low": "0", "action_high": "2"})
+    action = np.array([1, 2], np.int64)
+    check = _checks(load_policy(discrete), _arrays({"action": action}), {"action": action})["action bounds"]
+    assert check == (None, "discrete action without action_n in metadata (action_low/action_high bound a continuous "
+                           "action, not read for it)")
+
+
 @pytest.mark.parametrize("builder", [examples.continuous_mlp, policies.side_input_policy])
 def test_the_action_output_is_the_one_named_action(builder, load_policy):
     assert contract.action_output(load_policy(builder())) == "action"
