@@ -39,7 +39,8 @@ FAIL_ON_OPTION = click.option(
     help="Exit 1 when a cell is at least this bad (skip: a FAILed or SKIPped cell)."
 )
 BASELINE_OPTION = click.option(
-    "--baseline", type=click.Path(path_type=Path), help="Earlier results.json to flag regressions against (exit 1 if any)."
+    "--baseline", type=click.Path(path_type=Path),
+    help="Earlier results.json (or its report folder) to flag regressions against (exit 1 if any)."
 )
 BATCH_AXIS_OPTION = click.option(
     "--batch-axis", "batch_axis", multiple=True,
