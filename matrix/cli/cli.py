@@ -592,7 +592,8 @@ def _run_app() -> None:
         code = app.main(standalone_mode=False, prog_name="policy-matrix")
     except (InputError, click.UsageError) as error:
         message = error.format_message() if isinstance(error, click.UsageError) else str(error)
-        print(f"policy-matrix: error: {message}", file=sys.stderr)
+        # one line whatever a name in it holds: a --host-label, a model name or an option read from a results file
+        print(f"policy-matrix: error: {' '.join(message.splitlines())}", file=sys.stderr)
         sys.exit(2)
     except (click.Abort, KeyboardInterrupt) as error:
         print("policy-matrix: interrupted", file=sys.stderr)

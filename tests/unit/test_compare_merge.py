@@ -126,6 +126,15 @@ def test_cells_in_only_one_file_are_not_regressions(shard):
     assert compare(baseline, current) == []
 
 
+def test_a_refusal_naming_a_label_with_a_newline_is_still_one_line(shard, tmp_path, policy_matrix):
+    """--host-label takes any text: a baseline's label holding a newline split 'no host in common' over two lines."""
+    current = shard.model_copy(deep=True)
+    for cell in current.cells:
+        cell.host = "runner\n# two"
+    done = policy_matrix(["compare", "--baseline", _save(shard, tmp_path / "old"), "--current", _save(current, tmp_path / "new")])
+    assert done.returncode == 2 and len(done.lines) == 1 and "the current run's runner # two" in done.lines[0], done.lines
+
+
 def test_a_baseline_of_no_host_the_current_run_has_is_refused(shard):
     """Cells are matched per host: a nightly whose runner's --host-label changed paired no cell at all and said
     'no regressions', whatever had regressed."""
