@@ -1,6 +1,9 @@
 """Errors a user caused and can fix: the CLI prints the message alone and exits 2."""
 
+import contextlib
 import re
+import signal
+import threading
 
 
 class InputError(Exception):
@@ -13,6 +16,29 @@ class Terminated(KeyboardInterrupt):
 
 def raise_terminated(signum, frame) -> None:
     raise Terminated()
+
+
+@contextlib.contextmanager
+def interrupts_held():
+    """Ctrl-C and SIGTERM taken once the block is done, not inside it: for code that raises an error of its own
+    over an interrupt that stops it half-way (zipfile, stopped inside a member's write, refuses to close with
+    "an open writing handle": a ValueError's traceback and exit 1 instead of the interrupt's exit 130). Handlers can
+    be set in the main thread only; elsewhere the block runs as it is."""
+    numbers = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.getsignal(number) for number in numbers}
+    if threading.current_thread() is not threading.main_thread() or None in previous.values():
+        yield
+        return
+    caught: list[int] = []
+    for number in numbers:
+        signal.signal(number, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # its own handler now: the interrupt is raised here
 
 
 MAX_ERROR_LINE = 600  # the runtime's words, not its whole log: the process's log keeps the rest

@@ -27,7 +27,7 @@ from targets.base import head  # noqa: F401 (the first observations along each b
 from .. import outdir, userfiles
 from .batch_axes import BatchAxes, batch_dim
 from .graph_facts import pixel_inputs
-from ..errors import InputError
+from ..errors import InputError, interrupts_held
 from .model import ModelInfo, TensorSpec
 
 EDGE_VALUES = (0.0, 1.0, -1.0, 5.0, -5.0, 1e-6, 10.0, -10.0)
@@ -201,7 +201,8 @@ def save(feeds: Feeds, path: Path) -> None:
                 with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
 
-    outdir.write_atomic_with(path, write)
+    with interrupts_held():
+        outdir.write_atomic_with(path, write)
 
 
 def read(path: Path) -> Feeds:
