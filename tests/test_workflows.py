@@ -87,7 +87,7 @@ def _merge_step(tmp_path: Path, shard: Path, baseline: Path | None) -> subproces
 
 
 def test_the_nightly_merge_after_a_model_change_succeeds_and_says_nothing_was_compared(tmp_path):
-    """The baseline is the last successful nightly. With a new policy committed, the step exited 2 ('compare runs of
+    """The baseline was the last successful nightly then. With a new policy committed, the step exited 2 ('compare runs of
     the same model') every night: no nightly succeeded again, so the baseline never moved on and no regression of
     the new policy was ever flagged."""
     old_model = schema.load(SHARD)

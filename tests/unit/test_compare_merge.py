@@ -188,7 +188,7 @@ def test_cells_only_one_side_ran_are_named_not_compared_or_new(shard):
 
 
 def test_a_nightly_after_a_model_change_notes_the_baseline_instead_of_failing_every_night(shard, tmp_path, policy_matrix):
-    """The nightly compares with the last successful nightly. Once the policy changed, every merge exited 2 on 'compare
+    """The nightly compared with the last successful nightly then. Once the policy changed, every merge exited 2 on 'compare
     runs of the same model', no nightly succeeded again, and the baseline stayed the old model's for good. With
     --baseline-mismatch note the report says why nothing was compared and the night stands on its own."""
     old_model = shard.model_copy(deep=True)
