@@ -149,7 +149,7 @@ def test_an_fp16_variant_of_an_fp16_model_is_not_made_in_the_tools_words(tmp_pat
     paths, errors = variants.produce_all(model.load(user_fp16(tmp_path)), ["fp16"], tmp_path / "variants")
     assert "fp16" not in paths
     assert errors["fp16"] == ("not made: fp16 conversion converted nothing to float16 beyond the model's own (6 float16 "
-                              "weight tensors, 1 float16 Cast node): the fp32 cell runs that fp16 model as given")
+                              "weight tensors, 1 float16 Cast node): the fp32 variant is that fp16 model as given")
     assert variants.split_errors(errors) == ({}, errors)
 
 
@@ -165,7 +165,7 @@ def test_an_fp16_variant_of_an_int8_model_is_not_made_as_its_int8_variant_is_not
     paths, errors = variants.produce_all(model.load(make(tmp_path)), ["fp16", "int8"], tmp_path / "variants")
     assert set(paths) == {"fp32"}
     assert errors["fp16"] == (f"not made: the model is already int8 ({evidence}), below fp16, so fp16 conversion is not "
-                              "tried: the fp32 cell runs that int8 model as given")
+                              "tried: the fp32 variant is that int8 model as given")
     assert errors["int8"].startswith("not made: ") and variants.split_errors(errors) == ({}, errors)
 
 

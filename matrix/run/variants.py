@@ -234,10 +234,10 @@ def _fp16(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
     precision, evidence = computes_in(model.proto)
     if precision == "fp16":  # onnxconverter-common refuses any graph holding float16, in its own words
         raise NothingToMake(f"fp16 conversion converted nothing to float16 beyond the model's own ({evidence}): the fp32 "
-                           "cell runs that fp16 model as given")
+                           "variant is that fp16 model as given")
     if precision == "int8":  # halving what an int8 graph keeps in float makes no fp16 policy of it
         raise NothingToMake(f"the model is already int8 ({evidence}), below fp16, so fp16 conversion is not tried: the "
-                           "fp32 cell runs that int8 model as given")
+                           "fp32 variant is that int8 model as given")
     source = named_nodes(model.proto)
     blocked, first_error = list(keep_fp32), None
     for _ in range(MAX_BLOCKED_NODES + 2):
@@ -337,7 +337,7 @@ def _int8(model: ModelInfo, out: Path, keep_fp32: tuple[str, ...]) -> list[str]:
         if own["quantized_ops"] or own["quantized_weights"]:  # a user's int8 model: its as-given cell is the int8 one
             raise NothingToMake(
                 f"dynamic quantization quantized nothing beyond the model's own ({own['quantized_ops']} quantized ops, "
-                f"{own['quantized_weights']} 8-bit weight tensors): the fp32 cell runs that int8 model as given")
+                f"{own['quantized_weights']} 8-bit weight tensors): the fp32 variant is that int8 model as given")
         raise VariantError(
             f"dynamic quantization quantized nothing ({counted['float_ops']} weight ops and "
             f"{counted['float_weights']} weight tensors stayed float): this would be the model as given named int8"
