@@ -77,9 +77,11 @@ def test_identical_rerun_has_no_regressions(shards, tmp_path, policy_matrix):
     rerun = tmp_path / "rerun"
     done = policy_matrix(["run", example("continuous_mlp"), "--targets", "ort-cpu", "--precisions", "fp32,fp16",
                           "--iters", "200", "--host-label", "linux-a", "--out", rerun, "--baseline", shards / "linux-a",
-                          "--latency-threshold", "100"])
+                          "--latency-threshold", "100", "--json"])
     assert done.returncode == 0, done.stderr
     assert load_results(rerun)["regressions"] == []
+    printed = json.loads(done.stdout)  # what a CI script reads: the regressions and what was compared
+    assert printed["regressions"] == [] and printed["baseline"]["compared"] == 2, printed["baseline"]
     assert policy_matrix(["compare", "--baseline", shards / "linux-a", "--current", shards / "linux-a"]).returncode == 0
 
 

@@ -270,7 +270,9 @@ def _finish(results, out: Path, ending: dict, baseline, as_json: bool = False, o
     if as_json:
         _print_json({"report": str(index), "counts": counts, "observations": results.model.get("observation_source"),
                      "required_not_run": results.required_not_run,
-                     "decision": [decision.model_dump(mode="json") for decision in results.decision]})
+                     "decision": [decision.model_dump(mode="json") for decision in results.decision],
+                     "regressions": [regression.model_dump(mode="json") for regression in results.regressions],
+                     "baseline": results.baseline.model_dump(mode="json") if results.baseline else None})
     if own_run and results.interrupted is not None:
         sys.exit(143 if results.interrupted.signal == "SIGTERM" else 130)
     fail_on = ending["fail_on"]
