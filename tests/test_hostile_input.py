@@ -213,6 +213,8 @@ MODELS = {
     "metadata action_n -3": (_action_metadata(action_n="-3"), "a whole number of actions >= 1"),
     "metadata action_low 'abc'": (_action_metadata(action_low="abc", action_high="1"), "action_low = 'abc'"),
     "metadata action_high NaN": (_action_metadata(action_low="-1", action_high="nan"), "action_high = 'nan'"),
+    "metadata action_low with a digit group": (_action_metadata(action_low="-1_0", action_high="1"),
+                                                "action_low = '-1_0': expected a number"),
     "metadata action_low above action_high": (_action_metadata(action_low="2", action_high="1"), "above action_high"),
     "metadata action_low inf": (_action_metadata(action_low="inf", action_high="inf"), "action_low = 'inf': no action"),
     "metadata action_high -1e999": (_action_metadata(action_low="-1", action_high="-1e999"), "action_high = '-1e999': no action"),

@@ -132,8 +132,8 @@ def _check_action_metadata(path: Path, metadata: dict[str, str]) -> None:
     bounds = {}
     for key in ("action_low", "action_high"):
         if key in metadata:
-            try:
-                bounds[key] = float(metadata[key])
+            try:  # Python's float() also reads digit groups ('-1_0' is -10): no exporter writes a number so
+                bounds[key] = float(metadata[key]) if "_" not in metadata[key] else math.nan
             except ValueError:
                 bounds[key] = math.nan
             if math.isnan(bounds[key]):
