@@ -221,6 +221,19 @@ def test_the_model_s_own_bounds_violation_is_one_lint_for_the_run(load_policy):
     assert reference_bounds(load_policy(unstated), {"action": np.array([[30.0]])}) is None
 
 
+def test_a_decimal_bound_the_graph_holds_as_float32_is_kept_by_the_reference(load_policy):
+    """A TD3 actor clamped at -0.3 with action_low=-0.3 in its metadata: the float64 reference computes with the
+    graph's float32 constant and returns -0.30000001, which is the bound as the model holds it, not a violation."""
+    proto = policies.td3_actor()
+    helper.set_model_props(proto, {"action_space": "continuous", "action_low": "-0.3", "action_high": "0.7"})
+    model = load_policy(proto)
+    clipped = np.array([[-0.3], [0.7]], np.float32)
+    reference = {"action": clipped.astype(np.float64)}
+    assert reference_bounds(model, reference).level == "ok"
+    checks = {c.name: (c.ok, c.detail) for c in contract.check(model, _arrays({"action": clipped}), reference)}
+    assert checks["action bounds"] == (True, "[-0.3, 0.7] within [-0.3, 0.7] (metadata)")
+
+
 def test_a_missing_output_fails_shapes_dtypes_and_bounds(load_policy):
     model = load_policy(examples.continuous_mlp())
     checks = _checks(model, _arrays({}), {"action": np.zeros((2, 6), np.float32)})
