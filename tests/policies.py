@@ -73,6 +73,20 @@ def td3_actor(low: float = -0.3, high: float = 0.7) -> onnx.ModelProto:
     return _model(nodes, [_float("obs", ["batch", 3])], [_float("action", ["batch", 1])], inits, opset=20, ir_version=10)
 
 
+def unsquashed_gaussian_mean() -> onnx.ModelProto:
+    """SB3's documented PPO export on Pendulum: the actor's Gaussian mean, unsquashed (SB3 clips to the action space
+    in Python, outside the graph), with the env's [-2, 2] written into the metadata by its user: the float64
+    reference leaves the bounds the model states on many observations, whatever runtime runs it."""
+    rng = np.random.default_rng(5)
+    inits = _weights(rng, "fc0", 3, 64) + _weights(rng, "head", 64, 1, scale=8.0)
+    nodes = [
+        helper.make_node("Gemm", ["obs", "fc0_w", "fc0_b"], ["h0"]), helper.make_node("Tanh", ["h0"], ["a0"]),
+        helper.make_node("Gemm", ["a0", "head_w", "head_b"], ["action"]),
+    ]
+    metadata = {"action_space": "continuous", "action_low": "-2", "action_high": "2"}
+    return _model(nodes, [_float("obs", ["batch", 3])], [_float("action", ["batch", 1])], inits, metadata)
+
+
 def ppo_guide_value_first() -> onnx.ModelProto:
     """SB3's export guide's call (input_names=["input"], no output names, batch 1) with the legacy exporter, on an
     actor-critic whose forward returns (value, action, log_prob): torch names the outputs after their producers."""

@@ -101,6 +101,22 @@ def test_fp16_of_a_clamped_td3_actor_is_held_to_the_bounds_float16_states(built,
     assert bounds["fp16"]["detail"].startswith("[-0.30005, 0.7002] within [-0.3, 0.7] as float16 holds them")
 
 
+def test_bounds_the_export_itself_breaks_are_the_model_s_lint_not_every_runtime_s_fail(built, tmp_path, policy_matrix):
+    """SB3's PPO export returns the unsquashed Gaussian mean; with [-2, 2] in its metadata every cell of every runtime
+    FAILed 'contract: action bounds: [-6.1, 4] leaves [-2, 2]', the same row on every target, for the export."""
+    done = policy_matrix(["run", built("unsquashed_gaussian_mean"), "--targets", "ort-cpu", "--variants", "fp32,fp16",
+                          *FAST, "--out", tmp_path / "report"])
+    assert done.returncode == 0, done.stderr
+    results = load_results(tmp_path / "report")
+    found = next(item for item in results["lints"] if item["id"] == "action-bounds")
+    assert found["level"] == "warn" and "reference's action leaves [-2, 2] (metadata) on" in found["message"], found
+    for cell in results["cells"]:
+        assert cell["verdict"] == "PASS", cell["reasons"]
+        bounds = next(c for c in cell["contract"] if c["name"] == "action bounds")
+        assert bounds["ok"] is True and "no farther than the reference" in bounds["detail"], bounds
+    assert "action-bounds" in (tmp_path / "report" / "index.html").read_text()
+
+
 # A TD3 actor as its users write it, rescaled to [-0.3, 0.7] and clamped, exported by torch's TorchScript exporter
 # (the dynamo exporter writes the same ops with the bounds as initializers: tests/policies.td3_actor).
 TD3_EXPORT = """

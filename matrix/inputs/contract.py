@@ -7,6 +7,8 @@ bounds and dtype, determinism.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .batch_axes import batched, is_symbolic
@@ -14,6 +16,9 @@ from .graph_facts import action_bounds
 from .model import ModelInfo
 from .observations import Feeds
 from ..results import ContractCheck
+
+if TYPE_CHECKING:
+    from ..judge.rules import Tolerance
 
 CONTRACT_BATCHES = (1, 2, 7)
 
@@ -31,10 +36,46 @@ def action_output(model: ModelInfo) -> str:
     return "action" if "action" in names else names[0]
 
 
+def stated_bounds(model: ModelInfo) -> tuple[float, float, str] | None:
+    """(low, high, where they came from) of a continuous action: action_low/action_high in the metadata, else as the
+    graph states them; None where the model states none."""
+    meta = model.metadata
+    if "action_low" in meta and "action_high" in meta:
+        return float(meta["action_low"]), float(meta["action_high"]), "metadata"
+    return action_bounds(model, action_output(model))
+
+
+def reference_leaves(model: ModelInfo, reference: Feeds) -> tuple[int, int, float, float] | None:
+    """Where the float64 reference's continuous action leaves the bounds the model states (the graph does not enforce
+    bounds the metadata states: SB3's PPO export returns the unsquashed Gaussian mean): (observations on which it
+    leaves them, observations, its lowest and highest value), or None where it keeps them or no bounds are stated."""
+    expected, bounds = reference.get(action_output(model)), stated_bounds(model)
+    if expected is None or bounds is None or expected.dtype.kind != "f":
+        return None
+    low, high = _as_float32_holds(*bounds[:2])
+    with np.errstate(invalid="ignore"):
+        leaving = (expected < low) | (expected > high)
+    if not leaving.any():
+        return None
+    axis = model.batch_axes.get(action_output(model), 0) if expected.ndim else None
+    rows = leaving.reshape(1, -1) if axis is None or axis >= expected.ndim else np.moveaxis(leaving, axis, 0).reshape(
+        expected.shape[axis], -1)
+    finite = expected[np.isfinite(expected)]
+    return int(rows.any(axis=1).sum()), len(rows), float(finite.min()), float(finite.max())
+
+
+def _as_float32_holds(low: float, high: float) -> tuple[float, float]:
+    """The bounds widened to their nearest float32 where that lies outside: the float64 reference computes with the
+    graph's float32 constants, and a clamp at the metadata's -0.3 returns float32's -0.30000001 (a runtime's float32
+    action compares so with numpy's weak Python float; the float64 reference does not)."""
+    return min(low, float(np.float32(low))), max(high, float(np.float32(high)))
+
+
 def check(model: ModelInfo, arrays: Feeds, reference: Feeds, precision: str = "fp32",
-          output_steps: dict[str, float] | None = None) -> list[ContractCheck]:
+          output_steps: dict[str, float] | None = None, tolerance: Tolerance | None = None) -> list[ContractCheck]:
     """`precision` is what the cell's artifact computes in (its variant's, or lower where the model is given so);
-    `output_steps` the integer grid each output it returns lies on, where it quantizes them (ArtifactInfo)."""
+    `output_steps` the integer grid each output it returns lies on, where it quantizes them (ArtifactInfo);
+    `tolerance` the cell's, of the float64 reference (none: exactly the reference)."""
     outputs = _prefixed(arrays, "outputs/")
     action = outputs.get(action_output(model))
     step = (output_steps or {}).get(action_output(model))
@@ -43,7 +84,7 @@ def check(model: ModelInfo, arrays: Feeds, reference: Feeds, precision: str = "f
         _batches(model, arrays),
         _finite(model, outputs, reference),
         _dtype(model, outputs),
-        _bounds(model, action, precision, step),
+        _bounds(model, action, reference, precision, step, tolerance),
         _determinism(outputs, _prefixed(arrays, "repeat/")),
         *_recurrent_state(model, arrays),
     ]
@@ -105,7 +146,8 @@ def _dtype(model: ModelInfo, outputs: Feeds) -> ContractCheck:
     return ContractCheck(name="output dtypes", ok=not problems, detail="; ".join(problems) or "as declared")
 
 
-def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str, step: float | None) -> ContractCheck:
+def _bounds(model: ModelInfo, action: np.ndarray | None, reference: Feeds, precision: str, step: float | None,
+            tolerance: Tolerance | None) -> ContractCheck:
     name = "action bounds"
     if action is None:
         return ContractCheck(name=name, ok=False, detail="no action output returned")
@@ -118,22 +160,52 @@ def _bounds(model: ModelInfo, action: np.ndarray | None, precision: str, step: f
         n = int(meta["action_n"])
         inside = bool(((action >= 0) & (action < n)).all())
         return ContractCheck(name=name, ok=inside, detail=f"indices in [0, {n})" if inside else f"index outside [0, {n})")
-    if "action_low" in meta and "action_high" in meta:
-        low, high, source = float(meta["action_low"]), float(meta["action_high"]), "metadata"
-    elif inferred := action_bounds(model, action_output(model)):
-        low, high, source = inferred
-    else:
+    if (stated := stated_bounds(model)) is None:
         return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata, none stated by the graph")
+    low, high, source = stated
     finite = action[np.isfinite(action)]  # NaN compares false with any bound: 'finite outputs' judges it, once
     held_low, held_high, held = _held(low, high, precision, step)
-    inside = bool(((finite >= held_low) & (finite <= held_high)).all())
+    with np.errstate(invalid="ignore"):
+        leaving = (action < held_low) | (action > held_high)
+    own = leaving & ~_as_far_as_the_reference(action, reference.get(action_output(model)), low, high, tolerance)
     if bool(((finite >= low) & (finite <= high)).all()):
         held = ""  # within the bounds as stated: how the artifact holds them is no part of the answer
     found = f"[{_shown(finite.min(), low)}, {_shown(finite.max(), high)}]" if finite.size else "[]"
-    verdict = "within" if inside else "leaves"
+    verdict = "leaves" if leaving.any() else "within"
     left = action.size - finite.size
     left_text = f"; {left} non-finite value{'s' if left > 1 else ''} left to 'finite outputs'" if left else ""
-    return ContractCheck(name=name, ok=inside, detail=f"{found} {verdict} [{low:g}, {high:g}]{held} ({source}{left_text})")
+    detail = f"{found} {verdict} [{low:g}, {high:g}]{held} ({source}{left_text})"
+    if (model_leaves := reference_leaves(model, reference)) is not None:
+        detail += _reference_words(model_leaves, int(own.sum()), leaving.any())
+    return ContractCheck(name=name, ok=not own.any(), detail=detail)
+
+
+def _as_far_as_the_reference(action: np.ndarray, expected: np.ndarray | None, low: float, high: float,
+                             tolerance: Tolerance | None) -> np.ndarray:
+    """Where the action leaves the bounds no farther than the float64 reference does for the same observation, within
+    the cell's tolerance of it: the export's doing (the graph does not enforce the bounds it states), not the
+    runtime's. A runtime leaving them where the reference keeps them, or on the other side, is the runtime's."""
+    if expected is None or expected.shape != action.shape or expected.dtype.kind != "f":
+        return np.zeros(action.shape, bool)
+    expected = expected.astype(np.float64)
+    allowed = (tolerance.atol + tolerance.rtol * np.abs(expected)) if tolerance else 0.0
+    with np.errstate(invalid="ignore"):
+        above = (action > high) & (expected > high) & (action <= expected + allowed)
+        below = (action < low) & (expected < low) & (action >= expected - allowed)
+    return above | below
+
+
+def _reference_words(model_leaves: tuple[int, int, float, float], own: int, leaves: bool) -> str:
+    """What the cell's row says of a reference that leaves the stated bounds itself (the `action-bounds` lint says
+    it once for the run)."""
+    observations, of, _, _ = model_leaves
+    said = (f"the float64 reference leaves them{' too' if leaves else ''} on {observations} of {of} observations: the "
+            "export does not enforce its stated bounds (lint 'action-bounds')")
+    if not leaves:
+        return f"; {said}"
+    if not own:
+        return f": no farther than the reference, within tolerance; {said}"
+    return f": {own} value{'s' if own > 1 else ''} where the reference keeps them, or farther than it; {said}"
 
 
 # A graph computing in float16 holds its bounds as float16 constants: a Clip at 0.7 (a TD3 actor's high bound) clips

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .contract import action_output, action_outputs
+from .contract import action_output, action_outputs, reference_leaves, stated_bounds
 from .graph_facts import action_bounds, computes_in, non_finite_initializers
 from .model import ModelInfo
 from .observations import given_words
@@ -178,6 +178,27 @@ def _precision(model: ModelInfo, whose: str = "") -> Lint:
     # Nothing about the variants: the lint is read before they are made, and the run says what each one became.
     return Lint("precision", "warn", f"{whose}computes in {precision} as given ({evidence}): its fp32 cell runs it as it "
                 f"is and is judged at {precision}'s default tolerance")
+
+
+def reference_bounds(model: ModelInfo, reference: dict[str, np.ndarray]) -> Lint | None:
+    """`action-bounds`, once the float64 reference is known: whether the model keeps the continuous action bounds it
+    states on the run's observations. Where it leaves them, every cell would too: the cells' bounds check holds each
+    runtime only to going no farther than the reference, and this says the model's own violation, once. None where
+    the model states no bounds for a continuous action."""
+    stated = stated_bounds(model)
+    action = reference.get(action_output(model))
+    if stated is None or action is None or action.dtype.kind != "f":
+        return None
+    low, high, source = stated
+    leaves = reference_leaves(model, reference)
+    if leaves is None:
+        return Lint("action-bounds", "ok", f"the float64 reference keeps the action in [{low:g}, {high:g}] ({source})")
+    observations, of, lowest, highest = leaves
+    return Lint("action-bounds", "warn", f"the float64 reference's action leaves [{low:g}, {high:g}] ({source}) on "
+                f"{observations} of {of} observations, reaching [{lowest:.4g}, {highest:.4g}]: the export does not "
+                "enforce the bounds it states (SB3's PPO export returns the Gaussian mean unsquashed), and every "
+                "runtime returns what it computes; clip in the graph, or clip before stepping the env. Each cell's "
+                "bounds check holds the runtime to going no farther than the reference")
 
 
 def candidate_precisions(candidates: list[ModelInfo]) -> list[Lint]:

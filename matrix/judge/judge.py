@@ -113,7 +113,8 @@ class Judge:
             cell.parity = parity(outcome.arrays, evidence, context)
             computes_in = self.own_precision(variant, candidate) or variant
             steps = cell.artifact.output_steps if cell.artifact else {}
-            cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs, computes_in, steps)
+            cell.contract = contract.check(evidence.model, outcome.arrays, evidence.reference.outputs, computes_in, steps,
+                                           context.tolerance)
             cell.rollout = rollouts.summarise(m.rollout, outcome.arrays, evidence.reference_rollout, evidence.rollout_plan)
             if not self.quantizes_per_call(cell, candidate):
                 context = replace(context, batch_drifts=batch_dependence(outcome.arrays, evidence, context))

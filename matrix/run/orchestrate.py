@@ -41,7 +41,7 @@ from ..decide import decide
 from ..reference import reference, reference_job
 from ..errors import InputError, Terminated
 from ..errors import console_text as escape
-from ..inputs.lint import candidate_precisions, lint
+from ..inputs.lint import candidate_precisions, lint, reference_bounds
 from ..inputs.model import ModelInfo
 from .. import options
 from ..options import default_memory_limit
@@ -208,7 +208,7 @@ def run(config: RunConfig, console: Console) -> RunResults:
         rollout=config.rollout.as_dict() if config.rollout else None,
     )
     inputs_by_model = {"": template, **_candidate_inputs(template, candidate_variants)}
-    results = _empty_results(config, feeds, template, judge)
+    results = _empty_results(config, feeds, template, judge, ref)
     results.variant_errors = {v: e for v, e in failed.items() if v in config.variants}
     results.variants_not_made = {v: why for v, why in not_made.items() if v in config.variants}
     if config.rollout:
@@ -640,8 +640,11 @@ def _observation_set(config: RunConfig, obs_source: observation_sources.Observat
         return {**observations.seeded(config.model, config.n_obs, config.seed), **config.side_inputs}  # the user's value
 
 
-def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge) -> RunResults:
+def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge, ref: Reference) -> RunResults:
+    """The run's record before its cells: the model, host, options and lints (those known once the reference is:
+    whether the model keeps the action bounds it states)."""
     size, obs_source = observations.count(feeds, template.batch_axes), judge.observations
+    kept = reference_bounds(config.model, ref.outputs)
     return RunResults(
         tool_version=__version__,
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -654,7 +657,7 @@ def _empty_results(config: RunConfig, feeds, template: CellInputs, judge: Judge)
             "targets": config.targets, "variants": config.variants, "timeout_s": config.timeout_s,
             **judge.run_options(),
         },
-        lints=[LintResult(**vars(item)) for item in lint(config.model, config.side_inputs)
+        lints=[LintResult(**vars(item)) for item in lint(config.model, config.side_inputs) + ([kept] if kept else [])
               + candidate_precisions(config.candidates)],
         cells=[],
     )

@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 import policies
 from matrix.inputs import contract, examples
 from matrix.inputs.graph_facts import StatePair, action_bounds, non_finite_initializers
-from matrix.inputs.lint import lint
+from matrix.inputs.lint import lint, reference_bounds
+from matrix.judge.rules import Tolerance
 
 
 def _lints(model) -> dict[str, tuple[str, str]]:
@@ -149,15 +150,16 @@ def test_an_fp16_artifact_is_held_to_the_bounds_float16_can_state(load_policy):
     [-0.3, 0.7]': the fp16 variant's Clip holds 0.7 as 0.70020 (the nearest float16), which onnxruntime returned."""
     model = load_policy(policies.td3_actor())
     saturated = np.array([[np.float16(-0.3)], [np.float16(0.7)]], np.float32)  # what the fp16 graph returns at its bounds
+    clipped = {"action": np.array([[-0.3], [0.7]], np.float32).astype(np.float64)}  # the reference, at the Clip's bounds
     arrays = _arrays({"action": saturated}, batches=_good_batches(1))
-    assert _checks(model, arrays, {"action": saturated})["action bounds"] == (False, "[-0.30005, 0.7002] leaves [-0.3, 0.7] (graph: final Clip)")
-    held = contract.check(model, arrays, {"action": saturated}, "fp16")
+    assert _checks(model, arrays, clipped)["action bounds"] == (False, "[-0.30005, 0.7002] leaves [-0.3, 0.7] (graph: final Clip)")
+    held = contract.check(model, arrays, clipped, "fp16")
     assert {c.name: (c.ok, c.detail) for c in held}["action bounds"] == (
         True, "[-0.30005, 0.7002] within [-0.3, 0.7] as float16 holds them, [-0.30005, 0.7002] (graph: final Clip)")
     beyond = np.array([[0.7007]], np.float32)  # a float16 further out than the bound's own rounding
-    checks = {c.name: c.ok for c in contract.check(model, _arrays({"action": beyond}), {"action": beyond}, "fp16")}
+    checks = {c.name: c.ok for c in contract.check(model, _arrays({"action": beyond}), {"action": clipped["action"][1:]}, "fp16")}
     assert checks["action bounds"] is False
-    assert _checks(model, _arrays({"action": saturated}), {"action": saturated})["action bounds"][0] is False  # fp32: as before
+    assert _checks(model, _arrays({"action": saturated}), clipped)["action bounds"][0] is False  # fp32: as before
     inside = np.array([[0.5]], np.float32)  # float16's bounds are said only where a value needed them
     checks = {c.name: c.detail for c in contract.check(model, _arrays({"action": inside}), {"action": inside}, "fp16")}
     assert checks["action bounds"] == "[0.5, 0.5] within [-0.3, 0.7] (graph: final Clip)"
@@ -170,7 +172,8 @@ def test_an_action_returned_on_an_integer_grid_is_held_to_half_a_step_beyond_its
     on_grid = np.array([[-77 / 255], [178 / 255]], np.float32)
 
     def bounds(action, steps):
-        return {c.name: (c.ok, c.detail) for c in contract.check(model, _arrays({"action": action}), {"action": action},
+        clipped = {"action": np.clip(action, np.float32(-0.3012), np.float32(0.6988)).astype(np.float64)}  # the reference
+        return {c.name: (c.ok, c.detail) for c in contract.check(model, _arrays({"action": action}), clipped,
                                                                     "int8", steps)}["action bounds"]
 
     assert bounds(on_grid, {})[0] is False
@@ -178,6 +181,57 @@ def test_an_action_returned_on_an_integer_grid_is_held_to_half_a_step_beyond_its
                                                           "output grid (step 0.00392) holds them, [-0.30316, 0.70076] "
                                                           "(graph: final Clip)")
     assert bounds(np.array([[-0.3045]], np.float32), {"action": 1 / 255})[0] is False  # beyond half a step
+
+
+def test_bounds_the_reference_leaves_too_are_the_model_s_and_the_runtime_is_held_to_the_reference(load_policy):
+    """SB3's PPO export with [-2, 2] in its metadata returns the unsquashed mean: every cell FAILed 'action bounds',
+    the export's doing. A runtime may leave them only where, and no farther than, the float64 reference does."""
+    model = load_policy(policies.unsquashed_gaussian_mean())
+    reference = {"action": np.array([[3.0], [-2.5], [1.0], [0.5]])}
+    tolerance = Tolerance(atol=1e-3)
+
+    def bounds(action, precision="fp32"):
+        checks = contract.check(model, _arrays({"action": np.array(action, np.float32)}), reference, precision,
+                                tolerance=tolerance)
+        return {c.name: (c.ok, c.detail) for c in checks}["action bounds"]
+
+    said = "reference leaves them too on 2 of 4 observations: the export does not enforce its stated bounds"
+    ok, detail = bounds([[3.0005], [-2.5005], [1.0], [0.5]])  # as far as the reference, within tolerance
+    assert ok is True and detail.startswith("[-2.5, 3] leaves [-2, 2] (metadata): no farther than the reference") and said in detail
+    assert bounds([[3.0], [-2.5], [1.0], [0.5]], "fp16")[0] is True  # and so with the fp16 holding
+    ok, detail = bounds([[3.0], [-2.5], [2.1], [0.5]])  # leaves them where the reference keeps them: the runtime's
+    assert ok is False and "1 value where the reference keeps them, or farther" in detail and said in detail, detail
+    assert bounds([[3.1], [-2.5], [1.0], [0.5]])[0] is False  # farther than the reference, beyond tolerance
+    assert bounds([[-3.0], [-2.5], [1.0], [0.5]])[0] is False  # on the other side
+    ok, detail = bounds([[2.0], [-2.0], [1.0], [0.5]])  # a runtime within them: said of the reference all the same
+    assert ok is True and detail == ("[-2, 2] within [-2, 2] (metadata); the float64 reference leaves them on 2 of 4 "
+                                     "observations: the export does not enforce its stated bounds (lint 'action-bounds')")
+
+
+def test_the_model_s_own_bounds_violation_is_one_lint_for_the_run(load_policy):
+    model = load_policy(policies.unsquashed_gaussian_mean())
+    leaves = reference_bounds(model, {"action": np.array([[3.0], [-2.5], [1.0], [0.5]])})
+    assert (leaves.id, leaves.level) == ("action-bounds", "warn")
+    assert leaves.message.startswith("the float64 reference's action leaves [-2, 2] (metadata) on 2 of 4 observations, "
+                                     "reaching [-2.5, 3]: the export does not enforce the bounds it states")
+    kept = reference_bounds(model, {"action": np.array([[1.5], [-2.0]])})
+    assert (kept.level, kept.message) == ("ok", "the float64 reference keeps the action in [-2, 2] (metadata)")
+    unstated = policies.unsquashed_gaussian_mean()
+    del unstated.metadata_props[:]
+    assert reference_bounds(load_policy(unstated), {"action": np.array([[30.0]])}) is None
+
+
+def test_a_decimal_bound_the_graph_holds_as_float32_is_kept_by_the_reference(load_policy):
+    """A TD3 actor clamped at -0.3 with action_low=-0.3 in its metadata: the float64 reference computes with the
+    graph's float32 constant and returns -0.30000001, which is the bound as the model holds it, not a violation."""
+    proto = policies.td3_actor()
+    helper.set_model_props(proto, {"action_space": "continuous", "action_low": "-0.3", "action_high": "0.7"})
+    model = load_policy(proto)
+    clipped = np.array([[-0.3], [0.7]], np.float32)
+    reference = {"action": clipped.astype(np.float64)}
+    assert reference_bounds(model, reference).level == "ok"
+    checks = {c.name: (c.ok, c.detail) for c in contract.check(model, _arrays({"action": clipped}), reference)}
+    assert checks["action bounds"] == (True, "[-0.3, 0.7] within [-0.3, 0.7] (metadata)")
 
 
 def test_a_missing_output_fails_shapes_dtypes_and_bounds(load_policy):
@@ -199,7 +253,7 @@ def test_discrete_indices_are_checked_against_action_n(load_policy):
 def test_bounds_without_metadata_come_from_the_graph_and_say_so(load_policy):
     model = load_policy(policies.minmax_clip_mlp())
     action = np.array([[2.5]], np.float32)
-    ok, detail = _checks(model, _arrays({"action": action}), {"action": action})["action bounds"]
+    ok, detail = _checks(model, _arrays({"action": action}), {"action": np.array([[2.0]])})["action bounds"]
     assert ok is False and detail == "[2.5, 2.5] leaves [-2, 2] (graph: final Min/Max clip)"
 
 
