@@ -206,6 +206,20 @@ def cast_action_discrete() -> onnx.ModelProto:
     return _model(nodes, [_float("obs", ["batch", 4])], [action], inits, {"action_space": "discrete", "action_n": "3"})
 
 
+def argmax_over_more_logits_than_action_n() -> onnx.ModelProto:
+    """A Q-network's ArgMax over 4 logits whose metadata says action_n = 3 (a user's wrong count, or a head exported
+    for another env): the float64 reference returns index 3 on many observations, whatever runtime runs it."""
+    rng = np.random.default_rng(7)
+    inits = _weights(rng, "fc0", 4, 32) + _weights(rng, "head", 32, 4)
+    nodes = [
+        helper.make_node("Gemm", ["obs", "fc0_w", "fc0_b"], ["h0"]), helper.make_node("Tanh", ["h0"], ["a0"]),
+        helper.make_node("Gemm", ["a0", "head_w", "head_b"], ["q_values"]),
+        helper.make_node("ArgMax", ["q_values"], ["action"], axis=1, keepdims=0),
+    ]
+    action = helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])
+    return _model(nodes, [_float("obs", ["batch", 4])], [action], inits, {"action_space": "discrete", "action_n": "3"})
+
+
 def markup_names_mlp() -> onnx.ModelProto:
     """Valid ONNX whose input, tensor and node names carry HTML: onnx2tf writes its float
     files, but no SavedModel (so no signature, and no int8 from it)."""

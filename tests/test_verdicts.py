@@ -117,6 +117,23 @@ def test_bounds_the_export_itself_breaks_are_the_model_s_lint_not_every_runtime_
     assert "action-bounds" in (tmp_path / "report" / "index.html").read_text()
 
 
+def test_an_index_the_model_returns_outside_its_action_n_is_the_model_s_lint_not_every_runtime_s_fail(built, tmp_path,
+                                                                                                      policy_matrix):
+    """An ArgMax over 4 logits with action_n = 3 in its metadata: every cell of every runtime FAILed 'contract: action
+    bounds: index outside [0, 3)', the same row on every target, for the model's own count."""
+    done = policy_matrix(["run", built("argmax_over_more_logits_than_action_n"), "--targets", "ort-cpu", "--variants",
+                          "fp32", *FAST, "--out", tmp_path / "report"])
+    assert done.returncode == 0, done.stderr
+    results = load_results(tmp_path / "report")
+    found = next(item for item in results["lints"] if item["id"] == "action-bounds")
+    assert found["level"] == "warn" and found["message"].startswith("the float64 reference returns action index 3, "
+                                                                     "outside [0, 3) (metadata action_n = 3), on "), found
+    [cell] = results["cells"]
+    assert cell["verdict"] == "PASS", cell["reasons"]
+    bounds = next(c for c in cell["contract"] if c["name"] == "action bounds")
+    assert bounds["ok"] is True and "the reference's own index on each" in bounds["detail"], bounds
+
+
 # A TD3 actor as its users write it, rescaled to [-0.3, 0.7] and clamped, exported by torch's TorchScript exporter
 # (the dynamo exporter writes the same ops with the bounds as initializers: tests/policies.td3_actor).
 TD3_EXPORT = """

@@ -7,7 +7,7 @@ bounds and dtype, determinism.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -45,23 +45,39 @@ def stated_bounds(model: ModelInfo) -> tuple[float, float, str] | None:
     return action_bounds(model, action_output(model))
 
 
-def reference_leaves(model: ModelInfo, reference: Feeds) -> tuple[int, int, float, float] | None:
-    """Where the float64 reference's continuous action leaves the bounds the model states (the graph does not enforce
-    bounds the metadata states: SB3's PPO export returns the unsquashed Gaussian mean): (observations on which it
-    leaves them, observations, its lowest and highest value), or None where it keeps them or no bounds are stated."""
-    expected, bounds = reference.get(action_output(model)), stated_bounds(model)
-    if expected is None or bounds is None or expected.dtype.kind != "f":
+class Leaving(NamedTuple):
+    """Where the float64 reference's action leaves the bounds the model states: the export's doing, every runtime's
+    alike."""
+    observations: int  # on how many observations it leaves them
+    of: int  # of how many
+    lowest: float  # its lowest and highest value
+    highest: float
+    indices: tuple[int, ...]  # a discrete action's indices outside [0, action_n); () for a continuous action
+
+
+def reference_leaves(model: ModelInfo, reference: Feeds) -> Leaving | None:
+    """Where the float64 reference's action leaves the bounds the model states (the graph does not enforce bounds the
+    metadata states: SB3's PPO export returns the unsquashed Gaussian mean; an ArgMax over 4 logits returns index 3
+    whatever action_n says), or None where it keeps them or no bounds are stated."""
+    expected = reference.get(action_output(model))
+    if expected is None:
         return None
-    low, high = _as_float32_holds(*bounds[:2])
-    with np.errstate(invalid="ignore"):
-        leaving = (expected < low) | (expected > high)
+    if expected.dtype.kind in "iu" and "action_n" in model.metadata:
+        leaving = (expected < 0) | (expected >= int(model.metadata["action_n"]))
+    elif expected.dtype.kind == "f" and (bounds := stated_bounds(model)) is not None:
+        low, high = _as_float32_holds(*bounds[:2])
+        with np.errstate(invalid="ignore"):
+            leaving = (expected < low) | (expected > high)
+    else:
+        return None
     if not leaving.any():
         return None
     axis = model.batch_axes.get(action_output(model), 0) if expected.ndim else None
     rows = leaving.reshape(1, -1) if axis is None or axis >= expected.ndim else np.moveaxis(leaving, axis, 0).reshape(
         expected.shape[axis], -1)
     finite = expected[np.isfinite(expected)]
-    return int(rows.any(axis=1).sum()), len(rows), float(finite.min()), float(finite.max())
+    indices = tuple(int(i) for i in np.unique(expected[leaving])) if expected.dtype.kind in "iu" else ()
+    return Leaving(int(rows.any(axis=1).sum()), len(rows), float(finite.min()), float(finite.max()), indices)
 
 
 def _as_float32_holds(low: float, high: float) -> tuple[float, float]:
@@ -151,30 +167,32 @@ def _bounds(model: ModelInfo, action: np.ndarray | None, reference: Feeds, preci
     name = "action bounds"
     if action is None:
         return ContractCheck(name=name, ok=False, detail="no action output returned")
-    meta = model.metadata
+    meta, expected = model.metadata, reference.get(action_output(model))
     if action.dtype.kind in "iu":
         if "action_n" not in meta:
             given = " (action_low/action_high bound a continuous action, not read for it)" if (
                 "action_low" in meta or "action_high" in meta) else ""
             return ContractCheck(name=name, ok=None, detail=f"discrete action without action_n in metadata{given}")
         n = int(meta["action_n"])
-        inside = bool(((action >= 0) & (action < n)).all())
-        return ContractCheck(name=name, ok=inside, detail=f"indices in [0, {n})" if inside else f"index outside [0, {n})")
-    if (stated := stated_bounds(model)) is None:
+        leaving = (action < 0) | (action >= n)
+        own = leaving & ~_as_far_as_the_reference(action, expected, 0, n - 1, tolerance)
+        detail = f"index outside [0, {n})" if leaving.any() else f"indices in [0, {n})"
+    elif (stated := stated_bounds(model)) is None:
         return ContractCheck(name=name, ok=None, detail="no action_low/action_high in metadata, none stated by the graph")
-    low, high, source = stated
-    finite = action[np.isfinite(action)]  # NaN compares false with any bound: 'finite outputs' judges it, once
-    held_low, held_high, held = _held(low, high, precision, step)
-    with np.errstate(invalid="ignore"):
-        leaving = (action < held_low) | (action > held_high)
-    own = leaving & ~_as_far_as_the_reference(action, reference.get(action_output(model)), low, high, tolerance)
-    if bool(((finite >= low) & (finite <= high)).all()):
-        held = ""  # within the bounds as stated: how the artifact holds them is no part of the answer
-    found = f"[{_shown(finite.min(), low)}, {_shown(finite.max(), high)}]" if finite.size else "[]"
-    verdict = "leaves" if leaving.any() else "within"
-    left = action.size - finite.size
-    left_text = f"; {left} non-finite value{'s' if left > 1 else ''} left to 'finite outputs'" if left else ""
-    detail = f"{found} {verdict} [{low:g}, {high:g}]{held} ({source}{left_text})"
+    else:
+        low, high, source = stated
+        finite = action[np.isfinite(action)]  # NaN compares false with any bound: 'finite outputs' judges it, once
+        held_low, held_high, held = _held(low, high, precision, step)
+        with np.errstate(invalid="ignore"):
+            leaving = (action < held_low) | (action > held_high)
+        own = leaving & ~_as_far_as_the_reference(action, expected, low, high, tolerance)
+        if bool(((finite >= low) & (finite <= high)).all()):
+            held = ""  # within the bounds as stated: how the artifact holds them is no part of the answer
+        found = f"[{_shown(finite.min(), low)}, {_shown(finite.max(), high)}]" if finite.size else "[]"
+        verdict = "leaves" if leaving.any() else "within"
+        left = action.size - finite.size
+        left_text = f"; {left} non-finite value{'s' if left > 1 else ''} left to 'finite outputs'" if left else ""
+        detail = f"{found} {verdict} [{low:g}, {high:g}]{held} ({source}{left_text})"
     if (model_leaves := reference_leaves(model, reference)) is not None:
         detail += _reference_words(model_leaves, int(own.sum()), leaving.any())
     return ContractCheck(name=name, ok=not own.any(), detail=detail)
@@ -183,9 +201,16 @@ def _bounds(model: ModelInfo, action: np.ndarray | None, reference: Feeds, preci
 def _as_far_as_the_reference(action: np.ndarray, expected: np.ndarray | None, low: float, high: float,
                              tolerance: Tolerance | None) -> np.ndarray:
     """Where the action leaves the bounds no farther than the float64 reference does for the same observation, within
-    the cell's tolerance of it: the export's doing (the graph does not enforce the bounds it states), not the
-    runtime's. A runtime leaving them where the reference keeps them, or on the other side, is the runtime's."""
-    if expected is None or expected.shape != action.shape or expected.dtype.kind != "f":
+    the cell's tolerance of it (an index: the reference's own index, the one the runtime agrees with): the export's
+    doing (the graph does not enforce the bounds it states), not the runtime's. A runtime leaving them where the
+    reference keeps them, on the other side, or with another index, is the runtime's."""
+    if expected is None or expected.shape != action.shape:
+        return np.zeros(action.shape, bool)
+    if action.dtype.kind in "iu":
+        if expected.dtype.kind not in "iu":
+            return np.zeros(action.shape, bool)
+        return (action == expected) & ((expected < low) | (expected > high))
+    if expected.dtype.kind != "f":
         return np.zeros(action.shape, bool)
     expected = expected.astype(np.float64)
     allowed = (tolerance.atol + tolerance.rtol * np.abs(expected)) if tolerance else 0.0
@@ -195,17 +220,31 @@ def _as_far_as_the_reference(action: np.ndarray, expected: np.ndarray | None, lo
     return above | below
 
 
-def _reference_words(model_leaves: tuple[int, int, float, float], own: int, leaves: bool) -> str:
+def _reference_words(model_leaves: Leaving, own: int, leaves: bool) -> str:
     """What the cell's row says of a reference that leaves the stated bounds itself (the `action-bounds` lint says
     it once for the run)."""
-    observations, of, _, _ = model_leaves
-    said = (f"the float64 reference leaves them{' too' if leaves else ''} on {observations} of {of} observations: the "
-            "export does not enforce its stated bounds (lint 'action-bounds')")
+    observations, of = model_leaves.observations, model_leaves.of
+    if model_leaves.indices:
+        said = (f"the float64 reference returns indices outside them{' too' if leaves else ''} on {observations} of "
+                f"{of} observations ({listed_indices(model_leaves.indices)}): the graph has more actions than its "
+                "action_n states (lint 'action-bounds')")
+        same, other = "the reference's own index on each", "not the reference's index there"
+    else:
+        said = (f"the float64 reference leaves them{' too' if leaves else ''} on {observations} of {of} observations: "
+                "the export does not enforce its stated bounds (lint 'action-bounds')")
+        same = "no farther than the reference, within tolerance"
+        other = "where the reference keeps them, or farther than it"
     if not leaves:
         return f"; {said}"
     if not own:
-        return f": no farther than the reference, within tolerance; {said}"
-    return f": {own} value{'s' if own > 1 else ''} where the reference keeps them, or farther than it; {said}"
+        return f": {same}; {said}"
+    return f": {own} value{'s' if own > 1 else ''} {other}; {said}"
+
+
+def listed_indices(indices: tuple[int, ...], shown: int = 5) -> str:
+    """'index 3', 'indices 3, 4', at most `shown` of them."""
+    more = f", … ({len(indices)} in all)" if len(indices) > shown else ""
+    return f"{'index' if len(indices) == 1 else 'indices'} {', '.join(map(str, indices[:shown]))}{more}"
 
 
 # A graph computing in float16 holds its bounds as float16 constants: a Clip at 0.7 (a TD3 actor's high bound) clips

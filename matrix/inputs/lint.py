@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .contract import action_output, action_outputs, reference_leaves, stated_bounds
+from .contract import action_output, action_outputs, listed_indices, reference_leaves, stated_bounds
 from .graph_facts import action_bounds, computes_in, non_finite_initializers
 from .model import ModelInfo
 from .observations import given_words
@@ -181,24 +181,40 @@ def _precision(model: ModelInfo, whose: str = "") -> Lint:
 
 
 def reference_bounds(model: ModelInfo, reference: dict[str, np.ndarray]) -> Lint | None:
-    """`action-bounds`, once the float64 reference is known: whether the model keeps the continuous action bounds it
-    states on the run's observations. Where it leaves them, every cell would too: the cells' bounds check holds each
-    runtime only to going no farther than the reference, and this says the model's own violation, once. None where
-    the model states no bounds for a continuous action."""
-    stated = stated_bounds(model)
+    """`action-bounds`, once the float64 reference is known: whether the model keeps the action bounds it states (a
+    continuous action's low/high, a discrete one's [0, action_n)) on the run's observations. Where it leaves them,
+    every cell would too: the cells' bounds check holds each runtime only to going no farther than the reference (to
+    its index), and this says the model's own violation, once. None where the model states no bounds."""
     action = reference.get(action_output(model))
-    if stated is None or action is None or action.dtype.kind != "f":
+    if action is None:
+        return None
+    if action.dtype.kind in "iu" and "action_n" in model.metadata:
+        return _reference_indices(model, reference, int(model.metadata["action_n"]))
+    stated = stated_bounds(model)
+    if stated is None or action.dtype.kind != "f":
         return None
     low, high, source = stated
     leaves = reference_leaves(model, reference)
     if leaves is None:
         return Lint("action-bounds", "ok", f"the float64 reference keeps the action in [{low:g}, {high:g}] ({source})")
-    observations, of, lowest, highest = leaves
     return Lint("action-bounds", "warn", f"the float64 reference's action leaves [{low:g}, {high:g}] ({source}) on "
-                f"{observations} of {of} observations, reaching [{lowest:.4g}, {highest:.4g}]: the export does not "
-                "enforce the bounds it states (SB3's PPO export returns the Gaussian mean unsquashed), and every "
-                "runtime returns what it computes; clip in the graph, or clip before stepping the env. Each cell's "
-                "bounds check holds the runtime to going no farther than the reference")
+                f"{leaves.observations} of {leaves.of} observations, reaching "
+                f"[{leaves.lowest:.4g}, {leaves.highest:.4g}]: the export does not enforce the bounds it states (SB3's PPO export returns the Gaussian mean "
+                "unsquashed), and every runtime returns what it computes; clip in the graph, or clip before stepping "
+                "the env. Each cell's bounds check holds the runtime to going no farther than the reference")
+
+
+def _reference_indices(model: ModelInfo, reference: dict[str, np.ndarray], n: int) -> Lint:
+    """A discrete action's indices against the metadata's action_n: an ArgMax over 4 logits with action_n = 3 returns
+    index 3 on every runtime, the model's doing."""
+    leaves = reference_leaves(model, reference)
+    if leaves is None:
+        return Lint("action-bounds", "ok", f"the float64 reference's action indices lie in [0, {n}) (metadata action_n)")
+    return Lint("action-bounds", "warn", f"the float64 reference returns action {listed_indices(leaves.indices)}, "
+                f"outside [0, {n}) (metadata action_n = {n}), on {leaves.observations} of {leaves.of} observations: "
+                "the graph has more actions than its metadata states, and every runtime returns what it computes; "
+                "correct action_n in the metadata, or the graph's action head. Each cell's bounds check holds the "
+                "runtime to the reference's index")
 
 
 def candidate_precisions(candidates: list[ModelInfo]) -> list[Lint]:

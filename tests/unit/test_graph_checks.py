@@ -250,6 +250,46 @@ def test_discrete_indices_are_checked_against_action_n(load_policy):
     assert _checks(model, _arrays({"action": outside}), {"action": inside})["action bounds"] == (False, "index outside [0, 4)")
 
 
+def test_an_index_the_reference_returns_outside_action_n_is_the_model_s_and_the_runtime_is_held_to_it(load_policy):
+    """An ArgMax over 4 logits with action_n = 3 in the metadata: the reference returns index 3 too, and every cell of
+    every runtime FAILed 'index outside [0, 3)', the model's doing. A runtime may return an index outside [0, n) only
+    where it is the reference's own index for that observation."""
+    model = load_policy(policies.argmax_over_more_logits_than_action_n())
+    reference = {"action": np.array([3, 0, 3, 2], np.int64)}
+
+    def bounds(action):
+        checks = contract.check(model, _arrays({"action": np.array(action, np.int64)}), reference,
+                                tolerance=Tolerance(atol=1e-3))
+        return {c.name: (c.ok, c.detail) for c in checks}["action bounds"]
+
+    said = ("the float64 reference returns indices outside them too on 2 of 4 observations (index 3): the graph has "
+            "more actions than its action_n states (lint 'action-bounds')")
+    assert bounds([3, 0, 3, 2]) == (True, f"index outside [0, 3): the reference's own index on each; {said}")
+    ok, detail = bounds([3, 0, 3, 3])  # index 3 where the reference returns 2: the runtime's
+    assert ok is False and detail == f"index outside [0, 3): 1 value not the reference's index there; {said}"
+    assert bounds([4, 0, 3, 2])[0] is False  # another index outside where the reference's is: the runtime's
+    assert bounds([-1, 0, 3, 2])[0] is False
+    ok, detail = bounds([2, 0, 1, 2])  # a runtime within them: said of the reference all the same
+    assert ok is True and detail == ("indices in [0, 3); the float64 reference returns indices outside them on 2 of 4 "
+                                     "observations (index 3): the graph has more actions than its action_n states "
+                                     "(lint 'action-bounds')")
+
+
+def test_an_index_outside_action_n_in_the_reference_is_one_lint_for_the_run(load_policy):
+    model = load_policy(policies.argmax_over_more_logits_than_action_n())
+    leaves = reference_bounds(model, {"action": np.array([3, 0, 3, 2, 5], np.int64)})
+    assert (leaves.id, leaves.level) == ("action-bounds", "warn")
+    assert leaves.message.startswith("the float64 reference returns action indices 3, 5, outside [0, 3) (metadata "
+                                     "action_n = 3), on 3 of 5 observations: the graph has more actions than its "
+                                     "metadata states"), leaves.message
+    assert "correct action_n in the metadata, or the graph's action head" in leaves.message
+    kept = reference_bounds(model, {"action": np.array([0, 2, 1], np.int64)})
+    assert (kept.level, kept.message) == ("ok", "the float64 reference's action indices lie in [0, 3) (metadata action_n)")
+    unstated = policies.argmax_over_more_logits_than_action_n()
+    del unstated.metadata_props[:]
+    assert reference_bounds(load_policy(unstated), {"action": np.array([7], np.int64)}) is None
+
+
 def test_bounds_without_metadata_come_from_the_graph_and_say_so(load_policy):
     model = load_policy(policies.minmax_clip_mlp())
     action = np.array([[2.5]], np.float32)
