@@ -194,30 +194,28 @@ def close_call_discrete() -> onnx.ModelProto:
 def cast_action_discrete() -> onnx.ModelProto:
     """A discrete MLP whose action is ArgMax then Cast to int64, as torch writes SB3's CartPole action
     (ArgMax -> Cast -> Reshape): tract types every Cast to int64 as its TDim."""
-    rng = np.random.default_rng(5)
-    inits = _weights(rng, "fc0", 4, 32) + _weights(rng, "head", 32, 3)
-    nodes = [
-        helper.make_node("Gemm", ["obs", "fc0_w", "fc0_b"], ["h0"]), helper.make_node("Tanh", ["h0"], ["a0"]),
-        helper.make_node("Gemm", ["a0", "head_w", "head_b"], ["logits"]),
-        helper.make_node("ArgMax", ["logits"], ["index"], axis=1, keepdims=0),
-        helper.make_node("Cast", ["index"], ["action"], to=TensorProto.INT64),
-    ]
-    action = helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])
-    return _model(nodes, [_float("obs", ["batch", 4])], [action], inits, {"action_space": "discrete", "action_n": "3"})
+    return _argmax_mlp(seed=5, logits=3, action_n=3, cast=True)
 
 
 def argmax_over_more_logits_than_action_n() -> onnx.ModelProto:
     """A Q-network's ArgMax over 4 logits whose metadata says action_n = 3 (a user's wrong count, or a head exported
     for another env): the float64 reference returns index 3 on many observations, whatever runtime runs it."""
-    rng = np.random.default_rng(7)
-    inits = _weights(rng, "fc0", 4, 32) + _weights(rng, "head", 32, 4)
+    return _argmax_mlp(seed=7, logits=4, action_n=3)
+
+
+def _argmax_mlp(seed: int, logits: int, action_n: int, cast: bool = False) -> onnx.ModelProto:
+    """Gemm -> Tanh -> Gemm -> ArgMax over `logits` (then Cast to int64 where `cast`), action_n in the metadata."""
+    rng = np.random.default_rng(seed)
+    inits = _weights(rng, "fc0", 4, 32) + _weights(rng, "head", 32, logits)
     nodes = [
         helper.make_node("Gemm", ["obs", "fc0_w", "fc0_b"], ["h0"]), helper.make_node("Tanh", ["h0"], ["a0"]),
-        helper.make_node("Gemm", ["a0", "head_w", "head_b"], ["q_values"]),
-        helper.make_node("ArgMax", ["q_values"], ["action"], axis=1, keepdims=0),
+        helper.make_node("Gemm", ["a0", "head_w", "head_b"], ["logits"]),
+        helper.make_node("ArgMax", ["logits"], ["index" if cast else "action"], axis=1, keepdims=0),
+        *([helper.make_node("Cast", ["index"], ["action"], to=TensorProto.INT64)] if cast else []),
     ]
     action = helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])
-    return _model(nodes, [_float("obs", ["batch", 4])], [action], inits, {"action_space": "discrete", "action_n": "3"})
+    return _model(nodes, [_float("obs", ["batch", 4])], [action], inits,
+                  {"action_space": "discrete", "action_n": str(action_n)})
 
 
 def markup_names_mlp() -> onnx.ModelProto:
