@@ -143,6 +143,23 @@ def test_error_lints_say_not_deployment_ready_and_discrete_policies_are_describe
     assert "agreement 99.2% (2 flips)" in line and "drift" not in line
 
 
+def test_a_budget_on_a_target_where_nothing_ran_the_policy_says_so_instead_of_vanishing():
+    """ort-cuda on a machine without CUDA SKIPs every cell: a budget naming it gets a line saying nothing was held to
+    it, not silence. A SKIPped target no budget names stays out of the decision."""
+    skipped = [_cell(variant, 10, 1000, 1e-7, verdict="SKIP") for variant in ("fp32", "fp16")]
+    for cell in skipped:
+        cell.target = "ort-cuda"
+    coreml = _cell("fp32", 10, 1000, 1e-7, verdict="SKIP")
+    coreml.target = "coreml-cpu"
+    results = RunResults(tool_version="t", created="now", model={"name": "m.onnx", "sha256": "x"}, hosts=[], run_options={},
+                         lints=[], cells=[_cell("fp32", 10, 1000, 1e-7), *skipped, coreml])
+    results.decision = decide.decide_all(results, decide.parse_budgets(["ort-cuda=p50:1ms"]))
+    assert [(d.host, d.target) for d in results.decision] == [("h", "ort-cuda"), ("h", "t")]
+    assert decide.summary_lines(results)[0] == ("decision ort-cuda: nothing ran the policy on this target (every cell SKIP "
+                                                "or CONVERTED): no configuration was held to p50 ≤ 1 ms")
+    assert "nothing ran the policy on this target" in report._ship_table_markdown(results)[4]
+
+
 def test_a_reduced_precision_file_larger_than_its_fp32_is_flagged():
     cells = [_cell("fp32", 10, 1000, 1e-7), _cell("int8", 12, 2400, 1e-2)]
     decision = decide.decide_target("h", "t", cells, [], "size")

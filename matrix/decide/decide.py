@@ -124,15 +124,19 @@ class Request:
 
 
 def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latency") -> list[Decision]:
+    """A decision per host and target that ran the policy, and per target a budget names even where nothing ran it
+    (every cell SKIP or CONVERTED): a budget the user gave is answered, never dropped."""
     by_target: dict[tuple[str, str], list[Cell]] = defaultdict(list)
-    for cell in results.cells:
-        if cell.verdict != "SKIP" and cell.predicts and cell.target != "source":  # the training framework is not shipped
-            by_target[(cell.host, cell.target)].append(cell)
+    for cell in (c for c in results.cells if c.target != "source"):  # the training framework is not shipped
+        measured = by_target[(cell.host, cell.target)]
+        if cell.verdict != "SKIP" and cell.predicts:
+            measured.append(cell)
     behaviour = "rollout" in results.run_options
     not_ready = [f"{lint.id}: {lint.message}" for lint in results.lints if lint.level == "error"]
+    decided = {key: cells for key, cells in by_target.items() if cells or any(b.applies_to(key[1]) for b in budgets)}
     return [decide_target(host, target, cells, [b for b in budgets if b.applies_to(target)], prefer, behaviour, not_ready,
                           _assisted(results.run_options, host, target))
-            for (host, target), cells in sorted(by_target.items())]
+            for (host, target), cells in sorted(decided.items())]
 
 
 def _assisted(run_options: dict, host: str, target: str) -> bool:
@@ -465,7 +469,8 @@ def headline(decision: Decision, model_name: str) -> str:
         hint = "" if decision.budgets else f" ({_assist_hint(decision)})"
         return (f"{nothing}; closest: {shipped_as(decision.closest, model_name)} "
                 f"({'; '.join(decision.closest.misses)}){hint}")
-    return "nothing measured"
+    # only a target a budget names is decided with no cell that ran the policy (decide_all); each cell's row says why
+    return f"nothing ran the policy on this target (every cell SKIP or CONVERTED): no configuration was held to {', '.join(decision.budgets)}"
 
 
 def _assist_hint(decision: Decision) -> str:
