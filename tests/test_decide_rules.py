@@ -71,6 +71,13 @@ def test_malformed_budgets_are_input_errors(spec):
         decide.parse_budgets([spec])
 
 
+@pytest.mark.parametrize("spec, words", [("t=p50:0us", "the limit must be above 0"),
+                                         ("t=p50:1e400us", "'1e400us' is too large to be a limit")])
+def test_a_budget_limit_is_a_finite_amount_above_zero_and_the_refusal_says_which(spec, words):
+    with pytest.raises(InputError, match=words):
+        decide.parse_budgets([spec])
+
+
 def test_cells_that_differ_only_in_candidate_or_settings_do_not_collide_in_compare():
     def results(cells):
         return RunResults(tool_version="t", created="now", model={"sha256": "x"}, hosts=[], run_options={}, lints=[], cells=cells)

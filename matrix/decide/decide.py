@@ -87,7 +87,9 @@ def _budget(pattern: str, part: str, item: str) -> Budget:
     if not found or unit not in units:
         raise InputError(f"--budget {item!r}: {value!r} is not an amount with a unit ({', '.join(units)})")
     limit = float(found.group(1)) * units[unit]
-    if not math.isfinite(limit) or limit <= 0:
+    if not math.isfinite(limit):  # 1e400us: float() reads it as infinity, no limit at all
+        raise InputError(f"--budget {item!r}: {value!r} is too large to be a limit")
+    if limit <= 0:
         raise InputError(f"--budget {item!r}: the limit must be above 0")
     return Budget(pattern.strip(), metric, limit)
 
