@@ -165,6 +165,8 @@ def test_a_budget_on_a_target_where_nothing_ran_the_policy_says_so_instead_of_va
     assert decide.summary_lines(results)[0] == ("decision ort-cuda: nothing ran the policy on this target (every cell SKIP "
                                                 "or CONVERTED): no configuration was held to p50 ≤ 1 ms")
     assert "nothing ran the policy on this target" in report._ship_table_markdown(results)[4]
+    by_glob = decide.decide_all(results, decide.parse_budgets(["*=p50:1ms"]))  # asks of whatever ran, not of every target
+    assert [(d.host, d.target) for d in by_glob] == [("h", "t")]
 
 
 def test_a_reduced_precision_file_larger_than_its_fp32_is_flagged():

@@ -60,6 +60,10 @@ class Budget:
         """`ort-cpu` covers its pinned releases (`ort-cpu@1.20.1`); `ort-cpu@1.20.1` only that one."""
         return any(fnmatch.fnmatchcase(name, self.targets) for name in (target, base_name(target)))
 
+    def names(self, target: str) -> bool:
+        """The budget's pattern is this target's name, no glob: `*=p50:1ms` asks of whatever ran, not of every target."""
+        return not any(glob in self.targets for glob in "*?[") and self.applies_to(target)
+
     def describe(self) -> str:
         shown = duration(self.limit) if self.metric != "size" else size_text(self.limit)
         return f"{self.metric} ≤ {shown}"
@@ -126,8 +130,8 @@ class Request:
 
 
 def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latency") -> list[Decision]:
-    """A decision per host and target that ran the policy, and per target a budget names even where nothing ran it
-    (every cell SKIP or CONVERTED): a budget the user gave is answered, never dropped."""
+    """A decision per host and target that ran the policy, and per target a budget names (not by a glob) even where
+    nothing ran it (every cell SKIP or CONVERTED): a budget the user gave for that target is answered, never dropped."""
     by_target: dict[tuple[str, str], list[Cell]] = defaultdict(list)
     for cell in (c for c in results.cells if c.target != "source"):  # the training framework is not shipped
         measured = by_target[(cell.host, cell.target)]
@@ -135,7 +139,7 @@ def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latenc
             measured.append(cell)
     behaviour = "rollout" in results.run_options
     not_ready = [f"{lint.id}: {lint.message}" for lint in results.lints if lint.level == "error"]
-    decided = {key: cells for key, cells in by_target.items() if cells or any(b.applies_to(key[1]) for b in budgets)}
+    decided = {key: cells for key, cells in by_target.items() if cells or any(b.names(key[1]) for b in budgets)}
     return [decide_target(host, target, cells, [b for b in budgets if b.applies_to(target)], prefer, behaviour, not_ready,
                           _assisted(results.run_options, host, target))
             for (host, target), cells in sorted(decided.items())]
