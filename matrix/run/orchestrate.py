@@ -520,7 +520,7 @@ class RunRecord(BaseModel):
 
     run_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    run_options: dict = Field(default_factory=dict, alias="settings")
+    run_options: dict = Field({}, alias="settings")
 
 
 class Journal:

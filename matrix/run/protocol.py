@@ -109,17 +109,17 @@ class Measurement(Record):
     what it had (and the `stage` it was in, other than "done")."""
 
     stage: str = START
-    timeline: dict[str, float] = Field(default_factory=dict)  # wall-clock start of each stage (bench/matrix_wall.py)
-    gate_wait_s: dict[str, float] = Field(default_factory=dict)  # seconds waited for the stage gate, per stage it fell in
+    timeline: dict[str, float] = {}  # wall-clock start of each stage (bench/matrix_wall.py)
+    gate_wait_s: dict[str, float] = {}  # seconds waited for the stage gate, per stage it fell in
     worker_pid: int | None = None
     runtime_version: str = ""
     artifact: ArtifactInfo | None = None
     cold_start_ms: float | None = None
     backend: Backend | None = None
-    latency: list[LatencyStats] = Field(default_factory=list)
-    placement: list[Placement] = Field(default_factory=list)
+    latency: list[LatencyStats] = []
+    placement: list[Placement] = []
     rollout: dict | None = None  # rollouts.drive's record; rollouts.summarise reads it
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = []
     error: CellError | None = None
     skip: str | None = None  # the target's reason this cell cannot run on this host
     traceback: str | None = None
