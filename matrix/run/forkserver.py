@@ -395,31 +395,43 @@ def serve(control: socket.socket, preload: list) -> None:
 
     Ready at once; the imports (`preload`, one step at a time) happen while no request waits. A job asked
     for before they are done (a run's reference job, often) is forked with what is loaded so far and imports
-    the rest itself, instead of waiting for the imports of every kind of job."""
+    the rest itself, instead of waiting for the imports of every kind of job. A child's exit status is sent
+    as it ends, also in the middle of a step: SIGCHLD's handler reaps it (Python runs the handler between two
+    bytecodes of the import under way), where a status read between steps only waited for the step (a run's
+    reference job was told ended 5-10 ms late, while the server imported the workers' modules)."""
+    children: dict[int, socket.socket] = {}
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
+    # The kernel may give SIGCHLD to any thread (OpenBLAS's, numpy's): the handler still runs in the main thread,
+    # and the wakeup descriptor wakes the main thread's select, which the signal itself then does not interrupt.
     signal.set_wakeup_fd(wakeup_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes to the wakeup pipe
-    children: dict[int, socket.socket] = {}
+    forking = False
+
+    def child_ended(*_) -> None:
+        if not forking:  # while a child is forked and recorded, the loop reaps after it: no status without its channel
+            _reap(children)
+
+    signal.signal(signal.SIGCHLD, child_ended)
     control.send(READY)
     while True:
-        ready = []
-        with contextlib.suppress(InterruptedError):
-            ready, _, _ = select.select([control, wakeup_read], [], [], 0 if preload else None)
-        if not ready and preload:
-            with contextlib.suppress(Exception):  # a module that cannot load fails the job that needs it, in its log
-                preload.pop(0)()
-            if not preload:
-                resume_collection()
-            continue
+        ready, _, _ = select.select([control, wakeup_read], [], [], 0 if preload else None)  # retried after a handler
         if wakeup_read in ready:
-            os.read(wakeup_read, 4096)
-        _reap(children)
+            os.read(wakeup_read, 4096)  # the handler has reaped: this only woke the loop
         if control in ready:
             message, fds, _, _ = socket.recv_fds(control, MAX_REQUEST, 4)
             if not message:  # the runner closed its end: no more jobs
                 return
-            _fork(json.loads(message), fds, children)
+            forking = True
+            try:
+                _fork(json.loads(message), fds, children)
+            finally:
+                forking = False
+            _reap(children)
+        elif preload and not ready:
+            with contextlib.suppress(Exception):  # a module that cannot load fails the job that needs it, in its log
+                preload.pop(0)()
+            if not preload:
+                resume_collection()
 
 
 def run_server(control: socket.socket) -> None:

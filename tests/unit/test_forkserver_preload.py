@@ -62,3 +62,36 @@ def test_the_steps_leave_onnx_references_operators_found_for_every_job_forked_af
              "from onnx.reference.ops import _op_list\n"
              "print(_op_list._registered_operators is not None)")
     assert _last_line(probe) == "True"
+
+
+def test_a_childs_end_is_told_while_an_import_step_is_still_running():
+    # A run's reference job ends while the server imports the workers' modules: its status must not wait for the
+    # step (the runner waited 5-10 ms for each). The step here lasts until the probe ends it, after the status came.
+    probe = (
+        "import json, os, select, socket\n"
+        "from matrix.run import forkserver\n"
+        "ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "entered_r, entered_w = os.pipe()\ngo_r, go_w = os.pipe()\n"
+        "def step():\n    os.write(entered_w, b'1')\n    os.read(go_r, 1)\n"
+        "stdin_r, stdin_w = os.pipe()\ndevnull = os.open(os.devnull, os.O_RDWR)\n"
+        "channel, their_channel = socket.socketpair()\n"
+        "request = {'argv': ['json.tool'], 'env': dict(os.environ), 'cwd': os.getcwd(), 'memory_limit': None,"
+        " 'death_signal': False}\n"
+        "# asked before the server starts: it serves the request first, then enters its step\n"
+        "socket.send_fds(ours, [json.dumps(request).encode()], [their_channel.fileno(), stdin_r, devnull, devnull])\n"
+        "if os.fork() == 0:\n"
+        "    for end in (ours, channel, their_channel):\n        end.close()\n"
+        "    for fd in (stdin_r, stdin_w, devnull):\n        os.close(fd)\n"
+        "    forkserver.serve(theirs, [step])\n    os._exit(0)\n"
+        "for end in (theirs, their_channel):\n    end.close()\n"
+        "os.close(stdin_r)\n"
+        "assert ours.recv(16) == forkserver.READY\n"
+        "pid_line = channel.recv(64)\n"
+        "assert os.read(entered_r, 1) == b'1'  # the server is inside its import step now\n"
+        "os.write(stdin_w, b'{}'); os.close(stdin_w)  # the child reads its input and ends\n"
+        "status = b''\n"
+        "while b'\\n' not in status and select.select([channel], [], [], 60)[0]:\n"
+        "    status += channel.recv(64)\n"
+        "os.write(go_w, b'1')\n"
+        "print(json.dumps({'status': status.decode()}))")
+    assert json.loads(_last_line(probe)) == {"status": "0\n"}
