@@ -72,8 +72,11 @@ def test_malformed_budgets_are_input_errors(spec):
 
 
 @pytest.mark.parametrize("spec, words", [("t=p50:0us", "the limit must be above 0"),
-                                         ("t=p50:1e400us", "'1e400us' is too large to be a limit")])
+                                         ("t=p50:1e400us", "'1e400us' is too large to be a limit"),
+                                         ("t=size:0.5B", "a size limit is at least 1 B"),
+                                         ("t=p50:\uff11ms", "is not an amount with a unit")])
 def test_a_budget_limit_is_a_finite_amount_above_zero_and_the_refusal_says_which(spec, words):
+    # a fullwidth digit (U+FF11) is a digit to a str pattern's \d and to float(): it was read as 1 ms
     with pytest.raises(InputError, match=words):
         decide.parse_budgets([spec])
 

@@ -47,7 +47,8 @@ _MEASURE = {  # what --prefer weighs, in the order _best applies it
 }
 _LATENCY_UNITS = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 _SIZE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
-_AMOUNT = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[-+]?\d+)?)\s*([a-zµ]*)\s*$", re.IGNORECASE)
+# ASCII digits only: a str pattern's \d matches any script's digits ("１ms" read as 1 ms), which float() then takes.
+_AMOUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?)\s*([a-zµ]*)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ def _budget(pattern: str, part: str, item: str) -> Budget:
         raise InputError(f"--budget {item!r}: {value!r} is too large to be a limit")
     if limit <= 0:
         raise InputError(f"--budget {item!r}: the limit must be above 0")
+    if metric == "size" and limit < 1:  # a file is whole bytes: size:0.5B is met by nothing, and read "size <= 0 B"
+        raise InputError(f"--budget {item!r}: a size limit is at least 1 B")
     return Budget(pattern.strip(), metric, limit)
 
 
@@ -418,7 +421,7 @@ def size_text(nbytes: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if nbytes >= scale:
             return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes:.0f} B"
+    return f"{nbytes:.3g} B"  # a limit of 1.5 B is not "2 B"
 
 
 def configuration(choice: DecisionChoice, model_name: str) -> str:
