@@ -35,6 +35,15 @@ def test_prefer_orders_the_configurations_that_meet_every_budget(prefer, chosen,
     assert (decision.chosen.variant, decision.runner_up.variant) == (chosen, runner_up)
 
 
+def test_only_the_chosen_says_why_it_won_and_every_other_row_why_it_lost():
+    # --json printed each row's own ranking round as its `why`: the last row read "the only configuration that
+    # qualifies" beside two others that qualified; the report shows `lost` for them, and so does the record now
+    decision = decide.decide_target("h", "t", CELLS, [], "size")
+    rows = [(c.variant, bool(c.why), c.lost) for c in decision.configurations]
+    assert rows == [("int8", True, ""), ("fp16", False, "larger: 2 kB vs 1 kB"), ("fp32", False, "larger: 4 kB vs 2 kB")]
+    assert decision.chosen.why == "smallest file of 3 that qualify"
+
+
 def test_budgets_exclude_and_nothing_meeting_them_names_the_closest_and_its_misses():
     budgets = decide.parse_budgets(["t=p50:20us,size:3kB"])
     assert [b.describe() for b in budgets] == ["p50 ≤ 20 µs", "size ≤ 3 kB"]

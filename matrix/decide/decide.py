@@ -265,9 +265,10 @@ def _ranked(meeting: list[DecisionChoice], prefer: str) -> list[DecisionChoice]:
     rest, ranked = list(meeting), []
     while rest:
         best = _best(rest, prefer)
-        best.why = _why_best(best, rest, prefer)
         ranked.append(best)
         rest.remove(best)
+    if ranked:  # only the chosen has a `why`: a later round's (e.g. "the only configuration that qualifies") misleads
+        ranked[0].why = _why_best(ranked[0], meeting, prefer)
     for better, worse in zip(ranked, ranked[1:]):
         worse.lost = _why_not(worse, better, prefer)
     return ranked
