@@ -10,7 +10,7 @@ from matrix.report import report, report_decision
 from matrix.report.report_text import md
 from matrix.decide.compare import compare
 from matrix.errors import InputError
-from matrix.results import ArtifactInfo, Backend, Cell, FixAttempt, LatencyStats, LintResult, OutputParity, RunResults
+from matrix.results import ArtifactInfo, Backend, Cell, FixAttempt, LatencyStats, LintResult, OutputParity, Rollout, RunResults
 
 
 def _cell(variant: str, p50: float, size: int, drift: float, verdict: str = "PASS", emulated: bool = False,
@@ -42,6 +42,23 @@ def test_only_the_chosen_says_why_it_won_and_every_other_row_why_it_lost():
     rows = [(c.variant, bool(c.why), c.lost) for c in decision.configurations]
     assert rows == [("int8", True, ""), ("fp16", False, "larger: 2 kB vs 1 kB"), ("fp32", False, "larger: 4 kB vs 2 kB")]
     assert decision.chosen.why == "smallest file of 3 that qualify"
+
+
+def test_return_deltas_their_intervals_cannot_tell_apart_are_equally_close_and_the_simpler_wins():
+    # measured (audit12): two tflite settings at |return delta| 0.00351 and 0.00352, both within about
+    # [-0.004, +0.011], were ranked as if the first were closer; the third is clearly further
+    def episodes(delta, low, high):
+        return Rollout(mode="closed-loop", return_delta=delta, return_delta_low=low, return_delta_high=high)
+
+    cells = [_cell("fp16", 10, 2000, 1e-3, rollout=episodes(0.00351, -0.0041, 0.0111)),
+             _cell("fp32", 10, 4000, 1e-7, rollout=episodes(0.00352, -0.0040, 0.0110)),
+             _cell("int8", 10, 1000, 3e-2, rollout=episodes(0.5, 0.3, 0.7))]
+    decision = decide.decide_target("h", "t", cells, [], "accuracy", behaviour=True)
+    assert [c.variant for c in decision.configurations] == ["fp32", "fp16", "int8"]
+    assert decision.chosen.why == ("as close to the reference as 1 other (return deltas within each other's intervals); "
+                                   "the simplest")
+    assert decision.runner_up.lost == "as good on the preferred measure; the simpler configuration wins the tie"
+    assert decision.configurations[2].lost == "further from the reference: |return delta| 0.5 vs |return delta| 0.00351"
 
 
 def test_budgets_exclude_and_nothing_meeting_them_names_the_closest_and_its_misses():

@@ -43,7 +43,8 @@ _MEASURE = {  # what --prefer weighs, in the order _best applies it
     "latency": (f"the fastest p50 at the smallest timed batch (p50s whose noise bands, 95% bootstrap, cannot tell them "
                 f"apart beyond {SAME_SPEED:.0%} are equally fast; a p99 more than {TAIL_FACTOR:g}x the best cannot win)"),
     "size": "the smallest file",
-    "accuracy": "the closest to the reference (|return delta| where episodes ran, else drift, else disagreement)",
+    "accuracy": ("the closest to the reference (|return delta| where episodes ran, else drift, else disagreement; return "
+                 "deltas whose paired intervals overlap the closest's are equally close)"),
 }
 _LATENCY_UNITS = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 _SIZE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
@@ -279,7 +280,7 @@ def _best(choices: list[DecisionChoice], prefer: str) -> DecisionChoice:
     if prefer == "size":
         return min(choices, key=lambda c: (_or_inf(c.size_bytes), _simplicity(c)))
     if prefer == "accuracy":
-        return min(choices, key=lambda c: (_quality_gap(c), _simplicity(c)))
+        return min(_equally_close(choices), key=_simplicity)
     return min(_equally_fast(choices), key=_simplicity)
 
 
@@ -300,6 +301,24 @@ def _equally_fast(choices: list[DecisionChoice]) -> list[DecisionChoice]:
     steady = [c for c in timed if not _unsteady(c, timed)]
     fastest = min(steady, key=_p50)
     return [c for c in steady if not _slower(c, fastest)]
+
+
+def _equally_close(choices: list[DecisionChoice]) -> list[DecisionChoice]:
+    """The configurations that count as the closest to the reference: those whose distance from it can be as small
+    as the closest's can be large. Return deltas are judged with their paired intervals (0.00351 and 0.00352, each
+    within about [-0.004, +0.011], cannot be told apart); drift and disagreement are exact, so only equal ones tie."""
+    reach = _gap_band(min(choices, key=_quality_gap))[1]
+    return [c for c in choices if _gap_band(c)[0] <= reach]
+
+
+def _gap_band(choice: DecisionChoice) -> tuple[float, float]:
+    """The nearest and farthest the configuration's distance from the reference can be: |return delta| over its
+    paired interval (0 when the interval holds 0), else its quality gap both ways."""
+    low, high = choice.return_delta_low, choice.return_delta_high
+    if choice.return_delta is None or low is None or high is None:
+        gap = _quality_gap(choice)
+        return gap, gap
+    return (0.0 if low <= 0 <= high else min(abs(low), abs(high))), max(abs(low), abs(high))
 
 
 def _slower(choice: DecisionChoice, fastest: DecisionChoice) -> bool:
@@ -335,6 +354,10 @@ def _why_best(best: DecisionChoice, rivals: list[DecisionChoice], prefer: str) -
     if prefer == "size":
         return f"smallest file of {len(rivals)} that qualify"
     if prefer == "accuracy":
+        tied = [c for c in _equally_close(_weighed(rivals)) if c is not best]
+        if tied:
+            within = " (return deltas within each other's intervals)" if best.return_delta is not None else ""
+            return f"as close to the reference as {len(tied)} other{'s' if len(tied) > 1 else ''}{within}; the simplest"
         return f"closest to the reference of {len(rivals)} that qualify"
     if best.emulated:
         return "emulated latency does not rank: the simplest configuration of those that qualify"
@@ -360,7 +383,7 @@ def _why_not(worse: DecisionChoice, better: DecisionChoice, prefer: str) -> str:
         return f"{worse.verdict}, and a PASS qualifies"
     if prefer == "size" and _or_inf(worse.size_bytes) > _or_inf(better.size_bytes):
         return f"larger: {_size_or_dash(worse.size_bytes)} vs {_size_or_dash(better.size_bytes)}"
-    if prefer == "accuracy" and _quality_gap(worse) > _quality_gap(better):
+    if prefer == "accuracy" and _gap_band(worse)[0] > _gap_band(better)[1]:
         return f"further from the reference: {_gap_text(worse)} vs {_gap_text(better)}"
     if prefer == "latency" and not worse.emulated and worse.p50_us is not None:
         if _unsteady(worse, [worse, better]):
