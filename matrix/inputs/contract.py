@@ -65,7 +65,7 @@ def reference_leaves(model: ModelInfo, reference: Feeds) -> Leaving | None:
     if expected.dtype.kind in "iu" and "action_n" in model.metadata:
         leaving = (expected < 0) | (expected >= int(model.metadata["action_n"]))
     elif expected.dtype.kind == "f" and (bounds := stated_bounds(model)) is not None:
-        low, high = _as_float32_holds(*bounds[:2])
+        low, high = _as_the_graph_holds(*bounds[:2], _declared_dtype(model, action_output(model)))
         with np.errstate(invalid="ignore"):
             leaving = (expected < low) | (expected > high)
     else:
@@ -80,11 +80,17 @@ def reference_leaves(model: ModelInfo, reference: Feeds) -> Leaving | None:
     return Leaving(int(rows.any(axis=1).sum()), len(rows), float(finite.min()), float(finite.max()), indices)
 
 
-def _as_float32_holds(low: float, high: float) -> tuple[float, float]:
+def _as_the_graph_holds(low: float, high: float, dtype: str) -> tuple[float, float]:
     """The bounds widened to their nearest float32 where that lies outside: the float64 reference computes with the
     graph's float32 constants, and a clamp at the metadata's -0.3 returns float32's -0.30000001 (a runtime's float32
-    action compares so with numpy's weak Python float; the float64 reference does not)."""
-    return min(low, float(np.float32(low))), max(high, float(np.float32(high)))
+    action compares so with numpy's weak Python float; the float64 reference does not). A model given in fp16 (its
+    action float16) holds its constants as float16: a clamp at 0.7 returns float16's 0.70020, the model's own."""
+    kinds = (np.float32, np.float16) if dtype == "float16" else (np.float32,)
+    return min(low, *(float(kind(low)) for kind in kinds)), max(high, *(float(kind(high)) for kind in kinds))
+
+
+def _declared_dtype(model: ModelInfo, name: str) -> str:
+    return next((spec.dtype for spec in model.outputs if spec.name == name), "")
 
 
 def check(model: ModelInfo, arrays: Feeds, reference: Feeds, precision: str = "fp32",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxconverter_common import float16
 
 import policies
 from matrix.inputs import contract, examples
@@ -383,3 +384,23 @@ def test_a_dict_policy_s_observation_inputs_are_its_keys_not_a_missing_obs(tmp_p
     for node in renamed.graph.node:
         node.input[:] = ["state" if name == "obs" else name for name in node.input]
     assert _lints(load_policy(renamed))["input-obs"] == ("warn", "expected one input named 'obs', found ['state']")
+
+
+def test_a_model_given_in_fp16_keeps_decimal_metadata_bounds_as_float16_holds_them(load_policy):
+    """A user's fp16 export of clamp(..., -0.3, 0.7) with action_low/high -0.3/0.7 in its metadata: its Clip holds 0.7
+    as float16's 0.70020, and the float64 reference returns that. The lint called it the model leaving its bounds
+    (only float32's rounding was allowed for); an fp32 model returning 0.70020 does leave them."""
+    def with_metadata(proto):
+        helper.set_model_props(proto, {"action_low": "-0.3", "action_high": "0.7"})
+        return proto
+
+    given_fp16 = load_policy(with_metadata(float16.convert_float_to_float16(policies.td3_actor(), keep_io_types=False)),
+                             "fp16")
+    assert given_fp16.outputs[0].dtype == "float16"
+    saturated = {"action": np.array([[np.float16(-0.3)], [np.float16(0.7)]], np.float64)}  # its float64 reference
+    found = reference_bounds(given_fp16, saturated)
+    assert (found.level, found.message) == ("ok", "the float64 reference keeps the action in [-0.3, 0.7] (metadata)")
+    beyond = {"action": np.array([[0.7007]], np.float64)}  # further out than float16's rounding of the bound
+    assert reference_bounds(given_fp16, beyond).level == "warn"
+    given_fp32 = load_policy(with_metadata(policies.td3_actor()), "fp32")
+    assert reference_bounds(given_fp32, saturated).level == "warn"
