@@ -446,11 +446,17 @@ def guarded_step(spec: dict, folder: Path) -> dict:
     return {"candidates": rows}
 
 
+def _in_report(path: Path, report_root: Path) -> str:
+    """`path`'s place in the report folder, however each was given: the variants' files come back resolved, and a
+    user's `--out report` is relative."""
+    return str(path.resolve().relative_to(report_root.resolve()))
+
+
 def _attempt(cell, info, template, judge, folder, report_root, env, limits: guarded.Limits, name, prepared: Prepared) -> FixAttempt:
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     path = folder / f"{slug}.onnx"
     onnx.save(prepared.proto, str(path))
-    attempt = FixAttempt(preparation=name, steps=prepared.steps, verdict="SKIP", prepared_onnx=str(path.relative_to(report_root)),
+    attempt = FixAttempt(preparation=name, steps=prepared.steps, verdict="SKIP", prepared_onnx=_in_report(path, report_root),
                          host_step=_host_step(prepared))
     try:
         prepared_info = model_loader.load(path)
@@ -460,7 +466,7 @@ def _attempt(cell, info, template, judge, folder, report_root, env, limits: guar
         attempt.reasons = [f"the prepared graph is unusable: {error_line(error, 400)}"]
         return attempt
     if cell.variant != "fp32" and cell.variant in paths:  # what the runtime ran: that precision's file, made from the graph
-        attempt.prepared_onnx = str(paths[cell.variant].relative_to(report_root))
+        attempt.prepared_onnx = _in_report(paths[cell.variant], report_root)
     attempt.size_bytes = (report_root / attempt.prepared_onnx).stat().st_size
     batch = prepared.fixed_batch
     spec = template.for_cell(
