@@ -76,6 +76,7 @@ class KnownMessage:
     nodes: NodeFinder
     needs_nodes: bool = False  # a pattern this general is this cause only where the model has such nodes
     facts: Callable[[onnx.ModelProto, "re.Match[str]"], dict[str, str]] | None = None  # more fields for `cause`, read from the model
+    preparation: str = ""  # the graph preparation the cause names, which --assist tries first (matrix/assist/preparations.py)
 
 
 KNOWN: tuple[KnownMessage, ...] = (
@@ -112,6 +113,11 @@ KNOWN: tuple[KnownMessage, ...] = (
                  "(rewrite the op, e.g. Softsign -> x / (1 + |x|))", _flex_candidates),
     KnownMessage(("ort-web-webgpu",), re.compile(r"Op type: (?P<op>\w+) node name: (?P<node>\S+)"),
                  "onnxruntime-web's WebGPU EP has no kernel for {op}", _named("node")),
+    KnownMessage(("tract",), re.compile(r'Translating node #\d+ "(?P<node>[^"]+)" Gemm ToTypedTranslator.*'
+                                        r"expected \S*F16 got \S*F32", re.DOTALL),
+                 "tract expands an fp16 Gemm into ops whose output it types F32, and cannot open the file (tract's "
+                 "own); a MatMul + Add computes the same and runs (the gemm-matmul rewrite)", _named("node"),
+                 preparation="gemm-matmul"),
     KnownMessage(("ort",), re.compile(r"Unsupported model IR version: (?P<ir>\d+), max supported IR version: (?P<max>\d+)"),
                  "this onnxruntime reads ONNX files up to IR version {max} and the model is saved at IR {ir}, {fix}",
                  lambda proto, match: [], facts=_ir_fix),
@@ -122,17 +128,32 @@ KNOWN: tuple[KnownMessage, ...] = (
 
 def explain(target: str, message: str, proto: onnx.ModelProto) -> str | None:
     """One reason line: the cause and the nodes it concerns, or None for an unknown message."""
+    found = _known(target, message, proto)
+    if found is None:
+        return None
+    known, match, nodes = found
+    cause = known.cause.format(**match.groupdict(), **(known.facts(proto, match) if known.facts else {}))
+    return f"cause: {cause}" + (f"; node{'s' if len(nodes) > 1 else ''}: {', '.join(nodes)}" if nodes else "")
+
+
+def preparation_for(target: str, message: str, proto: onnx.ModelProto) -> str | None:
+    """The graph preparation the message's known cause names, if it names one."""
+    found = _known(target, message, proto)
+    return found[0].preparation or None if found else None
+
+
+def _known(target: str, message: str, proto: onnx.ModelProto) -> tuple[KnownMessage, re.Match, list[str]] | None:
+    """The first entry of KNOWN that explains `message` from `target`, its match and the nodes it concerns."""
     for known in KNOWN:
         if not target.startswith(known.targets):
             continue
         match = known.pattern.search(message)
         if match is None:
             continue
-        cause = known.cause.format(**match.groupdict(), **(known.facts(proto, match) if known.facts else {}))
         nodes = list(dict.fromkeys(known.nodes(proto, match)))
         if known.needs_nodes and not nodes:
             continue
-        return f"cause: {cause}" + (f"; node{'s' if len(nodes) > 1 else ''}: {', '.join(nodes)}" if nodes else "")
+        return known, match, nodes
     return None
 
 

@@ -123,12 +123,46 @@ def test_targeted_rewrites_keep_the_numbers(step, gone):
     np.testing.assert_allclose(ort_outputs(result.proto, obs)[0], ort_outputs(original, obs)[0], rtol=1e-6)
 
 
+def _gemm(trans_a: int, trans_b: int, alpha: float, beta: float, bias: bool, b_computed: bool) -> onnx.ModelProto:
+    """obs[B,3] -> one Gemm "dense" with these attributes -> action[B,2] (B computed by a node when `b_computed`)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    weights = rng.normal(size=(2, 3) if trans_b else (3, 2)).astype(np.float32)
+    inits = [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(rng.normal(size=(2,)).astype(np.float32), "b")]
+    nodes = [helper.make_node("Identity", ["w"], ["w_computed"], name="weights")] if b_computed else []
+    a = "obs_t" if trans_a else "obs"
+    if trans_a:
+        nodes.append(helper.make_node("Transpose", ["obs"], ["obs_t"], name="obs_t", perm=[1, 0]))
+    nodes.append(helper.make_node("Gemm", [a, "w_computed" if b_computed else "w", *(["b"] if bias else [])], ["action"],
+                                  name="dense", transA=trans_a, transB=trans_b, alpha=alpha, beta=beta))
+    graph = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["B", 3])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["B", 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("trans_a, trans_b, alpha, beta, bias, b_computed", [
+    (0, 1, 1.0, 1.0, True, False),  # torch's nn.Linear
+    (1, 0, 0.5, 2.0, True, False), (0, 1, 1.0, 1.0, False, True), (0, 0, 2.0, 0.25, True, True),
+])
+def test_gemm_as_matmul_keeps_the_numbers_and_the_interface(trans_a, trans_b, alpha, beta, bias, b_computed):
+    original = _gemm(trans_a, trans_b, alpha, beta, bias, b_computed)
+    result = prepared(_gemm(trans_a, trans_b, alpha, beta, bias, b_computed), "gemm-matmul")
+    assert "Gemm" not in {node.op_type for node in result.proto.graph.node}
+    assert result.steps == ["Gemm -> MatMul + Add (the same product): dense"]
+    assert [o.name for o in result.proto.graph.output] == ["action"]
+    rows = observations(original, 5)  # [B, 3] either way: with transA the graph transposes obs itself first
+    np.testing.assert_allclose(ort_outputs(result.proto, rows)[0], ort_outputs(original, rows)[0], rtol=1e-6, atol=1e-6)
+
+
 def test_rewrites_that_do_not_apply_change_nothing():
     original = fp16_overflow_mlp()  # no ArgMax, Min/Max, Reshape, Softsign; rank-1 Gemm biases
     for step in preparations.REWRITES:
         result = Prepared(fp16_overflow_mlp())
         assert not result.apply(step) and result.proto == original and not result.steps
-    assert preparations.candidates(original)[0][0] == "simplify"
+    assert preparations.candidates(original)[0][0] == "simplify"  # gemm-matmul only where a cause names it
 
 
 def test_candidates_try_single_changes_before_all_of_them_together():
@@ -169,6 +203,9 @@ SEEN = [
      "inside a Reshape node", ["flatten"]),
     ("coreml", 'NotImplementedError: "allowzero=1" is not implemented', _with_rank0_bias_softsign_and_allowzero,
      "allowzero=1", ["flatten"]),
+    ("tract", 'RuntimeError: Translating node #4 "fc0" Gemm ToTypedTranslator Caused by: Output mismatch after rewiring '
+     "expansion for output #0: expected batch,64,F16 got batch,64,F32", examples.discrete_mlp,
+     "tract expands an fp16 Gemm", ["fc0"]),
 ]
 
 
@@ -226,6 +263,20 @@ def test_a_fixed_fp16_cell_ships_the_fp16_file_it_ran_and_its_size_meets_a_budge
     shipped = out / chosen.prepared_onnx
     assert chosen.prepared_onnx == fixed.prepared_onnx and chosen.size_bytes == shipped.stat().st_size
     assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in onnx.load(str(shipped)).graph.initializer)
+
+
+def test_tract_fp16_of_a_gemm_mlp_is_explained_and_runs_as_matmul_add(tmp_path, policy_matrix):
+    """tract 0.23 cannot open the fp16 variant of torch's nn.Linear export (Gemm with a bias): 'Output mismatch after
+    rewiring expansion ... expected F16 got F32'. The cell says why, and --assist's gemm-matmul makes it run."""
+    done = policy_matrix(["run", examples.path("discrete_mlp"), "--targets", "tract", "--precisions", "fp16", "--assist",
+                          "--out", tmp_path / "report", *RUN_FAST])
+    [cell] = schema.load(tmp_path / "report" / "results.json").cells
+    assert cell.verdict == "FAIL" and any(r.startswith("cause: tract expands an fp16 Gemm") for r in cell.reasons), done.stderr
+    fixed = next(fix for fix in cell.fixes if fix.preparation == "gemm-matmul")
+    assert fixed.verdict == "PASS", fixed.reasons
+    shipped = onnx.load(str(tmp_path / "report" / fixed.prepared_onnx))
+    assert "Gemm" not in {node.op_type for node in shipped.graph.node}
+    assert [(v.name, v.type.tensor_type.elem_type) for v in shipped.graph.output] == [("action", onnx.TensorProto.INT64)]
 
 
 def test_a_fix_closest_to_the_budgets_is_named_with_its_fix_and_its_p99_measured(tmp_path, policy_matrix):

@@ -12,7 +12,9 @@ not apply:
   `reshape-allowzero` (allowzero=1 -> 0 when the shape has no zero),
   `gemm-bias-rank1` (a rank-0 Gemm bias -> rank 1), `gemm-zero-bias` (an explicit
   zero bias for a Gemm without one), `softsign` (x / (1 + |x|)), `u8-weights` (signed 8-bit
-  weights as uint8 + 128 with zero points + 128: the same numbers, onnxruntime's U8U8 kernels; int8_weights.py).
+  weights as uint8 + 128 with zero points + 128: the same numbers, onnxruntime's U8U8 kernels; int8_weights.py);
+  and, only where a known cause of the failure names it (matrix/messages.py), `gemm-matmul` (Gemm -> MatMul +
+  Add, the same product: tract cannot open an fp16 Gemm).
 
 Besides the graph, the variant itself: a failing fp16 or int8 cell whose
 `--diagnose` named the first divergent node first tries its variant made with
@@ -45,6 +47,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .. import messages
 from ..run import cells, guarded
 from ..errors import error_line
 from ..run.protocol import CellInputs
@@ -266,6 +269,57 @@ def _rewrite_gemm_biases(prepared: Prepared, new_bias: Callable[[onnx.NodeProto,
     return bool(changed)
 
 
+def _gemm_matmul(prepared: Prepared) -> bool:
+    """Each Gemm as MatMul, then Mul by alpha and Add of beta * C where they are not 1 and absent: the same product.
+    tract 0.23 expands an fp16 Gemm into ops it types F32 ("Output mismatch after rewiring expansion ... expected
+    F16 got F32") and cannot open the file; it runs the fp16 MatMul + Add."""
+    graph = prepared.proto.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    changed = []
+    for index in reversed(range(len(graph.node))):
+        node = graph.node[index]
+        if node.op_type != "Gemm":
+            continue
+        replacement = _as_matmul(node, graph, initializers)
+        del graph.node[index]
+        for offset, new in enumerate(replacement):
+            graph.node.insert(index + offset, new)
+        changed.append(node.name or node.output[0])
+    _drop_unused_initializers(graph)
+    if changed:
+        prepared.steps.append(f"Gemm -> MatMul + Add (the same product): {', '.join(reversed(changed))}")
+    return bool(changed)
+
+
+def _as_matmul(node: onnx.NodeProto, graph: onnx.GraphProto, initializers: dict) -> list[onnx.NodeProto]:
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    base = node.name or node.output[0]
+    weights = initializers.get(node.input[1])
+    dtype = numpy_helper.to_array(weights).dtype if weights is not None else np.float32
+    nodes: list[onnx.NodeProto] = []
+
+    def then(op: str, inputs: list[str], name: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [f"{base}/{name}"], name=f"{base}/{name}", **attrs))
+        return f"{base}/{name}"
+
+    a, b = node.input[0], node.input[1]
+    if attributes.get("transA", 0):
+        a = then("Transpose", [a], "transpose_a", perm=[1, 0])
+    if attributes.get("transB", 0):
+        b = (_add_initializer(graph, numpy_helper.to_array(weights).T.copy(), f"{b}/transposed") if weights is not None
+             else then("Transpose", [b], "transpose_b", perm=[1, 0]))
+    product = then("MatMul", [a, b], "matmul")
+    if attributes.get("alpha", 1.0) != 1.0:
+        product = then("Mul", [product, _scalar(graph, f"{base}/alpha", np.array(attributes["alpha"], dtype))], "alpha_ab")
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if bias and attributes.get("beta", 1.0) != 1.0:
+        bias = then("Mul", [bias, _scalar(graph, f"{base}/beta", np.array(attributes["beta"], dtype))], "beta_c")
+    if bias:
+        then("Add", [product, bias], "bias")
+    nodes[-1].output[0] = node.output[0]  # the Gemm's output, by its name: what reads it is unchanged
+    return nodes
+
+
 def _gemm_width(node: onnx.NodeProto, weights: np.ndarray) -> int:
     """A Gemm's output width: B's columns, or its rows when transB."""
     trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
@@ -313,9 +367,13 @@ def _softsign(prepared: Prepared) -> bool:
 STEPS: dict[str, Callable[[Prepared], bool]] = {
     "argmax-cut": _argmax_cut, "minmax-clip": _minmax_clip, "reshape-allowzero": _reshape_allowzero,
     "gemm-bias-rank1": _gemm_bias_rank1, "gemm-zero-bias": _gemm_zero_bias, "softsign": _softsign, "u8-weights": _unsigned_weights,
-    "opset17": _opset17, "simplify": _simplify,
+    "gemm-matmul": _gemm_matmul, "opset17": _opset17, "simplify": _simplify,
 }
 REWRITES = ("argmax-cut", "minmax-clip", "reshape-allowzero", "gemm-bias-rank1", "gemm-zero-bias", "softsign", "u8-weights")
+# Steps tried only where a known cause of the cell's failure names them (matrix/messages.py): gemm-matmul rewrites
+# every Gemm, which only tract's fp16 needs; among the steps tried on every failing cell it would cost each one more
+# attempt (a LiteRT conversion) and join every combined fix.
+NAMED_ONLY = ("gemm-matmul",)
 COMBINED = ("opset17", "simplify", *REWRITES)
 
 
@@ -363,7 +421,10 @@ def try_fixes(
     """Try the candidates on one failing cell, cheapest first, until one PASSes."""
     folder.mkdir(parents=True, exist_ok=True)
     attempts = []
-    for name, prepared in [*_kept_in_fp32(cell, info), *_guarded_candidates(info, folder / "candidates", limits)]:
+    named = [*_kept_in_fp32(cell, info), *_named_by_cause(cell, info)]
+    tried = {name for name, _ in named}
+    generic = [(name, prepared) for name, prepared in _guarded_candidates(info, folder / "candidates", limits) if name not in tried]
+    for name, prepared in [*named, *generic]:
         if prepared.error:
             attempts.append(FixAttempt(preparation=name, verdict="SKIP", reasons=[f"the preparation itself failed: {prepared.error}"]))
             continue
@@ -376,6 +437,22 @@ def try_fixes(
         if attempt.verdict in FIXED:
             break
     return attempts
+
+
+def _named_by_cause(cell: Cell, info: ModelInfo) -> list[tuple[str, Prepared]]:
+    """The step a known cause of the cell's failure names (e.g. tract's fp16 Gemm: gemm-matmul), tried before the
+    steps tried on every failing cell."""
+    name = messages.preparation_for(cell.target, cell.error.message, info.proto) if cell.error else None
+    if name is None:
+        return []
+    prepared = Prepared(_copy(info.proto))
+    try:
+        if not prepared.apply(name):
+            return []
+        prepared.proto = _checked(prepared.proto)
+    except Exception as error:  # the tool's rewrite failing: said as that attempt's, never the runtime's
+        return [(name, Prepared(info.proto, error=error_line(error, 400)))]
+    return [(name, prepared)]
 
 
 def _kept_in_fp32(cell: Cell, info: ModelInfo) -> list[tuple[str, Prepared]]:
