@@ -18,7 +18,7 @@ from .judge.noise import ratio_band
 from .results import Cell, RunResults
 
 _RELEASE = re.compile(r"\d+(?:\.\d+)+[^\s,;()]*")
-_RELEASE_FORM = re.compile(r"^\d+\.\d+\.\d+([-+.]?[0-9A-Za-z]+)*$")  # as targets/versions.py takes it
+_RELEASE_FORM = re.compile(r"^\d+\.\d+\.\d+([-+.]?[0-9A-Za-z]+)*$", re.ASCII)  # as targets/versions.py takes it
 SEPARATOR = "@"
 
 

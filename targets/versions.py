@@ -49,7 +49,7 @@ NODE_MODULES_ENV = "POLICY_MATRIX_NODE_MODULES"  # the pinned npm release's node
 # X.Y.Z, then only letters, digits and . - + (PEP 440 and semver, e.g. 1.22.0-dev.20250409-89f8206ba4):
 # the version becomes part of a folder name and an installer argument, so nothing else gets through; and a
 # shorter one (1.22) is a range to npm, not one release.
-_VERSION = re.compile(r"^\d+\.\d+\.\d+([-+.]?[0-9A-Za-z]+)*$")
+_VERSION = re.compile(r"^\d+\.\d+\.\d+([-+.]?[0-9A-Za-z]+)*$", re.ASCII)  # pip reads ASCII digits only
 INSTALL_TIMEOUT_S = 900
 REGISTRY_ANSWER_S = 600  # how long pip's list of a package's releases is reused: new releases are rare
 

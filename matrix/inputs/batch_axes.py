@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # model.load infers the axes: a runtime import would be circu
 
 BatchAxes = dict[str, int]  # input or output name -> its batch axis; an input absent here is fed whole
 
-GIVEN = re.compile(r"^(?P<name>.+)=(?P<axis>-?\d+)$")
+GIVEN = re.compile(r"^(?P<name>.+)=(?P<axis>-?[0-9]+)$")  # ASCII digits: a str pattern's \d takes any script's
 
 
 def parse_given(specs: tuple[str, ...] | list[str]) -> BatchAxes:

@@ -304,6 +304,10 @@ OPTIONS = {
     "--memory-limit 16000000T": (option("--memory-limit", "16000000T"), "at most 1024T"),
     "--memory-limit 0": (option("--memory-limit", "0"), "at least 64M"),
     "--memory-limit -1G": (option("--memory-limit", "-1G"), "--memory-limit"),
+    # digits of another script (an IME's fullwidth １) are digits to a str pattern's \d and to int()/float(): read as 1
+    "--memory-limit fullwidth 1G": (option("--memory-limit", "\uff11G"), "expected a size such as 4G"),
+    "--batch-axis fullwidth axis": (option("--batch-axis", "obs=\uff11"), "expected NAME=AXIS"),
+    "--targets fullwidth release": (option("--targets", "ort-cpu@\uff11.\uff12\uff10.\uff11"), "is not a release number"),
     "--variants fp32,fp32": (option("--variants", "fp32,fp32"), "given twice"),
     "--variants ,": (option("--variants", ","), "unknown variant"),
     "--variants fp64": (option("--variants", "fp64"), "unknown variant"),
