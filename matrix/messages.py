@@ -139,7 +139,7 @@ def explain(target: str, message: str, proto: onnx.ModelProto) -> str | None:
 def preparation_for(target: str, message: str, proto: onnx.ModelProto) -> str | None:
     """The graph preparation the message's known cause names, if it names one."""
     found = _known(target, message, proto)
-    return found[0].preparation or None if found else None
+    return (found[0].preparation or None) if found else None
 
 
 def _known(target: str, message: str, proto: onnx.ModelProto) -> tuple[KnownMessage, re.Match, list[str]] | None:
