@@ -35,6 +35,7 @@ class Knob:
 
     meaning: str
     choices: tuple[str, ...] = ()  # the values it takes; () means a positive integer (a thread count)
+    default: str = ""  # the value the runtime takes when the knob is not set ("": the run's own, e.g. --threads)
 
     def problem(self, value: str) -> str | None:
         """None when `value` is one this knob takes, else what it takes."""

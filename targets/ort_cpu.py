@@ -33,7 +33,7 @@ GRAPH_OPTIMIZATION = {
 }
 ORT_KNOBS = {
     "threads": Knob("SessionOptions.intra_op_num_threads (default: --threads)"),
-    "opt": Knob("SessionOptions.graph_optimization_level (default: all)", tuple(GRAPH_OPTIMIZATION)),
+    "opt": Knob("SessionOptions.graph_optimization_level (default: all)", tuple(GRAPH_OPTIMIZATION), default="all"),
 }
 
 

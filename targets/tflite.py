@@ -65,7 +65,7 @@ class TfliteTarget(Target):
         "threads": Knob("Interpreter(num_threads=...) (default: --threads)"),
         # The same switch as the tflite-noxnn target, as a grid axis of this one (tflite-noxnn stays a
         # target of its own: earlier results and --targets globs name it).
-        "xnnpack": Knob("XNNPACK delegate on (LiteRT's default) or off (builtin kernels only)", ("on", "off")),
+        "xnnpack": Knob("XNNPACK delegate on (LiteRT's default) or off (builtin kernels only)", ("on", "off"), default="on"),
     }
 
     def runtime_version(self) -> str:

@@ -61,6 +61,18 @@ def test_return_deltas_their_intervals_cannot_tell_apart_are_equally_close_and_t
     assert decision.configurations[2].lost == "further from the reference: |return delta| 0.5 vs |return delta| 0.00351"
 
 
+@pytest.mark.parametrize("target, fast, default", [("ort-cpu", {"opt": "disable"}, {"opt": "all"}),
+                                                   ("tflite", {"xnnpack": "off"}, {"xnnpack": "on"})])
+def test_an_equally_fast_tie_goes_to_the_runtimes_default_setting(target, fast, default):
+    # the rule says "default settings", but every configuration of a --settings grid sets the same knobs, so the
+    # tie went to the faster point p50: graph optimization disabled shipped beside an equally fast opt=all
+    cells = [_cell("fp32", 5.20, 4000, 1e-7, settings={"threads": "1", **fast}),
+             _cell("fp32", 5.26, 4000, 1e-7, settings={"threads": "1", **default})]
+    decision = decide.decide_target("h", target, cells, [], "latency")
+    assert decision.chosen.settings == {"threads": "1", **default}
+    assert decision.runner_up.lost == "as good on the preferred measure; the simpler configuration wins the tie"
+
+
 def test_budgets_exclude_and_nothing_meeting_them_names_the_closest_and_its_misses():
     budgets = decide.parse_budgets(["t=p50:20us,size:3kB"])
     assert [b.describe() for b in budgets] == ["p50 ≤ 20 µs", "size ≤ 3 kB"]

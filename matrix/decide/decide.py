@@ -38,7 +38,7 @@ TAIL_FACTOR = 3.0  # a p99 more than 3x the best qualifying p99 cannot win on la
 QUALIFIES = ("PASS", "WARN")
 VARIANT_ORDER = {"fp32": 0, "fp16": 1, "int8": 2}  # simpler first: the tie-break after speed
 TIE_RULE = ("ties go to the simpler configuration: no graph preparation, the first model before a candidate, fp32 before "
-            "fp16 before int8, fewer threads, default settings")
+            "fp16 before int8, fewer threads, fewer settings away from the runtime's default (opt=all, xnnpack=on)")
 _MEASURE = {  # what --prefer weighs, in the order _best applies it
     "latency": (f"the fastest p50 at the smallest timed batch (p50s whose noise bands, 95% bootstrap, cannot tell them "
                 f"apart beyond {SAME_SPEED:.0%} are equally fast; a p99 more than {TAIL_FACTOR:g}x the best cannot win)"),
@@ -160,7 +160,7 @@ def decide_target(host: str, target: str, cells: list[Cell], budgets: list[Budge
     choices = [_choice(cell, budgets) for cell in cells]
     choices += [_fixed_choice(cell, fix, budgets, behaviour) for cell in cells for fix in cell.fixes if fix.verdict in QUALIFIES]
     _flag_larger_than_fp32(choices)
-    ranked = _ranked([c for c in choices if not c.misses], prefer)
+    ranked = _ranked([c for c in choices if not c.misses], prefer, _knob_defaults(target))
     decision = Decision(host=host, target=target, prefer=prefer, budgets=[b.describe() for b in budgets],
                         considered=len(choices), quality_bar=_quality_bar(behaviour, assisted), tie_rule=order_rule(prefer),
                         not_ready=list(not_ready or []), assisted=assisted, fixes_tried=_fixes_tried(cells))
@@ -260,12 +260,12 @@ def _budget_miss(choice: DecisionChoice, budget: Budget) -> str:
     return ""
 
 
-def _ranked(meeting: list[DecisionChoice], prefer: str) -> list[DecisionChoice]:
+def _ranked(meeting: list[DecisionChoice], prefer: str, defaults: dict[str, str]) -> list[DecisionChoice]:
     """Best first: the best of all, then the best of the rest (the runner-up), and so on. Each choice
     after the first says why it lost to the one ranked just above it; the first says why it won."""
     rest, ranked = list(meeting), []
     while rest:
-        best = _best(rest, prefer)
+        best = _best(rest, prefer, defaults)
         ranked.append(best)
         rest.remove(best)
     if ranked:  # only the chosen has a `why`: a later round's (e.g. "the only configuration that qualifies") misleads
@@ -275,13 +275,17 @@ def _ranked(meeting: list[DecisionChoice], prefer: str) -> list[DecisionChoice]:
     return ranked
 
 
-def _best(choices: list[DecisionChoice], prefer: str) -> DecisionChoice:
+def _best(choices: list[DecisionChoice], prefer: str, defaults: dict[str, str]) -> DecisionChoice:
     choices = _weighed(choices)
+
+    def simplicity(choice: DecisionChoice) -> tuple:
+        return _simplicity(choice, defaults)
+
     if prefer == "size":
-        return min(choices, key=lambda c: (_or_inf(c.size_bytes), _simplicity(c)))
+        return min(choices, key=lambda c: (_or_inf(c.size_bytes), simplicity(c)))
     if prefer == "accuracy":
-        return min(_equally_close(choices), key=_simplicity)
-    return min(_equally_fast(choices), key=_simplicity)
+        return min(_equally_close(choices), key=simplicity)
+    return min(_equally_fast(choices), key=simplicity)
 
 
 def _weighed(choices: list[DecisionChoice]) -> list[DecisionChoice]:
@@ -339,12 +343,25 @@ def _unsteady(choice: DecisionChoice, timed: list[DecisionChoice]) -> bool:
     return bool(best_tail and choice.p99_us and choice.p99_us > TAIL_FACTOR * best_tail)
 
 
-def _simplicity(choice: DecisionChoice) -> tuple:
+def _simplicity(choice: DecisionChoice, defaults: dict[str, str]) -> tuple:
     """Ties go to the simpler configuration: no preparation, the first model before a candidate, fp32 before
-    fp16 before int8, fewer threads, default settings; then the smaller file, then the faster p50."""
+    fp16 before int8, fewer threads, fewer knobs away from the runtime's own default (`defaults`: ort's opt=all,
+    LiteRT's xnnpack=on); then the smaller file, then the faster p50."""
     threads = choice.settings.get("threads", "")
+    away = sum(value != defaults.get(knob) for knob, value in choice.settings.items())
     return (bool(choice.fix), bool(choice.candidate), VARIANT_ORDER.get(choice.variant, len(VARIANT_ORDER)),
-            int(threads) if threads.isdigit() else 0, len(choice.settings), _or_inf(choice.size_bytes), _p50(choice))
+            int(threads) if threads.isdigit() else 0, away, _or_inf(choice.size_bytes), _p50(choice))
+
+
+def _knob_defaults(target: str) -> dict[str, str]:
+    """The value each of the target's runtime knobs takes when unset (targets.base.Knob.default); {} for a target
+    this tool does not know (a merged shard's from another release of it)."""
+    import targets  # the registry imports a target's module on lookup: only for a target that ran
+
+    name = base_name(target)
+    if name not in targets.WHERE:
+        return {}
+    return {knob: spec.default for knob, spec in targets.get(name).knobs.items() if spec.default}
 
 
 def _why_best(best: DecisionChoice, rivals: list[DecisionChoice], prefer: str) -> str:
