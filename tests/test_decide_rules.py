@@ -73,6 +73,16 @@ def test_an_equally_fast_tie_goes_to_the_runtimes_default_setting(target, fast, 
     assert decision.runner_up.lost == "as good on the preferred measure; the simpler configuration wins the tie"
 
 
+@pytest.mark.parametrize("mode, bar", [("open-loop", "the drift tolerance"), ("closed-loop", "the paired return difference")])
+def test_a_trajectory_replay_is_judged_on_drift_and_the_decision_says_so(mode, bar):
+    # --trajectory replays recorded states (open loop): no returns, cells judged on drift; the decision's quality
+    # bar said "the paired return difference ... within the return tolerance" because a rollout was recorded at all
+    results = RunResults(tool_version="t", created="now", model={"sha256": "x"}, hosts=[], lints=[], cells=CELLS,
+                         run_options={"rollout": {"mode": mode}})
+    [decision] = decide.decide_all(results, [])
+    assert decision.quality_bar.startswith(bar)
+
+
 def test_budgets_exclude_and_nothing_meeting_them_names_the_closest_and_its_misses():
     budgets = decide.parse_budgets(["t=p50:20us,size:3kB"])
     assert [b.describe() for b in budgets] == ["p50 ≤ 20 µs", "size ≤ 3 kB"]

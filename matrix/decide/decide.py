@@ -141,7 +141,7 @@ def decide_all(results: RunResults, budgets: list[Budget], prefer: str = "latenc
         measured = by_target[(cell.host, cell.target)]
         if cell.verdict != "SKIP" and cell.predicts:
             measured.append(cell)
-    behaviour = "rollout" in results.run_options
+    behaviour = rules.returns_judged(results.run_options)
     not_ready = [f"{lint.id}: {lint.message}" for lint in results.lints if lint.level == "error"]
     decided = {key: cells for key, cells in by_target.items() if cells or any(b.names(key[1]) for b in budgets)}
     return [decide_target(host, target, cells, [b for b in budgets if b.applies_to(target)], prefer, behaviour, not_ready,

@@ -440,6 +440,12 @@ def share(error, allowed):
     return float(ratio) if ratio.ndim == 0 else ratio
 
 
+def returns_judged(run_options: dict) -> bool:
+    """Whether the run judged its cells on returns: --env's episodes. A --trajectory replay (open loop) has none:
+    its cells are judged on drift over the trajectory's states, as a run without either is."""
+    return (run_options.get("rollout") or {}).get("mode") == "closed-loop"
+
+
 def behaviour_measured(cell) -> bool:
     rollout = cell.rollout
     return bool(rollout and rollout.mode == "closed-loop" and rollout.episodes)

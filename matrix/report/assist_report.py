@@ -17,7 +17,7 @@ def context(results: RunResults) -> dict:
         return {"node_charts": charts}
     from ..assist.preparations import DEPLOYMENT_BATCH  # onnx and onnxruntime come with it: only for a Fixes section
 
-    judged_on = rules.FIX_JUDGED_ON if "rollout" in results.run_options else ""
+    judged_on = rules.FIX_JUDGED_ON if rules.returns_judged(results.run_options) else ""
     return {"node_charts": charts, "deployment_batch": DEPLOYMENT_BATCH, "judged_on": judged_on}
 
 

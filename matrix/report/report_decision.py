@@ -13,6 +13,7 @@ from markupsafe import Markup, escape
 
 from . import charts
 from ..decide import decide
+from ..judge import rules
 from ..results import Cell, RunResults
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 520, 300, 64, 40, 14, 16
@@ -21,7 +22,7 @@ FRONT, OTHER, CHOSEN = "#3b6fb6", "#9aa0a6", "#2e9e5b"
 
 def context(results: RunResults) -> dict:
     name = str(results.model.get("name", "the model"))
-    behaviour = "rollout" in results.run_options
+    behaviour = rules.returns_judged(results.run_options)
     return {
         "decisions": results.decision,
         "scatters": {(d.host, d.target): scatter(_cells_of(results, d.host, d.target), d, behaviour, name)
