@@ -270,6 +270,9 @@ def test_open_loop_replay_reports_drift_per_step(policy_dir, tmp_path, policy_ma
     assert fp32["mode"] == "open-loop" and len(fp32["step_drift"]) == 50
     assert fp32["max_step_drift"] < 1e-5 < int8["max_step_drift"]
     assert "Open loop" in (tmp_path / "out" / "index.html").read_text()
+    # a replay has no returns: no return rule is recorded, and the decision's bar is the drift one
+    assert not {"return_tolerance", "return_rule"} & set(data["settings"]["rollout"])
+    assert data["decision"][0]["quality_bar"].startswith("the drift tolerance")
 
 
 @pytest.mark.parametrize("given", [False, True])

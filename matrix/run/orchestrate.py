@@ -214,8 +214,10 @@ def run(config: RunConfig, console: Console) -> RunResults:
     results.variant_errors = {v: e for v, e in failed.items() if v in config.variants}
     results.variants_not_made = {v: why for v, why in not_made.items() if v in config.variants}
     if config.rollout:
-        results.run_options["rollout"] = {**config.rollout.describe(), "return_tolerance": config.return_tolerance.describe(),
-                                       "return_rule": "paired per-seed return differences, Student's t interval of the mean"}
+        results.run_options["rollout"] = config.rollout.describe()
+        if not config.rollout.open_loop:  # a replay has no returns: the rule it was not judged by is not recorded
+            results.run_options["rollout"] |= {"return_tolerance": config.return_tolerance.describe(),
+                                               "return_rule": "paired per-seed return differences, Student's t interval of the mean"}
         action_range.add_to(results, config.model, config.rollout, ref_rollout)
     results.run_options["run_id"] = run_id
     configurations = _configurations(config)
