@@ -1,9 +1,10 @@
 """Policies built for the diagnosis and conversion-assist tests, each shaped like a real export.
 
-- `fp16_overflow_mlp`: a scale-up / scale-down pair (x 3e4, x 1/3e4) between two
-  Gemms; the scaled activations pass float16's largest finite value (65504) and
-  onnxconverter-common clamps the 3e4 constant to 1e4 (its max_finite_val), so
-  every runtime sees the drift, including ORT CPU, which upcasts fp16 math.
+- `fp16_overflow_mlp`: a scale-up / scale-down pair (x 1e5, x 1e-5) between two
+  Gemms; float16 cannot hold the 1e5 (its largest finite value is 65504), so the
+  fp16 variant scales by 65504 and every runtime sees the drift, including ORT CPU,
+  which upcasts fp16 math; the activations it scales stay in [0, 0.5], so kept in
+  fp32 the scale-up's product (at most 5e4) fits float16 again.
 - `sb3_pendulum_like`: SB3's continuous-actor export pattern: a tanh MLP whose
   action goes through a dead shape subgraph (Shape / ConstantOfShape / Expand /
   Reshape) and a clamp to the action bounds as Max/Min with constants.
@@ -35,16 +36,17 @@ def _tensor(rng, name, *shape, scale=0.5):
 
 
 def fp16_overflow_mlp() -> onnx.ModelProto:
-    """obs[B,4] -> fc0 (Gemm) -> relu0 -> scale_up (x3e4) -> scale_down (x1/3e4) -> head (Gemm) -> action[B,2]."""
+    """obs[B,4] -> fc0 (Gemm) -> clip0 [0, 0.5] -> scale_up (x1e5) -> scale_down (x1e-5) -> head (Gemm) -> action[B,2]."""
     rng = np.random.default_rng(3)
     inits = [
         _tensor(rng, "fc0.weight", 16, 4, scale=1.0), _tensor(rng, "fc0.bias", 16, scale=0.1),
-        numpy_helper.from_array(np.array(3e4, np.float32), "up"), numpy_helper.from_array(np.array(1 / 3e4, np.float32), "down"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "clip0.min"), numpy_helper.from_array(np.array(0.5, np.float32), "clip0.max"),
+        numpy_helper.from_array(np.array(1e5, np.float32), "up"), numpy_helper.from_array(np.array(1e-5, np.float32), "down"),
         _tensor(rng, "head.weight", 2, 16, scale=0.2), _tensor(rng, "head.bias", 2, scale=0.1),
     ]
     nodes = [
         helper.make_node("Gemm", ["obs", "fc0.weight", "fc0.bias"], ["h0"], name="fc0", transB=1),
-        helper.make_node("Relu", ["h0"], ["r0"], name="relu0"),
+        helper.make_node("Clip", ["h0", "clip0.min", "clip0.max"], ["r0"], name="clip0"),
         helper.make_node("Mul", ["r0", "up"], ["big"], name="scale_up"),
         helper.make_node("Mul", ["big", "down"], ["small"], name="scale_down"),
         helper.make_node("Gemm", ["small", "head.weight", "head.bias"], ["action"], name="head", transB=1),

@@ -73,6 +73,23 @@ def td3_actor(low: float = -0.3, high: float = 0.7) -> onnx.ModelProto:
     return _model(nodes, [_float("obs", ["batch", 3])], [_float("action", ["batch", 1])], inits, opset=20, ir_version=10)
 
 
+def rescaled_hidden_layer() -> onnx.ModelProto:
+    """A tanh MLP whose hidden layer is scaled by 2e4 and back by 5e-5 between its two layers (a unit change folded
+    into the graph as `x * 20000.0`), its dense layers as jax2onnx writes them (MatMul + Add): float16 holds both
+    constants, and 2e4 * tanh(...) stays below its largest value, 65504, so the model in float16 drifts ~5e-4."""
+    rng = np.random.default_rng(9)
+    inits = _weights(rng, "fc0", 4, 8) + _weights(rng, "head", 8, 2)
+    inits += [numpy_helper.from_array(np.array(2e4, np.float32), "up"), numpy_helper.from_array(np.array(5e-5, np.float32), "down")]
+    nodes = [
+        helper.make_node("MatMul", ["obs", "fc0_w"], ["xw"]), helper.make_node("Add", ["xw", "fc0_b"], ["h"]),
+        helper.make_node("Tanh", ["h"], ["t"]),
+        helper.make_node("Mul", ["t", "up"], ["big"], name="/policy/scale_up"),
+        helper.make_node("Mul", ["big", "down"], ["back"], name="/policy/scale_down"),
+        helper.make_node("MatMul", ["back", "head_w"], ["bw"]), helper.make_node("Add", ["bw", "head_b"], ["action"]),
+    ]
+    return _model(nodes, [_float("obs", ["batch", 4])], [_float("action", ["batch", 2])], inits)
+
+
 def unsquashed_gaussian_mean() -> onnx.ModelProto:
     """SB3's documented PPO export on Pendulum: the actor's Gaussian mean, unsquashed (SB3 clips to the action space
     in Python, outside the graph), with the env's [-2, 2] written into the metadata by its user: the float64

@@ -86,6 +86,20 @@ def test_fp16_of_a_min_max_clipped_policy_keeps_a_float32_action(built, tmp_path
     assert bounds["ok"] is True and "[-2, 2] (graph: final Min/Max clip)" in bounds["detail"]
 
 
+def test_the_fp16_variant_keeps_constants_float16_can_hold(built, tmp_path, policy_matrix):
+    """onnxconverter-common clamps constants to +-1e4 by default: a hidden layer scaled by 2e4 and back came out
+    halved, and ort-cpu's and tract's fp16 cells FAILed at drift 0.74, the conversion's doing (the model in float16
+    drifts ~5e-4). The variant clamps only what float16 cannot hold."""
+    done = policy_matrix(["run", built("rescaled_hidden_layer"), "--targets", "ort-cpu,tract", "--variants", "fp16", *FAST,
+                          "--out", tmp_path / "report"])
+    assert done.returncode == 0, done.stderr
+    for cell in load_results(tmp_path / "report")["cells"]:
+        assert cell["verdict"] == "PASS", (cell["target"], cell["reasons"])
+    fp16 = onnx.load(str(next((tmp_path / "report" / "variants").rglob("fp16.onnx"))))
+    scale = next(t for t in fp16.graph.initializer if t.name == "up")
+    assert onnx.numpy_helper.to_array(scale) == np.float16(2e4)
+
+
 def test_fp16_of_a_clamped_td3_actor_is_held_to_the_bounds_float16_states(built, tmp_path, policy_matrix):
     """torch's export of clamp(..., -0.3, 0.7): the fp16 variant clips at float16's 0.70020 and onnxruntime returns it;
     the cell FAILed the action contract ('[-0.3, 0.7002] leaves [-0.3, 0.7]') for the tool's rounding, at drift 2e-3."""

@@ -182,7 +182,7 @@ def explain(first: NodeDrift, original, variant, expected, actual, variant_name:
 
 
 def _fp16_constants(node, original, variant) -> list[str]:
-    """Constants the fp16 converter changed beyond rounding (it clamps to +-1e4 and to 1e-7 by default)."""
+    """Constants the fp16 converter changed beyond rounding (it clamps to float16's range: variants.FLOAT16_RANGE)."""
     known, changed = constants(original), constants(variant)
     found = []
     for name in node.input:
