@@ -294,7 +294,7 @@ class Assist(Group):
 
     options = (
         click.option("--diagnose", is_flag=True, help="For the first model's cells that FAIL/WARN on drift: the first node whose output leaves the float64 reference."),
-        click.option("--assist", is_flag=True, help="For the first model's FAILed cells: try graph preparations (the diagnosed node kept in fp32, onnxsim, opset 17, rewrites) on the same target; "
+        click.option("--assist", is_flag=True, help="For the first model's FAILed cells: try graph preparations (the diagnosed node kept in fp32, the rewrite a known failure names, onnxsim, opset 17, rewrites) on the same target; "
                   "those that change the model's interface are refused. A fix is judged on drift: it drives no --env episodes."),
     )
 
