@@ -317,12 +317,14 @@ class BaselineCoverage(Record):
     only_in_current: list[str] = []  # new since the baseline: nothing to compare them with
     # cells the baseline measured that SKIP now (a runtime broken on tonight's runner) -> the reason they SKIP
     skipped_now: dict[str, str] = {}
+    # a host whose processor changed since the baseline -> "old cpu -> new cpu": its cells' latency was not compared
+    latency_not_compared: dict[str, str] = {}
     refused: str = ""  # why nothing was compared
 
     @property
     def whole(self) -> bool:
         """Every cell of the baseline was compared (cells new since then may be listed: they lose nothing)."""
-        return not (self.refused or self.absent_hosts or self.only_in_baseline or self.skipped_now)
+        return not (self.refused or self.absent_hosts or self.only_in_baseline or self.skipped_now or self.latency_not_compared)
 
     def lines(self) -> list[str]:
         """One line per gap, in words, for the console, summary.md and the report."""
@@ -335,6 +337,8 @@ class BaselineCoverage(Record):
                          f"{_listed(self.only_in_baseline)}")
         for why, cells in _by_reason(self.skipped_now).items():
             found.append(f"not compared: {_counted(cells)} the baseline measured SKIP now: {_listed(cells)} ({why})")
+        found += [f"latency not compared on host {host}: its processor changed ({change}); a slower processor is not a "
+                  "slower runtime" for host, change in self.latency_not_compared.items()]
         if self.only_in_current:
             found.append(f"new since the baseline (nothing to compare with): {_counted(self.only_in_current)}: "
                          f"{_listed(self.only_in_current)}")

@@ -9,7 +9,9 @@ A regression is one of:
   or crossed the tolerance;
 - latency: p50 slower by more than `latency_threshold` AND slower than the
   baseline's own p90, so that ordinary run-to-run spread is not a regression
-  (cells on emulated adapters are not compared);
+  (cells on emulated adapters are not compared, nor the cells of a host whose processor changed since the
+  baseline: a hosted CI runner lands on another CPU model from night to night, and a slower processor is not a
+  slower runtime; coverage() says which host and why);
 - fallback: nodes that now fall back and did not before.
 Cells only in one of the two files are not regressions (target subsets differ), nor are cells that SKIP now: coverage()
 names them, with the baseline's hosts the current run has none of, for the report; two files with no host in
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..results import BaselineCoverage, Cell, Regression, RunResults
 from ..runtime_versions import paired_cells, version_change
+from ..userfiles import one_line
 
 DRIFT_NOISE_FLOOR = 1e-6  # below this, growth is float32 rounding, not a change
 
@@ -49,6 +52,7 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
     caveat = f" (inputs differ: {'; '.join(differences)})" if differences else ""
     pairs = paired_cells(baseline.cells, current.cells)
     judged_apart = _judged_apart(pairs, allow_different_inputs)
+    other_processor = processor_changes(baseline, current)
     found = []
     for old, cell in pairs:
         change = version_change(cell.target, old.runtime_version, cell.runtime_version)
@@ -57,8 +61,16 @@ def compare(baseline: RunResults, current: RunResults, thresholds: Thresholds = 
         said = caveat + judged_apart.get(id(cell), "")
         found += [Regression(host=cell.host, target=cell.target, variant=cell.variant, kind=kind,
                              detail=(f"{prefix}: {detail}" if prefix else detail) + said, configuration=cell.configuration.axes)
-                  for kind, detail in _changes(old, cell, thresholds)]
+                  for kind, detail in _changes(old, cell, thresholds, cell.host not in other_processor)]
     return found
+
+
+def processor_changes(baseline: RunResults, current: RunResults) -> dict[str, str]:
+    """The hosts (by label) whose processor differs between the two files -> the change in words. Where either file
+    does not name it, nothing can be told apart."""
+    before = {host.label: host.cpu for host in baseline.hosts}
+    return {host.label: f"{one_line(before[host.label], 60)} -> {one_line(host.cpu, 60)}" for host in current.hosts
+            if before.get(host.label) and host.cpu and before[host.label] != host.cpu}
 
 
 def _judged_apart(pairs: list[tuple[Cell, Cell]], allowed: bool) -> dict[int, str]:
@@ -103,7 +115,8 @@ def coverage(baseline: RunResults, current: RunResults) -> BaselineCoverage:
         only_in_baseline=[_named(cell) for cell in baseline.cells if cell.host in present and id(cell) not in paired],
         only_in_current=[_named(cell) for cell in current.cells if id(cell) not in paired],
         skipped_now={_named(cell): cell.reasons[0] if cell.reasons else "no reason given" for old, cell in pairs
-                     if cell.verdict == "SKIP" and old.verdict != "SKIP"})
+                     if cell.verdict == "SKIP" and old.verdict != "SKIP"},
+        latency_not_compared=processor_changes(baseline, current))
 
 
 def _named(cell: Cell) -> str:
@@ -179,11 +192,12 @@ def _shown(value) -> str:
     return f"{text[:12]}…" if isinstance(value, str) and len(value) == 64 else text[:120]  # a sha256: its head
 
 
-def _changes(old: Cell, new: Cell, thresholds: Thresholds):
+def _changes(old: Cell, new: Cell, thresholds: Thresholds, same_processor: bool):
     if old.verdict in ("PASS", "WARN", "CONVERTED") and new.verdict == "FAIL":
         yield "verdict", f"{old.verdict} -> FAIL: {new.reasons[0] if new.reasons else ''}"
     yield from _drift(old, new, thresholds.drift_factor)
-    yield from _latency(old, new, thresholds.latency_threshold)
+    if same_processor:
+        yield from _latency(old, new, thresholds.latency_threshold)
     new_fallback = {r.node for r in new.placement if r.fallback} - {r.node for r in old.placement if r.fallback}
     if new_fallback:
         yield "fallback", f"{len(new_fallback)} nodes now fall back: {', '.join(sorted(new_fallback))}"

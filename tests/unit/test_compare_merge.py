@@ -107,6 +107,30 @@ def test_emulated_cells_are_not_compared_on_latency(shard):
     assert _kinds(baseline, current) == []
 
 
+def _on_processor(results: schema.RunResults, cpu: str) -> schema.RunResults:
+    moved = results.model_copy(deep=True)
+    moved.hosts[0].cpu = cpu
+    return moved
+
+
+def test_latency_measured_on_another_processor_is_not_compared_and_the_coverage_says_why(shard):
+    """A hosted runner that lands on another CPU model tonight: every cell slower is the processor's doing. Drift and
+    verdicts are still compared; latency on that host is said not compared, naming both processors."""
+    baseline, current = shard, _on_processor(shard, "Slower CPU @ 1.2GHz")
+    _set_latency(baseline, p50=10.0, p90=11.0)
+    _set_latency(current, p50=20.0, p90=22.0)
+    _set_drift(current, _cell(current).tolerance * 2)
+    assert [r.kind for r in compare(baseline, current)] == ["drift"]
+    covered = coverage(baseline, current)
+    host = shard.hosts[0].label
+    assert covered.latency_not_compared == {host: f"{shard.hosts[0].cpu} -> Slower CPU @ 1.2GHz"}
+    assert not covered.whole
+    assert covered.lines() == [f"latency not compared on host {host}: its processor changed ({shard.hosts[0].cpu} -> "
+                               "Slower CPU @ 1.2GHz); a slower processor is not a slower runtime"]
+    assert [r.kind for r in compare(baseline, _on_processor(current, shard.hosts[0].cpu))] == ["drift", "latency"]
+    assert [r.kind for r in compare(baseline, _on_processor(current, ""))] == ["drift", "latency"]  # unknown: no change said
+
+
 def test_nodes_that_now_fall_back_are_a_regression_named_by_node(shard):
     baseline, current = shard.model_copy(deep=True), shard.model_copy(deep=True)
     old = Placement(node="a", op_type="Round", where="CPU", fallback=True)
