@@ -74,6 +74,7 @@ ENTRY_MODULES = REFERENCE_ENTRIES + WORKER_ENTRIES
 # npm release's node_modules is read when targets.web_support is imported).
 IMPORT_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "OPENBLAS_", "MKL_", "POLICY_MATRIX_PINNED", "POLICY_MATRIX_NODE_MODULES")
 MAX_REQUEST = 1 << 20
+HELD_DURING_FORK = {signal.SIGINT, signal.SIGTERM}  # see Client._fork
 READY = b"ready"
 STARTUP_TIMEOUT_S = 120.0
 # The server's last argument: room in its command line for each child's own (`ps` and tests see
@@ -262,12 +263,18 @@ class Client:
             importlib.import_module(name)
         warm_operator_schemas()
         runner = os.getpid()
+        # A Ctrl-C reaching the runner's group during the fork would find the child inside os.fork's own at-fork hooks
+        # (random's reseed), where Python can only print it as "Exception ignored in ..." with a traceback: it waits,
+        # blocked, until the child has its session (_serve_forked) and the parent is back here.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_DURING_FORK)
         try:
             pid = os.fork()
+            if pid == 0:
+                _serve_forked(ours, theirs, runner, mask)
         except OSError:
             return None
-        if pid == 0:
-            _serve_forked(ours, theirs, runner)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return ForkedServer(pid)
 
     @staticmethod
@@ -444,7 +451,7 @@ def run_server(control: socket.socket) -> None:
         serve(control, preload_steps())
 
 
-def _serve_forked(runners: socket.socket, control: socket.socket, runner_pid: int) -> None:
+def _serve_forked(runners: socket.socket, control: socket.socket, runner_pid: int, mask: set) -> None:
     """Never returns: the runner's child becomes the server, as `start_dying_with_parent` would have started it
     (its own session, death with the runner, stdin and stdout on /dev/null, no descriptor of the runner's but
     stderr and the control socket). From the fork on, whatever happens ends here: a Ctrl-C reaching it before it
@@ -456,6 +463,7 @@ def _serve_forked(runners: socket.socket, control: socket.socket, runner_pid: in
 
         runners.close()
         os.setsid()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held during the fork ends the server here
         isolation.limit_this_process(None, runner_pid)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
