@@ -59,17 +59,20 @@ from ..judge.rules import workaround_note
 _gated = False  # serve(): the parent grants each stage (cells.StageGate)
 
 
-def gate(kind: str, measurement: Measurement) -> None:
-    """Wait for the parent's go for `kind` of work (protocol.TIMED: nothing else runs meanwhile). The wait is
-    noted on the stage it falls in (Measurement.gate_wait_s), so bench/matrix_wall.py tells waiting from work."""
+def gate(kind: str, measurement: Measurement) -> float:
+    """Wait for the parent's go for `kind` of work (protocol.TIMED: nothing else runs meanwhile); the wall-clock time
+    it came. The wait is noted on the stage it falls in (Measurement.gate_wait_s), so bench/matrix_wall.py tells
+    waiting from work."""
     if not _gated:
-        return
+        return time.time()
     asked = time.time()
     print(gate_message(kind), flush=True)
     if sys.stdin.readline().strip() != GO:  # the parent is gone: nothing left to measure for
         sys.exit(1)
+    granted = time.time()
     within = measurement.stage if measurement.stage in measurement.timeline else START
-    measurement.gate_wait_s[within] = measurement.gate_wait_s.get(within, 0.0) + time.time() - asked
+    measurement.gate_wait_s[within] = measurement.gate_wait_s.get(within, 0.0) + granted - asked
+    return granted
 
 
 def main(cell_dir: Path) -> None:
@@ -122,9 +125,11 @@ def _measure(spec: CellSpec, cell_dir: Path, measurement: Measurement, arrays: d
     versions.check_loaded(target)  # a pinned target runs its own release or not at all
 
     def enter(name: str) -> None:
-        gate(TIMED if name == "latency" else UNTIMED, measurement)
+        granted = gate(TIMED if name == "latency" else UNTIMED, measurement)
         measurement.stage = name
-        measurement.timeline[name] = time.time()  # wall-clock start of each stage, for bench/matrix_wall.py
+        # Wall-clock start of each stage, for bench/matrix_wall.py: the grant's own reading, so a stage's start less the
+        # wait noted before it is when the previous stage asked to end, even when this process was preempted between.
+        measurement.timeline[name] = granted
         _save(cell_dir, measurement, arrays)
         stage(name)
 
