@@ -173,6 +173,7 @@ class FixAttempt(Record):
     drift: float | None = None
     p50_us: float | None = None
     p99_us: float | None = None
+    timed_calls: int | None = None  # behind that p50/p99 (LatencyStats.n)
     batch: int | None = None
     emulated: bool = False
     prepared_onnx: str = ""  # path relative to the report folder
@@ -232,6 +233,7 @@ class DecisionChoice(Record):
     batch: int | None = None  # the smallest timed batch: its p50/p99 are the ones budgets apply to
     p50_us: float | None = None
     p99_us: float | None = None
+    timed_calls: int | None = None  # behind that p50/p99: a tail is compared from decide.TAIL_CALLS on
     p50_low_us: float | None = None  # the p50's noise band (matrix/judge/noise.py): what "equally fast" is judged by
     p50_high_us: float | None = None
     size_bytes: int | None = None

@@ -14,8 +14,8 @@ from matrix.results import ArtifactInfo, Backend, Cell, FixAttempt, LatencyStats
 
 
 def _cell(variant: str, p50: float, size: int, drift: float, verdict: str = "PASS", emulated: bool = False,
-          p99: float | None = None, **axes) -> Cell:
-    stats = [LatencyStats(batch=1, n=10, p50_us=p50, p90_us=p50, p99_us=p99 or 2 * p50, mean_us=p50, std_us=0, min_us=p50)]
+          p99: float | None = None, calls: int = 200, **axes) -> Cell:
+    stats = [LatencyStats(batch=1, n=calls, p50_us=p50, p90_us=p50, p99_us=p99 or 2 * p50, mean_us=p50, std_us=0, min_us=p50)]
     parity = [OutputParity(output="action", kind="continuous", max_abs=drift, mean_abs=0, p99_abs=0, max_rel=0)]
     return Cell(host="h", target="t", variant=variant, verdict=verdict, latency=stats, parity=parity,
                 artifact=ArtifactInfo(size_bytes=size, conversion_s=0), backend=Backend(requested="x", actual="x", emulated=emulated),
@@ -148,6 +148,21 @@ def test_a_noisy_tail_cannot_win_on_latency_and_the_loser_says_why():
     assert decision.runner_up.lost == "p99 53.7 µs vs 6.55 µs: a tail more than 3x worse"
     # not "fastest p50 of 2": threads=2's p50 was lower, and the winner's reason must not say otherwise
     assert decision.chosen.why == "fastest p50 with a steady tail: 1 with a faster p50 had a p99 more than 3x the best"
+
+
+@pytest.mark.parametrize("calls, chosen, why, lost", [
+    (200, "1", "fastest p50 with a steady tail: 1 with a faster p50 had a p99 more than 3x the best",
+     "p99 53.7 µs vs 6.55 µs: a tail more than 3x worse"),
+    # of 30 calls the p99 lies between the two slowest: one call the machine preempted decides it
+    (30, "2", "fastest p50 of 2 that qualify; tails not compared where a p99 rests on 30 timed calls, fewer than 101 (--iters)",
+     "slower: p50 6.06 µs vs 5 µs"),
+])
+def test_a_tail_is_compared_only_where_a_p99_rests_on_more_than_the_slowest_calls(calls, chosen, why, lost):
+    """Measured with --iters 30: one preempted call (625 µs against a p50 of 9 µs) set the faster student aside."""
+    cells = [_cell("fp32", 5, 4000, 1e-7, p99=53.7, calls=calls, settings={"threads": "2"}),
+             _cell("fp32", 6.06, 4000, 1e-7, p99=6.55, calls=calls, settings={"threads": "1"})]
+    decision = decide.decide_target("h", "t", cells, [], "latency")
+    assert (decision.chosen.settings["threads"], decision.chosen.why, decision.runner_up.lost) == (chosen, why, lost)
 
 
 def test_equally_fast_configurations_go_to_the_simpler_one():

@@ -556,7 +556,8 @@ def _attempt(cell, info, template, judge, folder, report_root, env, limits: guar
     judged = judge(outcome, cell, dc_replace(info, inputs=prepared_info.inputs))
     attempt.verdict, attempt.reasons, attempt.drift = judged.verdict, judged.reasons, judged.max_drift
     if judged.latency:
-        attempt.p50_us, attempt.p99_us, attempt.batch = judged.latency[0].p50_us, judged.latency[0].p99_us, judged.latency[0].batch
+        timed = judged.latency[0]
+        attempt.p50_us, attempt.p99_us, attempt.timed_calls, attempt.batch = timed.p50_us, timed.p99_us, timed.n, timed.batch
     attempt.emulated = bool(judged.backend and judged.backend.emulated)
     return attempt
 

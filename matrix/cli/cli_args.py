@@ -188,7 +188,7 @@ class Timing(Group):
     options = (
         click.option("--batch-sizes", default=",".join(map(str, options.DEFAULT_BATCH_SIZES)), show_default=True, help="Batch sizes to time."),
         click.option("--warmup", default=options.DEFAULT_WARMUP, show_default=True, help="Untimed calls before timing."),
-        click.option("--iters", default=options.DEFAULT_ITERS, show_default=True, help="Timed calls per batch size."),
+        click.option("--iters", default=options.DEFAULT_ITERS, show_default=True, help="Timed calls per batch size (what-to-ship compares p99 tails from 101 on)."),
         click.option("--threads", default=options.DEFAULT_THREADS, show_default=True, help="Intra-op threads given to each runtime."),
     )
 

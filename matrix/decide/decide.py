@@ -35,13 +35,18 @@ PREFER = ("latency", "size", "accuracy")
 METRICS = ("p50", "p99", "size")
 SAME_SPEED = 0.10  # p50s within 10% of the fastest count as equally fast
 TAIL_FACTOR = 3.0  # a p99 more than 3x the best qualifying p99 cannot win on latency
+# The p99 of n timed calls (numpy's, linear) lies at rank 0.99 (n - 1): from the two slowest calls while n <= 100, so
+# one call the machine preempted decides it. A tail is compared only where both rest on this many calls (the default
+# --iters, 200, does); a faster p50 with fewer is not set aside for a tail nobody measured.
+TAIL_CALLS = 101
 QUALIFIES = ("PASS", "WARN")
 VARIANT_ORDER = {"fp32": 0, "fp16": 1, "int8": 2}  # simpler first: the tie-break after speed
 TIE_RULE = ("ties go to the simpler configuration: no graph preparation, the first model before a candidate, fp32 before "
             "fp16 before int8, fewer threads, fewer settings away from the runtime's default (opt=all, xnnpack=on)")
 _MEASURE = {  # what --prefer weighs, in the order _best applies it
     "latency": (f"the fastest p50 at the smallest timed batch (p50s whose noise bands, 95% bootstrap, cannot tell them "
-                f"apart beyond {SAME_SPEED:.0%} are equally fast; a p99 more than {TAIL_FACTOR:g}x the best cannot win)"),
+                f"apart beyond {SAME_SPEED:.0%} are equally fast; a p99 more than {TAIL_FACTOR:g}x the best cannot win, "
+                f"compared where each rests on at least {TAIL_CALLS} timed calls)"),
     "size": "the smallest file",
     "accuracy": ("the closest to the reference (|return delta| where episodes ran, else drift, else disagreement; return "
                  "deltas whose paired intervals overlap the closest's are equally close)"),
@@ -208,6 +213,7 @@ def _choice(cell: Cell, budgets: list[Budget]) -> DecisionChoice:
     choice = DecisionChoice(
         candidate=cell.candidate, variant=cell.variant, settings=cell.settings, verdict=cell.verdict,
         batch=timed.batch if timed else None, p50_us=timed.p50_us if timed else None, p99_us=timed.p99_us if timed else None,
+        timed_calls=timed.n if timed else None,
         p50_low_us=timed.p50_low_us if timed else None, p50_high_us=timed.p50_high_us if timed else None,
         size_bytes=cell.artifact.size_bytes if cell.artifact else None, drift=cell.max_drift,
         agreement=min(p.agreement for p in discrete) if discrete else None,
@@ -226,7 +232,7 @@ def _fixed_choice(cell: Cell, fix: FixAttempt, budgets: list[Budget], behaviour:
     --env it was judged on drift, not on a return (rules.FIX_JUDGED_ON): its row says so."""
     choice = DecisionChoice(
         candidate=cell.candidate, variant=cell.variant, settings=cell.settings, verdict=fix.verdict, batch=fix.batch,
-        p50_us=fix.p50_us, p99_us=fix.p99_us, drift=fix.drift, emulated=fix.emulated, fix=fix.preparation, prepared_onnx=fix.prepared_onnx,
+        p50_us=fix.p50_us, p99_us=fix.p99_us, timed_calls=fix.timed_calls, drift=fix.drift, emulated=fix.emulated, fix=fix.preparation, prepared_onnx=fix.prepared_onnx,
         size_bytes=fix.size_bytes,
     )
     choice.misses = [miss for budget in budgets if (miss := _budget_miss(choice, budget))]
@@ -339,8 +345,14 @@ def _band(choice: DecisionChoice) -> tuple[float, float] | None:
 
 
 def _unsteady(choice: DecisionChoice, timed: list[DecisionChoice]) -> bool:
-    best_tail = min((c.p99_us for c in timed if c.p99_us is not None), default=None)
-    return bool(best_tail and choice.p99_us and choice.p99_us > TAIL_FACTOR * best_tail)
+    best_tail = min((c.p99_us for c in timed if _tail_measured(c)), default=None)
+    return bool(best_tail and _tail_measured(choice) and choice.p99_us > TAIL_FACTOR * best_tail)
+
+
+def _tail_measured(choice: DecisionChoice) -> bool:
+    """Its p99 is more than its slowest call (TAIL_CALLS); a choice read from results written before the count was
+    recorded is judged as it was then."""
+    return bool(choice.p99_us) and (choice.timed_calls is None or choice.timed_calls >= TAIL_CALLS)
 
 
 def _simplicity(choice: DecisionChoice, defaults: dict[str, str]) -> tuple:
@@ -382,14 +394,23 @@ def _why_best(best: DecisionChoice, rivals: list[DecisionChoice], prefer: str) -
     below = f" ({len(rivals) - len(weighed)} more rank lower: a WARN or a graph preparation)" if len(weighed) < len(rivals) else ""
     if len(weighed) == 1:
         return f"the best placed of {len(rivals)} that qualify{below}"
+    notes = below + _tails_not_compared(weighed)
     tied = [c for c in _equally_fast(weighed) if c is not best]
     if tied:
-        return f"as fast as {len(tied)} other{'s' if len(tied) > 1 else ''} (p50s within their noise); the simplest{below}"
+        return f"as fast as {len(tied)} other{'s' if len(tied) > 1 else ''} (p50s within their noise); the simplest{notes}"
     faster = [c for c in weighed if not c.emulated and _p50(c) < _p50(best)]  # set aside for their tail
     if faster:
         return (f"fastest p50 with a steady tail: {len(faster)} with a faster p50 had a p99 more than "
-                f"{TAIL_FACTOR:g}x the best{below}")
-    return f"fastest p50 of {len(weighed)} that qualify{below}"
+                f"{TAIL_FACTOR:g}x the best{notes}")
+    return f"fastest p50 of {len(weighed)} that qualify{notes}"
+
+
+def _tails_not_compared(choices: list[DecisionChoice]) -> str:
+    few = sorted({c.timed_calls for c in choices if c.p99_us and not c.emulated and not _tail_measured(c)})
+    if not few:
+        return ""
+    calls = f"{few[0]}" if len(few) == 1 else f"{few[0]}-{few[-1]}"
+    return f"; tails not compared where a p99 rests on {calls} timed calls, fewer than {TAIL_CALLS} (--iters)"
 
 
 def _why_not(worse: DecisionChoice, better: DecisionChoice, prefer: str) -> str:
