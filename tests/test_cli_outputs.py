@@ -84,6 +84,18 @@ def test_compare_json_lists_regressions(ort_cpu_runs, tmp_path, policy_matrix):
     assert [(r["target"], r["variant"], r["kind"]) for r in found] == [("ort-cpu", worse["cells"][0]["variant"], "verdict")]
 
 
+def test_compare_json_still_says_what_it_did_not_compare(ort_cpu_runs, tmp_path, policy_matrix):
+    """An empty list with a cell missing from the current run is not a whole comparison: stderr says so."""
+    run = ort_cpu_runs["continuous_mlp"]
+    fewer = load_results(run)
+    gone = fewer["cells"].pop()
+    (tmp_path / "results.json").write_text(json.dumps(fewer))
+    done = policy_matrix(["compare", "--json", "--baseline", run, "--current", tmp_path / "results.json"])
+    assert done.returncode == 0 and json.loads(done.stdout) == []
+    assert (f"not compared: 1 cell of the baseline not in the current run: {gone['host']} {gone['target']} {gone['variant']}"
+            in done.stderr)
+
+
 def test_quiet_prints_nothing_and_verbose_names_each_cell(tmp_path):
     args = ("run", MLP, "--targets", "ort-cpu", "--precisions", "fp32", "--iters", "5", "--warmup", "1")
     quiet = run_cli("-q", *args, "--out", tmp_path / "q")

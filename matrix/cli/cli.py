@@ -221,7 +221,8 @@ def merge(shards, out, **values):
 @click.option("--current", type=click.Path(path_type=Path), required=True, help="Newer results.json (or its folder).")
 @args.LATENCY_THRESHOLD_OPTION
 @args.DRIFT_FACTOR_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print the regressions as a JSON list on stdout.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the regressions as a JSON list on stdout; what was not compared is still said on stderr.")
 @args.ALLOW_DIFFERENT_INPUTS_OPTION
 def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_different_inputs):
     """Regressions of CURRENT against BASELINE, per cell (exit 1 if any)."""
@@ -232,8 +233,9 @@ def compare(baseline, current, latency_threshold, drift_factor, as_json, allow_d
 
     before, after = schema.load(merge_shard_path(baseline)), schema.load(merge_shard_path(current))
     found = compare_results(before, after, args.thresholds(drift_factor, latency_threshold), allow_different_inputs)
-    if as_json:
+    if as_json:  # stdout stays the list; a script reading only it would take what was not compared for compared
         _print_json([regression.model_dump(mode="json") for regression in found])
+        _print_coverage(coverage(before, after))
     else:
         _print_regressions(found)
         _print_coverage(coverage(before, after))
