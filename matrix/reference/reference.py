@@ -1,8 +1,9 @@
 """Ground truth: the same graph evaluated in float64 by onnx's reference evaluator.
 
-Every float tensor of the graph (initializers, constants, casts, inputs) is
-widened to float64, so the reference is exact up to float64 rounding rather
-than another float32 implementation. An explicit `Cast to=FLOAT16/BFLOAT16` is
+Every float tensor of the graph (initializers, constants, casts, inputs, the
+tensors an op makes of a given dtype or of its float default, the model's local
+functions too) is widened to float64, so the reference is exact up to float64
+rounding rather than another float32 implementation. An explicit `Cast to=FLOAT16/BFLOAT16` is
 the model's own choice of precision, so it keeps its rounding (cast there,
 then widened). For discrete actions the evaluator also exposes the logits
 feeding ArgMax/ArgMin (or the value a final Round rounds), to know each
@@ -27,6 +28,8 @@ from ..inputs.observations import Feeds, run_in_batches
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 NARROW_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}  # an explicit Cast to these keeps its rounding
+DEFAULT_DOMAINS = ("", "ai.onnx")
+FLOAT_BY_DEFAULT = {"RandomNormal", "RandomUniform"}  # their dtype's default is FLOAT (the *Like ops': the input's type)
 DECISION_OPS = {"ArgMax", "ArgMin", "Round"}  # Round: a float decision per element (SB3's MultiBinary: Round(probs))
 # Between a decision and the output: ops that move its values but not which one won (torch.distributions' Expand
 # to the batch shape, as SB3's Bernoulli writes it, included: a margin used only where its size is the output's).
@@ -128,6 +131,9 @@ def to_float64(proto: onnx.ModelProto) -> onnx.ModelProto:
     wide = onnx.ModelProto()
     wide.CopyFrom(proto)
     _widen_graph(wide.graph)
+    for function in wide.functions:  # a call's float64 inputs meet the body's constants and casts
+        del function.value_info[:]
+        _widen_nodes(function.node)
     return wide
 
 
@@ -138,15 +144,20 @@ def _widen_graph(graph: onnx.GraphProto) -> None:
     del graph.value_info[:]
     for tensor in graph.initializer:
         _widen_tensor(tensor)
+    _widen_nodes(graph.node)
+
+
+def _widen_nodes(container) -> None:
+    """A graph's or a function's nodes, widened in place."""
     nodes = []
-    for node in graph.node:
+    for node in container:
         if _is_narrow_cast(node):
             nodes += _narrow_then_widen(node)
         else:
             _widen_node(node)
             nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    del container[:]
+    container.extend(nodes)
 
 
 def _is_narrow_cast(node: onnx.NodeProto) -> bool:
@@ -170,12 +181,31 @@ def _widen_node(node: onnx.NodeProto) -> None:
         elif attribute.type == onnx.AttributeProto.GRAPHS:
             for graph in attribute.graphs:
                 _widen_graph(graph)
-        elif node.op_type == "Cast" and attribute.name == "to" and attribute.i in FLOAT_TYPES:
+        elif attribute.name == _type_attribute(node) and attribute.i in FLOAT_TYPES:
             attribute.i = TensorProto.DOUBLE
+    _widen_float_default(node)
     if node.op_type == "Constant" and node.attribute[0].name in ("value_float", "value_floats"):
         values = np.asarray(onnx.helper.get_attribute_value(node.attribute[0]), dtype=np.float64)
         del node.attribute[:]
         node.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(values)))
+
+
+def _type_attribute(node: onnx.NodeProto) -> str | None:
+    """The attribute naming the element type the op makes: Cast's `to`; `dtype` of EyeLike, the Random* ops, Bernoulli."""
+    if node.domain not in DEFAULT_DOMAINS:
+        return None
+    return "to" if node.op_type == "Cast" else "dtype"
+
+
+def _widen_float_default(node: onnx.NodeProto) -> None:
+    """An op that makes float32 when its attribute is left out is told to make float64 instead."""
+    given = {attribute.name for attribute in node.attribute}
+    if node.domain not in DEFAULT_DOMAINS:
+        return
+    if node.op_type == "ConstantOfShape" and "value" not in given:
+        node.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(np.zeros(1))))
+    elif node.op_type in FLOAT_BY_DEFAULT and "dtype" not in given:
+        node.attribute.append(onnx.helper.make_attribute("dtype", TensorProto.DOUBLE))
 
 
 def _widen_tensor(tensor: onnx.TensorProto) -> None:
