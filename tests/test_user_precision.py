@@ -50,6 +50,16 @@ def test_the_precision_a_model_computes_in_is_read_from_its_graph(tmp_path):
     assert (precision, why) == ("int8", "6 quantization ops (DynamicQuantizeLinear, MatMulInteger)")
 
 
+def test_a_graph_fed_in_float16_computes_in_float16_without_a_weight():
+    """ONNX's test_attention_4d_fp16: float16 inputs, no weights; judged at float32's tolerance, ORT's float16
+    arithmetic (drift 3.4e-4) FAILed: the model's precision, not the runtime's doing."""
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Softmax", ["obs"], ["action"])], "half",
+                                   [onnx.helper.make_tensor_value_info("obs", onnx.TensorProto.FLOAT16, ["batch", 4])],
+                                   [onnx.helper.make_tensor_value_info("action", onnx.TensorProto.FLOAT16, ["batch", 4])])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    assert graph_facts.computes_in(proto) == ("fp16", "1 float16 input")
+
+
 def test_an_as_given_cell_is_judged_at_the_tolerance_of_what_the_model_computes_in(tmp_path):
     info = model.load(user_fp16(tmp_path))
     judge = Judge(model_precisions={"": graph_facts.computes_in(info.proto)[0]})

@@ -266,8 +266,10 @@ def computes_in(proto: onnx.ModelProto) -> tuple[str, str]:
     half_weights = types["float16"] + types["bfloat16"]
     half_casts = sum(node.op_type == "Cast" and any(a.name == "to" and a.i in HALF_TYPES for a in node.attribute)
                      for node in nodes)
-    if half_weights or half_casts:
-        counted = [_counted(half_weights, "float16 weight tensor"), _counted(half_casts, "float16 Cast node")]
+    half_inputs = sum(value.type.tensor_type.elem_type in HALF_TYPES for value in proto.graph.input)
+    if half_weights or half_casts or half_inputs:
+        counted = [_counted(half_weights, "float16 weight tensor"), _counted(half_casts, "float16 Cast node"),
+                   _counted(half_inputs, "float16 input")]
         return "fp16", ", ".join(part for part in counted if part)
     return "fp32", ""
 

@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxconverter_common import float16
 
 import policies
+from matrix.errors import InputError
 from matrix.inputs import contract, examples
 from matrix.inputs.graph_facts import StatePair, action_bounds, non_finite_initializers
 from matrix.inputs.lint import lint, reference_bounds
@@ -327,6 +328,20 @@ def test_an_integer_action_with_continuous_bounds_says_they_are_not_read(load_po
     check = _checks(load_policy(discrete), _arrays({"action": action}), {"action": action})["action bounds"]
     assert check == (None, "discrete action without action_n in metadata (action_low/action_high bound a continuous "
                            "action, not read for it)")
+
+
+@pytest.mark.parametrize("elem_type", [TensorProto.FLOAT8E5M2, TensorProto.BFLOAT16, TensorProto.INT4])
+def test_an_element_type_numpy_has_no_own_dtype_for_is_refused_in_words(load_policy, elem_type):
+    """float8_e5m2 (ml_dtypes says kind 'f') passed the check, and a run of ONNX's own test_cast_FLOAT_to_FLOAT8E5M2
+    ended in a traceback reading the reference's .npz back ("descr is not a valid dtype descriptor: '<f1'")."""
+    graph = helper.make_graph([helper.make_node("Cast", ["obs"], ["action"], to=elem_type)], "narrow",
+                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 2])],
+                              [helper.make_tensor_value_info("action", elem_type, ["batch", 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    name = TensorProto.DataType.Name(elem_type)
+    with pytest.raises(InputError, match=f"output 'action' has element type {name}: policy-matrix handles bool, integer "
+                                         "and float16/32/64 tensors only"):
+        load_policy(model)
 
 
 @pytest.mark.parametrize("builder", [examples.continuous_mlp, policies.side_input_policy])
