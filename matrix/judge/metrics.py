@@ -79,8 +79,7 @@ def abs_error(actual: np.ndarray, reference: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         diff = np.abs(actual - reference)
     same = (np.isnan(actual) & np.isnan(reference)) | (np.isinf(actual) & (actual == reference))
-    diff[same] = 0.0
-    return diff
+    return np.where(same, 0.0, diff)  # an array also for a rank-0 output, where np.abs gives a scalar
 
 
 def _percentile(values: np.ndarray, q: float) -> float:

@@ -22,6 +22,15 @@ def test_continuous_drift_statistics():
     assert result.vs_dev_runtime_max_abs is None
 
 
+def test_a_rank_0_output_is_judged_like_any_other():
+    """ONNX's test_det_2d and DynamicQuantizeLinear's scale: a scalar output took the runner down with a traceback
+    ("'numpy.float64' object does not support item assignment")."""
+    one_ulp = 2.0**-22  # float32's step at 2
+    result = parity("det", np.array(-2 + one_ulp, np.float32), np.array(-2.0), np.array(-2.0, np.float32), None, 1e-3)
+    assert result.max_abs == one_ulp and result.vs_dev_runtime_max_abs == one_ulp
+    assert abs_error(np.array(np.nan), np.array(np.nan)).shape == ()
+
+
 def test_drift_against_the_development_runtime_is_its_own_column():
     reference = np.zeros(3, np.float32)
     dev_runtime = np.array([0.0, 0.5, 0.0], np.float32)
