@@ -100,7 +100,7 @@ def load(path: Path, model: ModelInfo, limit_bytes: int | None = None, side: Fee
     check_side(feeds, side, path)
     feeds = {spec.name: feeds[spec.name] if spec.name in feeds else side[spec.name] for spec in model.inputs}
     rows = {name: array.shape[axes[name]] for name, array in feeds.items() if name in axes}
-    _check_rows(rows, path, batch_multiple(model))
+    _check_rows(rows, path, batch_multiple(model), axes)
     return feeds
 
 
@@ -178,12 +178,14 @@ def _check_finite(array: np.ndarray, spec: TensorSpec, axis: int | None, path: P
                          "must be finite")
 
 
-def _check_rows(rows: dict[str, int], path: Path, step: int) -> None:
+def _check_rows(rows: dict[str, int], path: Path, step: int, axes: dict[str, int]) -> None:
     """The inputs that carry the batch hold the same number of observations (the others are fed whole)."""
     if not rows:
         return
     if len(set(rows.values())) > 1:
-        raise InputError(f"{path}: inputs hold different numbers of observations {rows}")
+        counted = ", ".join(f"{name!r}: {count} on axis {axes[name]}" for name, count in rows.items())
+        raise InputError(f"{path}: inputs hold different numbers of observations ({counted}); where an axis is not the "
+                         "batch, --batch-axis NAME=AXIS names it (-1: the input is fed whole)")
     total = next(iter(rows.values()))
     if total == 0:
         raise InputError(f"{path}: holds 0 observations")

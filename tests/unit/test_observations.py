@@ -197,7 +197,8 @@ def test_npz_needs_an_array_per_input_with_the_same_rows(load_policy, tmp_path):
     with pytest.raises(InputError, match="no array for model input 'h'"):
         observations.load(path, gru)
     np.savez(path, obs=np.ones((3, 6), np.float32), h=np.ones((2, 16), np.float32))
-    with pytest.raises(InputError, match="different numbers of observations"):
+    with pytest.raises(InputError, match=r"different numbers of observations \('obs': 3 on axis 0, 'h': 2 on axis 0\); "
+                                         "where an axis is not the batch, --batch-axis NAME=AXIS names it"):
         observations.load(path, gru)
     single = tmp_path / "obs.npy"
     np.save(single, np.ones((3, 6), np.float32))
