@@ -73,6 +73,19 @@ BAD_MODELS = {
 }
 
 
+def test_an_operator_onnx_cannot_evaluate_is_named_in_one_line(tmp_path, policy_matrix):
+    """GlobalLpPool has no implementation in onnx's evaluator: the line named it, then listed every operator the
+    evaluator has, cut off mid-list, and advised skipping a test in onnx's own backend_reference_test.py."""
+    graph = helper.make_graph([helper.make_node("GlobalLpPool", ["obs"], ["action"])], "g",
+                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["b", 2, 3, 3])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["b", 2, 1, 1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "lp.onnx")
+    done = policy_matrix([tmp_path / "lp.onnx", "--targets", "ort-cpu", "--variants", "fp32", "--out", tmp_path / "out"])
+    _assert_one_line(done, "the float64 reference of lp.onnx could not be computed: onnx's reference evaluator has no "
+                           "implementation of operator 'GlobalLpPool'")
+    assert done.lines[0].endswith("'GlobalLpPool'")
+
+
 def _assert_one_line(done: CliRun, expected: str) -> None:
     assert done.returncode == 2, (done.returncode, done.lines[-5:])
     assert len(done.lines) == 1 and expected in done.lines[0], done.lines[-5:]

@@ -15,6 +15,7 @@ Slow by design: an oracle, not a runtime.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from ..errors import error_line
 from ..inputs.model import ModelInfo
 from ..inputs import observations
 from ..inputs.observations import Feeds, run_in_batches
@@ -37,6 +39,7 @@ PASS_THROUGH_OPS = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flat
 LOGITS_PREFIX = "policy_matrix_logits:"
 PART_PREFIX = "policy_matrix_part:"  # a concatenated decision as the Concat takes it: the shape its margins take
 MARGINS_FILE = "reference_margins.npz"  # beside reference.npz: the decision margins by output name
+MISSING_OPERATOR = re.compile(r"No registered implementation for operator '([^']*)' and domain '([^']*)'")
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,16 @@ def _tensor_outputs_only(proto: onnx.ModelProto, excluded: dict[str, str]) -> on
     del graph.node[:]
     graph.node.extend(reversed(live))
     return pruned
+
+
+def error_words(error: Exception) -> str:
+    """The evaluator's failure as one line: an operator it has no implementation of is named, without its list of
+    every operator it has and its advice to skip a test of onnx's own."""
+    missing = MISSING_OPERATOR.search(str(error))
+    if missing is None:
+        return error_line(error)
+    op, domain = missing.groups()
+    return f"onnx's reference evaluator has no implementation of operator {op!r}" + (f" of domain {domain!r}" if domain else "")
 
 
 def to_float64(proto: onnx.ModelProto) -> onnx.ModelProto:

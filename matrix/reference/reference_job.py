@@ -47,7 +47,7 @@ def guarded_step(spec: dict, folder: Path) -> dict:
     try:
         ref = reference.compute(info, feeds, spec["chunk"])
     except Exception as error:  # the evaluator's own words, for the one line the user sees
-        report["error"] = error_line(error)
+        report["error"] = reference.error_words(error)
         traceback.print_exc(limit=8)
     else:
         observations.save({**_prefixed("outputs", ref.outputs), **_prefixed("margins", ref.margins)}, folder / "reference.npz")

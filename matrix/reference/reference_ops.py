@@ -1,4 +1,4 @@
-"""Operators the float64 reference evaluates itself, where onnx.reference's own is wrong.
+"""Operators the float64 reference evaluates itself, where onnx.reference's own is wrong or missing.
 
 Each class follows onnx.reference's contract (an OpRun subclass named after the op, `_run` returns a
 tuple) and is handed to every ReferenceEvaluator the tool builds (reference.evaluator). A verdict must be
@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_25
+from onnx.reference.ops.op_scatter_elements import ScatterElements
 
 
 class GatherElements(OpRun):
@@ -42,4 +43,13 @@ class DequantizeLinear(DequantizeLinear_25):
         return (((x.astype(np.float64) - zero) * x_scale.reshape(along_axis)).astype(x_scale.dtype),)
 
 
-CORRECTED_OPS = [GatherElements, DequantizeLinear]
+class Scatter(ScatterElements):
+    """Scatter (opsets 9-10, deprecated by ScatterElements-11, which is the same op) has no implementation in onnx
+    1.23's evaluator: a model exported at opset 9 or 10 got no reference at all ("No registered implementation for
+    operator 'Scatter'"), while ONNX Runtime runs it."""
+
+    def _run(self, data, indices, updates, axis=None):
+        return super()._run(data, indices, updates, axis=axis)
+
+
+CORRECTED_OPS = [GatherElements, DequantizeLinear, Scatter]

@@ -1,5 +1,6 @@
-"""The float64 reference evaluates GatherElements as the spec (and ONNX Runtime) do, where onnx.reference
-itself refuses: torch writes `axis=-1` for `gather(-1, ...)`, as in Stable-Baselines3's PPO log_prob."""
+"""The float64 reference's own operators (matrix/reference/reference_ops.py) do as the spec and ONNX Runtime do,
+where onnx.reference refuses: GatherElements along `axis=-1`, which torch writes for `gather(-1, ...)` (Stable-Baselines3's
+PPO log_prob), DequantizeLinear below opset 19, the deprecated Scatter of opset 9-10 exports."""
 
 import numpy as np
 import onnx
@@ -77,3 +78,19 @@ def test_int32_values_dequantize_exactly_in_float64():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     (out,) = reference.evaluator_for(model).run(None, {"x": np.array([2**24 + 1, -3], np.int32)})
     np.testing.assert_array_equal(out, [(2**24 + 1) / 2, -1.5])
+
+
+def test_the_reference_scatters_with_the_deprecated_scatter_as_onnx_runtime_does(tmp_path):
+    """An opset-10 export's Scatter: the whole run was refused, with no reference to judge any runtime against."""
+    nodes = [helper.make_node("Scatter", ["obs", "where", "values"], ["action"], axis=1)]
+    where = helper.make_tensor("where", TensorProto.INT64, [1, 2], [2, 0])
+    values = helper.make_tensor("values", TensorProto.FLOAT, [1, 2], [10.0, -10.0])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, [1, 3])], [where, values])
+    path = tmp_path / "scatter.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)]), path)
+    obs = np.array([[1.0, 2.0, 3.0]], np.float32)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"obs": obs})[0]
+    ref = reference.compute(model_loader.load(path), {"obs": obs}, batch=1)
+    np.testing.assert_array_equal(ref.outputs["action"], [[-10.0, 2.0, 10.0]])
+    np.testing.assert_array_equal(ref.outputs["action"], expected)
