@@ -212,9 +212,9 @@ def _type_attribute(node: onnx.NodeProto) -> str | None:
 
 def _widen_float_default(node: onnx.NodeProto) -> None:
     """An op that makes float32 when its attribute is left out is told to make float64 instead."""
-    given = {attribute.name for attribute in node.attribute}
     if node.domain not in DEFAULT_DOMAINS:
         return
+    given = {attribute.name for attribute in node.attribute}
     if node.op_type == "ConstantOfShape" and "value" not in given:
         node.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(np.zeros(1))))
     elif node.op_type in FLOAT_BY_DEFAULT and "dtype" not in given:
