@@ -127,10 +127,15 @@ class PlacementRow:
     fallback: bool  # True when it did not run on the requested accelerator
 
 
+# Where the runtime said nothing of the backend it ran on (ORT logged no node placement: every node folded away at
+# load, or a release whose log reads otherwise): not seen missing, so not judged as missing.
+UNREAD = "unknown"
+
+
 @dataclass
 class BackendInfo:
     requested: str
-    actual: str
+    actual: str  # the backend it ran on, as the runtime says; UNREAD where nothing says it
     emulated: bool = False  # software adapter: parity is meaningful, latency is not
     detail: str = ""
     timer_resolution_us: float | None = None  # the latency clock's step where it is coarse (a browser page)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import subprocess
 
-from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target
+from .base import NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Session, Settings, Target, UNREAD
 from .jsonl_process import JsonLinesProcess
 from .versions import NpmRelease
 from .web_support import (
@@ -58,10 +58,11 @@ class NodeSession(Session):
 
     def backend(self) -> BackendInfo:
         placed = placement_from_log(self.log, model_nodes(self.artifact.path))
-        actual = self.backend_name if self.ort_ep in placed else ", ".join(placed) or "unknown"
+        actual = self.backend_name if self.ort_ep in placed else ", ".join(placed) or UNREAD
         loaded = self.opened["versions"]  # as the runtime reports itself: a pinned release shows here
+        unread = "ORT logged no node placement; " if actual == UNREAD else ""
         return BackendInfo(self.backend_name, actual,
-                           detail=f"onnxruntime-node {loaded.get('node', '?')}, node {loaded.get('nodejs', '')}")
+                           detail=f"{unread}onnxruntime-node {loaded.get('node', '?')}, node {loaded.get('nodejs', '')}")
 
     def close(self) -> None:
         self.runner.close()

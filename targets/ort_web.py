@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import ClassVar
 
-from .base import EMULATED_ITERS, NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Preparation, RunService, Session, Settings, Target
+from .base import EMULATED_ITERS, NO_SETTINGS, Artifact, BackendInfo, Feeds, PlacementRow, Preparation, RunService, Session, Settings, Target, UNREAD
 from .chromium import (
     BROWSER_ENDPOINT_ENV,
     UserBrowser,
@@ -282,7 +282,7 @@ class OrtWebWebgpu(OrtWebTarget):
             where = sorted({row.where for row in rows})
             return BackendInfo(self.backend, self.backend, emulated=emulated,
                                detail=f"adapter {adapter}; ORT placed no node on {self.ort_ep}; all ran on {', '.join(where)}")
-        return BackendInfo(self.backend, "unknown", emulated=emulated, detail="ORT logged no node placement")
+        return BackendInfo(self.backend, UNREAD, emulated=emulated, detail="ORT logged no node placement")
 
     def emulated_on(self, probe: dict) -> bool:
         return probe["present"] and (probe["isFallbackAdapter"] or "swiftshader" in _adapter(probe).lower())

@@ -9,7 +9,8 @@ filters (decide.py) ask the same rules.
   (reading placement, the tool's extra step, only WARNs).
 - backend: ONE fallback rule for every runtime: the requested backend is not
   there (the session runs on another one) -> FAIL; nothing ran on it (every
-  node fell back) -> WARN; some nodes fell back -> WARN. The cell names what ran where.
+  node fell back) -> WARN; some nodes fell back -> WARN; the runtime said nothing
+  of where it ran (targets.base.UNREAD) -> WARN. The cell names what ran where.
 - contract: a broken action contract FAILs.
 - behaviour: with closed-loop episodes, the paired per-seed return difference
   decides: worse than the return tolerance with confidence -> FAIL; an interval
@@ -233,8 +234,13 @@ def worker_error(cell, context: Context) -> Findings:
 
 
 def backend(cell, context: Context) -> Findings:
-    """Requested backend absent -> FAIL."""
+    """Requested backend absent -> FAIL; where it ran unread -> WARN (the tool could not see it, the runtime did not
+    show it missing)."""
+    from targets.base import UNREAD  # the targets' word; imported here, not on the command line's way to --help
+
     info = cell.backend
+    if info and info.actual == UNREAD:
+        return Findings(warnings=[f"requested {info.requested}; where it ran could not be read: {info.detail}".strip()])
     if info and info.actual != info.requested:
         return Findings(failures=[f"requested {info.requested} but ran on {info.actual}: the requested backend is not "
                                   f"there. {info.detail}".strip()])

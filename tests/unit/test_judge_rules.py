@@ -22,6 +22,7 @@ from matrix.reference.reference import Reference
 from matrix.results import ArtifactInfo, Backend, Cell, EpisodeOutcome, Placement, Rollout
 from matrix.judge.rules import Context, ReturnTolerance, Tolerance, Tolerances
 from targets import REGISTRY
+from targets.base import UNREAD
 from targets.tflite_provenance import XNNPACK, OnnxInterface, OpDetails, Provenance, map_signature, placement_rows
 
 
@@ -220,6 +221,15 @@ def test_a_backend_that_is_not_there_fails_and_a_partial_fallback_warns_on_any_r
     for requested in ("webgpu", XNNPACK, "CUDAExecutionProvider"):
         backend = Backend(requested=requested, actual=requested)
         assert rules.verdict(_cell(parity=zero, backend=backend, placement=partial), Context()) == ("WARN", ["1 node of 2 fell back to CPU"])
+
+
+def test_a_backend_nothing_says_anything_of_warns_and_is_not_called_missing():
+    """ONNX's test_shape_example on ort-node: every node folds away at load, ORT logs no placement, and the cell FAILed
+    "requested cpu but ran on unknown: the requested backend is not there"."""
+    zero = [metrics.parity("action", np.zeros((1, 1)), np.zeros((1, 1)), None, None, 1e-3, Tolerance(1e-4))]
+    unread = Backend(requested="cpu", actual=UNREAD, detail="ORT logged no node placement; onnxruntime-node 1.30.0")
+    assert rules.verdict(_cell(parity=zero, backend=unread), Context()) == (
+        "WARN", ["requested cpu; where it ran could not be read: ORT logged no node placement; onnxruntime-node 1.30.0"])
 
 
 # --- synthetic inputs -------------------------------------------------------------------------------
