@@ -360,6 +360,26 @@ def save(model: onnx.ModelProto, folder: Path, name: str) -> Path:
     return path
 
 
+def discrete_observation_looked_up(lookup: str = "Gather", rows: int = 10) -> onnx.ModelProto:
+    """A discrete observation (a grid cell, an entity type) looked up before the actor, as torch writes it: an
+    `nn.Embedding(rows, 8)` is Gather(weight, cell) with both exporters, `F.one_hot(cell, rows)` is a OneHot; then
+    Concat with a continuous obs [N, 4] -> Gemm -> Tanh. cell is int64 [N]."""
+    rng = np.random.default_rng(9)
+    if lookup == "Gather":
+        looked_up = [helper.make_node("Gather", ["emb.weight", "cell"], ["embedded"])]
+        tables = [numpy_helper.from_array(rng.standard_normal((rows, 8)).astype(np.float32), "emb.weight")]
+        width = 8
+    else:
+        looked_up = [helper.make_node("OneHot", ["cell", "depth", "off_on"], ["hot"], axis=-1),
+                     helper.make_node("Cast", ["hot"], ["embedded"], to=TensorProto.FLOAT)]
+        tables = [numpy_helper.from_array(np.array(rows, np.int64), "depth"), numpy_helper.from_array(np.array([0, 1], np.int64), "off_on")]
+        width = rows
+    nodes = [*looked_up, helper.make_node("Concat", ["embedded", "obs"], ["both"], axis=1),
+             helper.make_node("Gemm", ["both", "head_w", "head_b"], ["head"]), helper.make_node("Tanh", ["head"], ["action"])]
+    inputs = [helper.make_tensor_value_info("cell", TensorProto.INT64, ["batch"]), _float("obs", ["batch", 4])]
+    return _model(nodes, inputs, [_float("action", ["batch", 2])], [*tables, *_weights(rng, "head", width + 4, 2)])
+
+
 def pixels_scaled_in_graph(scale_op: str = "Mul", divisor: float = 255.0, affine: str = "") -> onnx.ModelProto:
     """A pixel actor that takes float32 pixels and scales them first, as torch exports `obs * (1 / 255)` (Mul) or
     SB3's `obs.float() / 255` (Cast, then Div), by `divisor` (127.5: `x / 127.5 - 1` to [-1, 1]), then an `affine`:

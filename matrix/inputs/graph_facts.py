@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # model.py infers batch axes from the state pairs found here
 STATE_NAME = re.compile(r"(state|hidden|memory|carry|^h$|^c$|^h_|^c_|_h$|_c$|^hx|^cx)", re.IGNORECASE)
 PASS_THROUGH = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast"}
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+INTEGER_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+                 onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,42 @@ def _scaling_op(tensor: str, consumers: dict, constants: dict) -> str:
         if said:
             return said
     return ""
+
+
+def index_inputs(proto: onnx.ModelProto) -> dict[str, tuple[int, str]]:
+    """Integer inputs the graph looks up in a constant table before anything else, by name -> (how many entries
+    the table has, the lookup in words): an Embedding of a discrete observation (torch writes Gather on its weight)
+    or a OneHot. A number past the table is no observation: ONNX Runtime and the float64 reference refuse it."""
+    graph = proto.graph
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    constants = _constants(graph)
+    integers = [value.name for value in graph.input
+                if value.name not in constants and value.type.tensor_type.elem_type in INTEGER_TYPES]
+    found = {name: _table_size(name, consumers, constants) for name in integers}
+    return {name: sized for name, sized in found.items() if sized}
+
+
+def _table_size(tensor: str, consumers: dict, constants: dict) -> tuple[int, str] | None:
+    """The smallest table `tensor` (through layout-only ops) indexes, with the lookup in words; None if it indexes none."""
+    sizes = []
+    for node in consumers.get(tensor, []):
+        if node.op_type in LAYOUT_OPS:
+            sized = _table_size(node.output[0], consumers, constants)
+        elif node.op_type == "Gather" and node.input[1] == tensor and node.input[0] in constants:
+            axis = next((attribute.i for attribute in node.attribute if attribute.name == "axis"), 0)
+            rows = constants[node.input[0]].shape[axis] if constants[node.input[0]].ndim else 0
+            sized = (rows, f"the rows of the table {node.input[0]!r} its graph gathers from") if rows else None
+        elif node.op_type == "OneHot" and node.input[0] == tensor and node.input[1] in constants:
+            depth = int(constants[node.input[1]].reshape(-1)[0]) if constants[node.input[1]].size else 0
+            sized = (depth, f"the classes of its graph's OneHot (depth {depth})") if depth > 0 else None
+        else:
+            sized = None
+        if sized:
+            sizes.append(sized)
+    return min(sizes) if sizes else None
 
 
 def _is_constant(constants: dict, name: str, value: float) -> bool:

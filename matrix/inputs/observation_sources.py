@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import ModelInfo
-from .observations import Feeds, given_words, pixels_said
+from .observations import Feeds, given_words, whole_numbers_said
 
 RECORDED, VISITED, TRAJECTORY, SYNTHETIC = "recorded", "visited", "trajectory", "synthetic"
 
@@ -59,9 +59,9 @@ def choose(recorded: Path | None, plan, model: ModelInfo, seed: int, side: Feeds
 def _strongest(recorded: Path | None, plan, model: ModelInfo, seed: int) -> ObservationSource:
     if recorded:
         return ObservationSource(RECORDED, f"recorded observations from {Path(recorded).name}")
-    pixels = pixels_said(model)
+    ranges = whole_numbers_said(model)
     # The seed first: it seeds every input's rows, and after a pixel input's clause it read as that input's own.
-    synthetic = (f"synthetic rows (seed {seed}: normal samples and edge values{'; ' + pixels if pixels else ''}): "
+    synthetic = (f"synthetic rows (seed {seed}: normal samples and edge values{'; ' + ranges if ranges else ''}): "
                  "not states the policy visits")
     if plan is None:
         return ObservationSource(SYNTHETIC, synthetic, "pass --obs or --env for the policy's own states")

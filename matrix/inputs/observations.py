@@ -3,7 +3,9 @@
 A seeded set is normal samples of the declared shape and dtype plus edge cases
 (zeros, saturating magnitudes, tiny values) where runtimes tend to disagree; an
 8-bit integer input, and a float input its graph divides by 255 first (pixels,
-graph_facts.pixel_inputs), get whole numbers in [0, 255] instead, the ends first.
+graph_facts.pixel_inputs), get whole numbers in [0, 255] instead, the ends first;
+an integer input its graph looks up in a table (an Embedding's Gather, a OneHot:
+graph_facts.index_inputs) gets the table's indices, other integers [0, 15].
 The set is saved with the results so any run can be reproduced.
 
 Each input is split into chunks along its own batch axis (batch_axes.py: axis 0
@@ -26,7 +28,7 @@ from targets.base import head  # noqa: F401 (the first observations along each b
 
 from .. import outdir, userfiles
 from .batch_axes import BatchAxes, batch_dim
-from .graph_facts import pixel_inputs
+from .graph_facts import index_inputs, pixel_inputs
 from ..errors import InputError, interrupts_held
 from .model import ModelInfo, TensorSpec
 
@@ -44,34 +46,43 @@ def seeded(model: ModelInfo, count: int, seed: int) -> Feeds:
     rng = np.random.default_rng(seed)
     step = batch_multiple(model)
     count = max(step, count - count % step)
-    pixels = pixel_inputs(model.proto)
-    return {spec.name: _sample(spec, count, model.batch_axes.get(spec.name), rng, spec.name in pixels)
+    levels = _whole_number_ranges(model)
+    return {spec.name: _sample(spec, count, model.batch_axes.get(spec.name), rng, levels.get(spec.name))
             for spec in model.inputs}
 
 
-def pixels_said(model: ModelInfo) -> str:
-    """The seeded pixel inputs in words, for the observation source's line ("" when none)."""
-    return "; ".join(f"{name!r}: whole numbers in [0, {PIXEL_LEVELS - 1}], the pixels its graph scales first ({op})"
-                     for name, op in pixel_inputs(model.proto).items())
+def _whole_number_ranges(model: ModelInfo) -> dict[str, int]:
+    """How many whole numbers, from 0, an input is seeded with where its graph says (pixels, table indices)."""
+    return {**{name: PIXEL_LEVELS for name in pixel_inputs(model.proto)},
+            **{name: size for name, (size, _) in index_inputs(model.proto).items()}}
 
 
-def _sample(spec: TensorSpec, count: int, axis: int | None, rng: np.random.Generator, pixels: bool) -> np.ndarray:
+def whole_numbers_said(model: ModelInfo) -> str:
+    """The inputs seeded with whole numbers because their graph says so, in words, for the observation source's
+    line ("" when none)."""
+    pixels = [f"{name!r}: whole numbers in [0, {PIXEL_LEVELS - 1}], the pixels its graph scales first ({op})"
+              for name, op in pixel_inputs(model.proto).items()]
+    indices = [f"{name!r}: whole numbers in [0, {size - 1}], {lookup}" for name, (size, lookup) in index_inputs(model.proto).items()]
+    return "; ".join(pixels + indices)
+
+
+def _sample(spec: TensorSpec, count: int, axis: int | None, rng: np.random.Generator, levels: int | None) -> np.ndarray:
     """`count` observations of the declared shape along the batch axis; without one (axis None), one
     tensor of the declared shape (fed whole). An open dim other than the batch is 1."""
     rest = [d if isinstance(d, int) else 1 for i, d in enumerate(spec.shape) if i != axis]
-    rows = _values(spec, [count, *rest] if axis is not None else rest, rng, pixels)
+    rows = _values(spec, [count, *rest] if axis is not None else rest, rng, levels)
     return np.ascontiguousarray(np.moveaxis(rows, 0, axis)) if axis is not None else rows
 
 
-def _values(spec: TensorSpec, shape: list[int], rng: np.random.Generator, pixels: bool) -> np.ndarray:
-    """Normal samples, the first rows set to edge values; integers and pixels: whole numbers, the first rows
-    the range's ends."""
+def _values(spec: TensorSpec, shape: list[int], rng: np.random.Generator, levels: int | None) -> np.ndarray:
+    """Normal samples, the first rows set to edge values; integers, and inputs given `levels`: whole numbers, the
+    first rows the range's ends."""
     count = shape[0] if shape else 1
     dtype = np.dtype(spec.dtype)
     if dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(dtype)
-    if dtype.kind in "iu" or pixels:
-        high = PIXEL_LEVELS if pixels or dtype.itemsize == 1 else 16
+    if dtype.kind in "iu" or levels:
+        high = levels or (PIXEL_LEVELS if dtype.itemsize == 1 else 16)
         values = rng.integers(0, high, size=shape)
         if count >= 2:
             values[0], values[1] = 0, high - 1

@@ -247,6 +247,30 @@ def test_a_float_input_the_graph_scales_from_pixels_first_gets_pixel_values(load
                                                    "not states the policy visits")  # the seed read as the pixels' own
 
 
+@pytest.mark.parametrize("lookup, said", [
+    ("Gather", "the rows of the table 'emb.weight' its graph gathers from"),
+    ("OneHot", "the classes of its graph's OneHot (depth 10)"),
+])
+def test_an_integer_input_the_graph_looks_up_gets_the_tables_indices(load_policy, lookup, said):
+    """torch's nn.Embedding of a discrete observation, with either exporter: seeded with [0, 15], the rows past the
+    10-row table stopped the run ("the float64 reference could not be computed: IndexError: index 15 is out of
+    bounds for axis 0 with size 10"), and ONNX Runtime refuses them too."""
+    from matrix.inputs import graph_facts
+    from matrix.inputs.observation_sources import choose
+
+    model = load_policy(policies.discrete_observation_looked_up(lookup, rows=10))
+    assert graph_facts.index_inputs(model.proto) == {"cell": (10, said)}
+    rows = observations.seeded(model, 32, seed=0)["cell"]
+    assert rows.dtype == np.int64 and (rows[0], rows[1]) == (0, 9) and rows.max() == 9 and rows.min() == 0
+    assert f"'cell': whole numbers in [0, 9], {said}" in choose(None, None, model, 0).detail
+
+
+def test_a_policy_that_embeds_a_discrete_observation_runs_on_its_seeded_rows(tmp_path, policy_matrix):
+    path = policies.save(policies.discrete_observation_looked_up("Gather", rows=10), tmp_path, "embedded")
+    done = policy_matrix([path, "--targets", "ort-cpu", "--variants", "fp32", "--out", tmp_path / "out"])
+    assert done.returncode == 0, done.lines[-3:]
+
+
 def test_an_input_used_as_it_is_keeps_normal_samples(load_policy):
     from matrix.inputs import graph_facts
 
