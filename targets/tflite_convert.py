@@ -41,6 +41,12 @@ OUTPUTS = {
     "integer_quant": "int8-full",  # int8 weights and activations, float I/O, calibrated
 }
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# TensorFlow wraps an error raised while it traces onnx2tf's Keras model in its own frames: "in user code:", then
+# `File "...", line N, in ...` lines, then the error itself, then every layer's call arguments.
+TRACED = "in user code:"
+FRAME = re.compile(r'File "[^"]*", line \d+, in ')
+INNER_ERROR = re.compile(r"\b\w+(?:Error|Exception): ")
+CALL_ARGUMENTS = "Call arguments received"
 
 
 @contextlib.contextmanager
@@ -202,12 +208,21 @@ def error_from_log(log_text: str, exception: BaseException) -> str:
     if isinstance(exception, ModuleNotFoundError) and (exception.name or "").startswith("onnx2tf.ops."):
         return f"{exception.name.rsplit('.', 1)[1]} OP is not yet implemented in onnx2tf ({exception})"
     if not isinstance(exception, SystemExit):
-        return ANSI.sub("", f"{type(exception).__name__}: {exception}").strip()
+        return ANSI.sub("", traced_error(str(exception)) or f"{type(exception).__name__}: {exception}").strip()
     lines = [ANSI.sub("", line).strip() for line in log_text.splitlines()]
     errors = [line for line in lines if line.startswith("ERROR:") or "error:" in line.lower()]
     if errors:
         return " | ".join(dict.fromkeys(errors[-3:]))
     return next((line for line in reversed(lines) if line), f"onnx2tf exited with {exception.code}")
+
+
+def traced_error(message: str) -> str:
+    """The error inside TensorFlow's "in user code:" frames, without them and the call arguments after it ("" when
+    the message has no such frames): the cell's reason began with onnx2tf's and tf_keras's file paths and line
+    numbers, and the converter's own words came after 300 characters of them."""
+    frames = list(FRAME.finditer(message)) if TRACED in message else []
+    inner = INNER_ERROR.search(message, frames[-1].end()) if frames else None
+    return message[inner.start():].split(CALL_ARGUMENTS, 1)[0].strip() if inner else ""
 
 
 def main(request_file: str) -> None:
