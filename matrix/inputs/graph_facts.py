@@ -209,15 +209,20 @@ def pixel_inputs(proto: onnx.ModelProto) -> dict[str, str]:
     """Float inputs the graph scales from pixels before anything else, by name -> the scaling op in words.
     A policy exported with a float dummy input (SB3's export guide) takes pixels as float32 and divides by 255
     inside: values outside [0, 255] are images it never sees."""
+    return _what_follows_inputs(proto, FLOAT_TYPES, _scaling_op)
+
+
+def _what_follows_inputs(proto: onnx.ModelProto, types: set[int], follow) -> dict:
+    """For each graph input of `types` (not a constant), what `follow(input, consumers, constants)` finds after it,
+    by name; inputs where it finds nothing are left out."""
     graph = proto.graph
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     constants = _constants(graph)
-    floats = [value.name for value in graph.input
-              if value.name not in constants and value.type.tensor_type.elem_type in FLOAT_TYPES]
-    found = {name: _scaling_op(name, consumers, constants) for name in floats}
+    found = {value.name: follow(value.name, consumers, constants) for value in graph.input
+             if value.name not in constants and value.type.tensor_type.elem_type in types}
     return {name: said for name, said in found.items() if said}
 
 
@@ -242,16 +247,7 @@ def index_inputs(proto: onnx.ModelProto) -> dict[str, tuple[int, str]]:
     """Integer inputs the graph looks up in a constant table before anything else, by name -> (how many entries
     the table has, the lookup in words): an Embedding of a discrete observation (torch writes Gather on its weight)
     or a OneHot. A number past the table is no observation: ONNX Runtime and the float64 reference refuse it."""
-    graph = proto.graph
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    constants = _constants(graph)
-    integers = [value.name for value in graph.input
-                if value.name not in constants and value.type.tensor_type.elem_type in INTEGER_TYPES]
-    found = {name: _table_size(name, consumers, constants) for name in integers}
-    return {name: sized for name, sized in found.items() if sized}
+    return _what_follows_inputs(proto, INTEGER_TYPES, _table_size)
 
 
 def _table_size(tensor: str, consumers: dict, constants: dict) -> tuple[int, str] | None:
