@@ -46,24 +46,22 @@ def seeded(model: ModelInfo, count: int, seed: int) -> Feeds:
     rng = np.random.default_rng(seed)
     step = batch_multiple(model)
     count = max(step, count - count % step)
-    levels = _whole_number_ranges(model)
+    levels = {name: whole_numbers for name, (whole_numbers, _) in _whole_number_inputs(model).items()}
     return {spec.name: _sample(spec, count, model.batch_axes.get(spec.name), rng, levels.get(spec.name))
             for spec in model.inputs}
 
 
-def _whole_number_ranges(model: ModelInfo) -> dict[str, int]:
-    """How many whole numbers, from 0, an input is seeded with where its graph says (pixels, table indices)."""
-    return {**{name: PIXEL_LEVELS for name in pixel_inputs(model.proto)},
-            **{name: size for name, (size, _) in index_inputs(model.proto).items()}}
+def _whole_number_inputs(model: ModelInfo) -> dict[str, tuple[int, str]]:
+    """The inputs seeded with whole numbers from 0 because their graph says so (pixels, table indices) -> (how many,
+    why in words)."""
+    return {**{name: (PIXEL_LEVELS, f"the pixels its graph scales first ({op})") for name, op in pixel_inputs(model.proto).items()},
+            **index_inputs(model.proto)}
 
 
 def whole_numbers_said(model: ModelInfo) -> str:
-    """The inputs seeded with whole numbers because their graph says so, in words, for the observation source's
-    line ("" when none)."""
-    pixels = [f"{name!r}: whole numbers in [0, {PIXEL_LEVELS - 1}], the pixels its graph scales first ({op})"
-              for name, op in pixel_inputs(model.proto).items()]
-    indices = [f"{name!r}: whole numbers in [0, {size - 1}], {lookup}" for name, (size, lookup) in index_inputs(model.proto).items()]
-    return "; ".join(pixels + indices)
+    """Those inputs in words, for the observation source's line ("" when none)."""
+    return "; ".join(f"{name!r}: whole numbers in [0, {levels - 1}], {why}"
+                     for name, (levels, why) in _whole_number_inputs(model).items())
 
 
 def _sample(spec: TensorSpec, count: int, axis: int | None, rng: np.random.Generator, levels: int | None) -> np.ndarray:
